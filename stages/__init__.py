@@ -1,0 +1,1 @@
+"""Paper pipelines: one package per paper (``stages/<slug>/``) plus ``stages/common``."""

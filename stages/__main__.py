@@ -1,0 +1,50 @@
+"""Dispatcher: ``python -m stages <stage> <slug> [--profile smoke|default|full]``.
+
+Also ``python -m stages summary`` (collect every paper's metrics into reports/summary.*) and
+``python -m stages readme`` (refresh README's results table from reports/summary.json).
+Configuration and missing-input problems print one line naming the problem and exit 2,
+before anything is written.
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+
+from stages.common.config import PROFILES, STAGES, ConfigError
+from stages.common.runner import MissingInputError
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m stages", description=__doc__.splitlines()[0])
+    parser.add_argument("stage", help=f"one of {', '.join(STAGES)}, or summary / readme")
+    parser.add_argument("slug", nargs="?", help="registered paper slug")
+    parser.add_argument("--profile", choices=PROFILES, default=None,
+                        help="override params.yaml's top-level `profile`")
+    args = parser.parse_args(argv)
+    try:
+        if args.stage == "summary":
+            from stages.common.summary import write_summary
+
+            write_summary()
+            return 0
+        if args.stage == "readme":
+            from stages.common.summary import update_readme
+
+            update_readme()
+            return 0
+        if args.stage not in STAGES:
+            raise ConfigError(f"stage: unknown stage {args.stage!r} (stages: {', '.join(STAGES)}, summary, readme)")
+        if not args.slug:
+            raise ConfigError(f"slug: `{args.stage}` needs a paper slug")
+        from stages.common.runner import run_stage
+
+        out = run_stage(args.slug, args.stage, args.profile)
+        print(f"{args.stage}@{args.slug}: wrote {out}")
+        return 0
+    except (ConfigError, MissingInputError) as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

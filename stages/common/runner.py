@@ -1,0 +1,115 @@
+"""Run one stage of one paper: validate config, open tracking, write outputs atomically.
+
+A paper ``<slug>`` is a package ``stages/<slug>/`` with one module per stage
+(``prepare.py``, ``train.py``, ``evaluate.py``, ``report.py``). Each module defines
+
+    class Config(StageConfig): ...           # typed params of papers.<slug>.<stage>
+    def run(cfg: Config, ctx: StageContext) -> None
+
+``run_stage`` is what ``python -m stages <stage> <slug>``, pytest and Prefect all call.
+"""
+from __future__ import annotations
+
+import importlib
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from stages.common.config import STAGES, ConfigError, StageConfig, active_profile, load_stage_config, read_params
+from stages.common.paths import ROOT, atomic_dir, read_json, stage_dir, write_json
+from stages.common.seeding import seed_everything
+
+STAGE_INFO = "_stage.json"
+
+
+class MissingInputError(RuntimeError):
+    """A stage's declared input is absent (the upstream stage has not run)."""
+
+
+@dataclass
+class StageContext:
+    """What a stage function gets besides its config: where to read, where to write, tracking."""
+
+    slug: str
+    stage: str
+    profile: str
+    out: Path  # temporary output dir; renamed into place when run() returns
+    root: Path = ROOT
+    started: float = field(default_factory=time.perf_counter)
+    tracker: Any = None  # stages.common.tracking.Tracker
+
+    def input(self, stage: str) -> Path:
+        """Output dir of an upstream stage of the same paper; errors clearly if it is missing."""
+        path = stage_dir(self.slug, stage, self.root)
+        if not (path / STAGE_INFO).exists():
+            raise MissingInputError(
+                f"{self.stage}@{self.slug}: input {path.relative_to(self.root)} is missing or incomplete; "
+                f"run `dvc repro {stage}@{self.slug}` (or `python -m stages {stage} {self.slug}`) first")
+        return path
+
+    def elapsed(self) -> float:
+        return time.perf_counter() - self.started
+
+    def upstream_runtimes(self) -> dict[str, float]:
+        """runtime_s of every earlier stage, read from their outputs (as cached by DVC)."""
+        out = {}
+        for stage in STAGES[: STAGES.index(self.stage)]:
+            info = stage_dir(self.slug, stage, self.root) / STAGE_INFO
+            if info.exists():
+                out[stage] = float(read_json(info)["runtime_s"])
+        return out
+
+
+def stage_module(slug: str, stage: str):
+    if stage not in STAGES:
+        raise ConfigError(f"stage: unknown stage {stage!r} (stages: {', '.join(STAGES)})")
+    try:
+        return importlib.import_module(f"stages.{slug}.{stage}")
+    except ModuleNotFoundError as err:
+        if err.name in (f"stages.{slug}", f"stages.{slug}.{stage}"):
+            raise ConfigError(f"papers.{slug}: no stage module stages/{slug}/{stage}.py") from None
+        raise
+
+
+def load_config(slug: str, stage: str, profile: str | None = None, params_path: Path | None = None):
+    """Validate papers.<slug>.<stage> against the stage's Config; returns (module, cfg, profile)."""
+    params = read_params(params_path)
+    if slug not in params["papers"]:
+        known = ", ".join(sorted(params["papers"])) or "none"
+        raise ConfigError(f"papers.{slug}: unknown paper (registered: {known})")
+    module = stage_module(slug, stage)
+    config_cls = getattr(module, "Config", None)
+    if config_cls is None or not issubclass(config_cls, StageConfig):
+        raise ConfigError(f"stages/{slug}/{stage}.py: defines no Config(StageConfig)")
+    prof = active_profile(params, profile)
+    cfg = load_stage_config(slug, stage, config_cls, prof, params_path)
+    return module, cfg, prof
+
+
+def run_stage(slug: str, stage: str, profile: str | None = None, root: Path = ROOT,
+              params_path: Path | None = None) -> Path:
+    """Run ``<stage>@<slug>``; returns the final output dir. Config errors happen before any work."""
+    from stages.common.tracking import stage_run
+
+    module, cfg, prof = load_config(slug, stage, profile, params_path)
+    started = time.perf_counter()
+    seed = getattr(cfg, "seed", 0)
+    seed_everything(seed)
+    final = stage_dir(slug, stage, root)
+    with atomic_dir(final) as tmp:
+        ctx = StageContext(slug=slug, stage=stage, profile=prof, out=tmp, root=root, started=started)
+        with stage_run(slug, stage, cfg.model_dump(mode="json"), prof, root) as tracker:
+            ctx.tracker = tracker
+            module.run(cfg, ctx)
+            runtime = time.perf_counter() - started
+            tracker.summary({"runtime_s": runtime})
+        write_json(tmp / STAGE_INFO, {"slug": slug, "stage": stage, "profile": prof,
+                                      "runtime_s": round(runtime, 3)})
+    return final
+
+
+def run_pipeline(slug: str, root: Path = ROOT, profile: str | None = None,
+                 stages: tuple[str, ...] = STAGES) -> dict[str, Path]:
+    """Run several stages of one paper in order (tests use this with profile="smoke")."""
+    return {stage: run_stage(slug, stage, profile, root) for stage in stages}

@@ -1,0 +1,45 @@
+"""Session-wide test set-up.
+
+- TRITON_INTERPRET=1 before anything imports triton, so every kernel's Triton path runs on the CPU.
+- W&B disabled unless a test opts in (tests/common/test_tracking.py runs it offline).
+- One session-wide Prefect test harness with a temporary PREFECT_HOME (fixture ``prefect_harness``).
+- ``smoke_run``: run a paper's stages at the smoke profile into a temporary root.
+"""
+from __future__ import annotations
+
+import os
+import tempfile
+
+os.environ["TRITON_INTERPRET"] = "1"
+os.environ.setdefault("WANDB_MODE", "disabled")
+os.environ["WANDB_SILENT"] = "true"
+os.environ.setdefault("PREFECT_HOME", tempfile.mkdtemp(prefix="prefect-home-"))
+os.environ["PREFECT_SERVER_ANALYTICS_ENABLED"] = "false"
+os.environ["DVC_NO_ANALYTICS"] = "1"
+os.environ["PYTHONDONTWRITEBYTECODE"] = "1"
+
+import pytest  # noqa: E402
+import torch  # noqa: E402
+
+torch.set_num_threads(max(1, min(2, os.cpu_count() or 1)))
+
+
+@pytest.fixture(scope="session")
+def prefect_harness():
+    """One ephemeral Prefect API for the whole session (its first start takes ~20 s)."""
+    from prefect.testing.utilities import prefect_test_harness
+
+    with prefect_test_harness(server_startup_timeout=120):
+        yield
+
+
+@pytest.fixture
+def smoke_run(tmp_path):
+    """smoke_run(slug, stages=...) -> {stage: output dir} under a temporary root."""
+    from stages.common.runner import run_pipeline
+
+    def run(slug: str, stages=("prepare", "train", "evaluate", "report")):
+        return run_pipeline(slug, root=tmp_path, profile="smoke", stages=tuple(stages))
+
+    run.root = tmp_path
+    return run
