@@ -1,0 +1,15 @@
+"""cv_stability — cross-validation inference needs *relative* stability (miniature reproduction).
+
+Linear model Y = Xᵀβ* + ε with X, ε Gaussian; k-fold CV confidence intervals (Bayle et al. 2020)
+for the test error of single models (OLS, soft-thresholded OLS, Lasso) and for comparisons between
+them; exact conditional test errors (1 + ‖β̂ − β*‖²) make the coverage exact; a Monte-Carlo
+estimator of the relative stability r(h_n) = n·γ(h_n)/σ²(h_n).
+
+    python -m stages prepare cv_stability     # data sets: reps × n points for every n
+    python -m stages train cv_stability       # fit every model on every (rep, fold)
+    python -m stages evaluate cv_stability    # CV CIs, coverage, Monte-Carlo r(h_n)
+    python -m stages report cv_stability      # report.md, figures, claims
+
+Modules: simulate (data model, exact test error), models (OLS / ST / Lasso from Gram statistics,
+Lasso through kernels.batched_lasso), cv_inference (the CV CI and its target), stability (r(h_n)).
+"""

@@ -1,0 +1,137 @@
+"""evaluate: CV confidence intervals and their exact coverage; Monte-Carlo relative stability.
+
+Part 1 (coverage). For every n, replication and contrast (single model or comparison): out-of-fold
+losses h_i, R̂, both variance estimators, the CI, and the exact k-fold target
+Σ_j (|B_j|/n)(σ² + ‖β̂_A,j − β*‖² − [σ² + ‖β̂_B,j − β*‖²]). Coverage = share of replications whose
+CI contains the target. Writes per_rep.parquet and coverage.parquet.
+
+Part 2 (relative stability). For every n: B fresh training sets of the CV training size
+m = n − n/k and their one-point replacements, every model refitted on both (the Lasso through
+kernels.batched_lasso), then γ̂, σ̂² and r̂ = nγ̂/σ̂² (stages.cv_stability.stability). Writes
+stability.parquet.
+"""
+from __future__ import annotations
+
+from typing import Literal
+
+import numpy as np
+import polars as pl
+import torch
+from pydantic import Field, model_validator
+from tqdm import tqdm
+
+from stages.common.config import StageConfig
+from stages.common.paths import read_json, write_json
+from stages.common.runner import StageContext
+from stages.cv_stability.cv_inference import (ci_covers, coverage_se, cv_estimates, kfold_target,
+                                              out_of_fold_losses)
+from stages.cv_stability.models import CONTRASTS, MODELS, SINGLES, Penalties, fit_models
+from stages.cv_stability.simulate import conditional_test_error
+from stages.cv_stability.stability import contrast_parts, relative_stability, simulate_replace_one
+
+ESTIMATORS = ("out", "in")  # σ̂²_out (all pairs) and σ̂²_in (within fold)
+
+
+class Config(StageConfig):
+    seed: int = 1
+    level: float = Field(0.95, gt=0, lt=1, description="CI confidence level 1 − α")
+    stability_draws: int = Field(2000, ge=4, description="Monte-Carlo training sets B per n for r(h_n)")
+    stability_groups: int = Field(20, ge=2, description="batch-means groups for the s.e. of r̂")
+    chunk: int = Field(500, ge=1, description="training sets simulated at once")
+    lasso_tol: float = Field(1e-10, gt=0)
+    lasso_max_iter: int = Field(10_000, ge=1)
+    backend: Literal["auto", "triton", "torch"] = "auto"
+
+    @model_validator(mode="after")
+    def _check_groups(self):
+        if self.stability_draws < 2 * self.stability_groups:
+            raise ValueError(f"stability_groups: {self.stability_groups} groups need stability_draws >= "
+                             f"{2 * self.stability_groups} (got {self.stability_draws})")
+        return self
+
+
+def coverage_rows(x, y, coefs, bounds, beta_star, noise_sd, level, n):
+    """Per-replication CI results for every contrast and estimator at one n."""
+    losses = {m: out_of_fold_losses(x, y, coefs[m], bounds) for m in MODELS}          # (R, n)
+    errs = {m: conditional_test_error(coefs[m], beta_star, noise_sd) for m in MODELS}  # (R, k)
+    rows = []
+    for name, (a, b) in CONTRASTS.items():
+        h = losses[a] if b is None else losses[a] - losses[b]
+        est = cv_estimates(h, bounds)
+        target = kfold_target(errs[a], None if b is None else errs[b], bounds)
+        for e in ESTIMATORS:
+            var = est[f"var_{e}"]
+            covered = ci_covers(est["rhat"], var, target, n, level)
+            rows.append(pl.DataFrame({
+                "n": n, "contrast": name, "kind": "single" if b is None else "comparison", "estimator": e,
+                "rep": np.arange(len(target)), "rhat": est["rhat"].numpy(), "target": target.numpy(),
+                "sd": var.sqrt().numpy(), "covered": covered.numpy()}))
+    return pl.concat(rows)
+
+
+def summarize_coverage(per_rep: pl.DataFrame) -> pl.DataFrame:
+    out = (per_rep.group_by("n", "contrast", "kind", "estimator", maintain_order=True)
+           .agg(pl.col("covered").mean().alias("coverage"), pl.len().alias("reps"),
+                ((pl.col("rhat") - pl.col("target")) / (pl.col("sd") / pl.col("n").cast(pl.Float64).sqrt()))
+                .std().alias("sd_of_z"),
+                pl.col("target").mean().alias("mean_target"),
+                (pl.col("sd") / pl.col("n").cast(pl.Float64).sqrt()).mean().alias("mean_se")))
+    return out.with_columns(pl.struct("coverage", "reps").map_elements(
+        lambda s: coverage_se(s["coverage"], s["reps"]), return_dtype=pl.Float64).alias("mc_se"))
+
+
+def stability_rows(cfg: Config, meta: dict, pens: Penalties, n: int, beta_star: torch.Tensor) -> list[dict]:
+    """r̂(h_n) for every contrast at sample size n (training size m = n − n//k)."""
+    m = n - n // meta["k"]
+    lam = pens.at(n)
+    rng = np.random.default_rng([cfg.seed, n])
+    parts = {name: ([], [], [], []) for name in CONTRASTS}  # a, S, a', S'
+    for start in range(0, cfg.stability_draws, cfg.chunk):
+        count = min(cfg.chunk, cfg.stability_draws - start)
+        gram, xty, gram_r, xty_r = simulate_replace_one(rng, count, m, beta_star, meta["noise_sd"])
+        coefs, _ = fit_models(torch.cat([gram, gram_r]), torch.cat([xty, xty_r]), float(m), lam,
+                              cfg.lasso_tol, cfg.lasso_max_iter, cfg.backend)
+        err = {k: v - beta_star for k, v in coefs.items()}  # u = β̂ − β*, (2·count, d)
+        for name, (a, b) in CONTRASTS.items():
+            c, av, sv = contrast_parts(err[a], None if b is None else err[b])
+            for lst, val in zip(parts[name], (av[:count], sv[:count], av[count:], sv[count:])):
+                lst.append(val)
+    rows = []
+    for name, (a, b) in CONTRASTS.items():
+        av, sv, ar, sr = (torch.cat(v) for v in parts[name])
+        c = 1.0 if b is None else 0.0
+        res = relative_stability(c, av, sv, ar, sr, meta["noise_sd"], n, groups=cfg.stability_groups)
+        rows.append({"n": n, "contrast": name, "kind": "single" if b is None else "comparison",
+                     "m": m, "draws": cfg.stability_draws, **res})
+    return rows
+
+
+def run(cfg: Config, ctx: StageContext) -> None:
+    torch.set_num_threads(1)
+    prep, trained = ctx.input("prepare"), ctx.input("train")
+    meta, tmeta = read_json(prep / "meta.json"), read_json(trained / "meta.json")
+    beta_star = torch.tensor(meta["beta_star"], dtype=torch.float64)
+    per_rep = []
+    for n in tqdm(meta["ns"], desc="evaluate: CV intervals per n"):
+        data = torch.load(prep / f"n{n}.pt")
+        coefs = torch.load(trained / f"coefs_n{n}.pt")
+        bounds = [tuple(b) for b in meta["folds"][str(n)]]
+        per_rep.append(coverage_rows(data["x"].double(), data["y"].double(), coefs, bounds, beta_star,
+                                     meta["noise_sd"], cfg.level, n))
+    per_rep = pl.concat(per_rep)
+    per_rep.write_parquet(ctx.out / "per_rep.parquet")
+    coverage = summarize_coverage(per_rep)
+    coverage.write_parquet(ctx.out / "coverage.parquet")
+
+    pens = Penalties(**tmeta["scales"])  # the penalty constants train used
+    rows = []
+    for n in tqdm(meta["ns"], desc="evaluate: Monte-Carlo r(h_n) per n"):
+        rows.extend(stability_rows(cfg, meta, pens, n, beta_star))
+    stability = pl.DataFrame(rows)
+    stability.write_parquet(ctx.out / "stability.parquet")
+    write_json(ctx.out / "meta.json", {"level": cfg.level, "reps": meta["reps"], "ns": meta["ns"], "k": meta["k"],
+                                       "contrasts": {k: list(v) for k, v in CONTRASTS.items()},
+                                       "singles": list(SINGLES), "stability_draws": cfg.stability_draws})
+    for row in coverage.iter_rows(named=True):
+        ctx.tracker.log({f"coverage/{row['contrast']}/{row['estimator']}/n{row['n']}": row["coverage"]})
+

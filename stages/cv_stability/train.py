@@ -1,0 +1,72 @@
+"""train: fit OLS, soft-thresholded OLS (two thresholds) and the Lasso on every (rep, fold).
+
+For each n, the training set of fold j is everything outside fold j; its Gram statistics are the
+full-sample ones minus the fold's. OLS is a batched solve, ST thresholds it, and all reps × k Lasso
+problems go through kernels.batched_lasso in one call. Writes coefs_n{n}.pt = {model: (reps, k, d)}
+and meta.json (penalties per n, Lasso iteration counts).
+"""
+from __future__ import annotations
+
+from typing import Literal
+
+import torch
+from pydantic import Field, model_validator
+from tqdm import tqdm
+
+from stages.common.config import StageConfig
+from stages.common.paths import read_json, write_json
+from stages.common.runner import StageContext
+from stages.cv_stability.models import MODELS, Penalties, fit_models
+
+
+class Config(StageConfig):
+    seed: int = 0
+    st_scale_low: float = Field(1.0, gt=0, description="ST threshold λ_n = c/√n (the lower of the two)")
+    st_scale_high: float = Field(2.0, gt=0, description="second ST threshold constant (> st_scale_low)")
+    lasso_scale: float = Field(1.0, gt=0, description="Lasso penalty α_n = c/√n (scikit-learn scaling)")
+    lasso_tol: float = Field(1e-10, gt=0, description="ISTA stops when max |Δβ| <= tol")
+    lasso_max_iter: int = Field(10_000, ge=1)
+    backend: Literal["auto", "triton", "torch"] = "auto"
+
+    @model_validator(mode="after")
+    def _check_thresholds(self):
+        if self.st_scale_high <= self.st_scale_low:
+            raise ValueError(f"st_scale_high: must exceed st_scale_low ({self.st_scale_high} <= {self.st_scale_low})")
+        return self
+
+    def penalties(self) -> Penalties:
+        return Penalties(st_low=self.st_scale_low, st_high=self.st_scale_high, lasso=self.lasso_scale)
+
+
+def fold_statistics(x: torch.Tensor, y: torch.Tensor, bounds: list[tuple[int, int]]):
+    """Training-set Gram statistics for every fold: XᵀX (R, k, d, d), Xᵀy (R, k, d), sizes (k,)."""
+    gram_f = torch.stack([x[:, a:b].transpose(1, 2) @ x[:, a:b] for a, b in bounds], 1)
+    xty_f = torch.stack([(x[:, a:b].transpose(1, 2) @ y[:, a:b, None])[..., 0] for a, b in bounds], 1)
+    n = x.shape[1]
+    sizes = torch.tensor([n - (b - a) for a, b in bounds], dtype=x.dtype)
+    return gram_f.sum(1, keepdim=True) - gram_f, xty_f.sum(1, keepdim=True) - xty_f, sizes
+
+
+def run(cfg: Config, ctx: StageContext) -> None:
+    torch.set_num_threads(1)
+    prep = ctx.input("prepare")
+    meta = read_json(prep / "meta.json")
+    pens = cfg.penalties()
+    info = {"models": list(MODELS), "scales": {"st_low": pens.st_low, "st_high": pens.st_high, "lasso": pens.lasso},
+            "penalties": {}, "lasso_iters": {}, "backend": cfg.backend}
+    for n in tqdm(meta["ns"], desc="train: fit models on every (rep, fold)"):
+        data = torch.load(prep / f"n{n}.pt")
+        x, y = data["x"].double(), data["y"].double()
+        bounds = [tuple(b) for b in meta["folds"][str(n)]]
+        gram, xty, sizes = fold_statistics(x, y, bounds)
+        lam = pens.at(n)
+        coefs, iters = fit_models(gram, xty, sizes.expand(gram.shape[:2]), lam, cfg.lasso_tol,
+                                  cfg.lasso_max_iter, cfg.backend)
+        torch.save({k: v.contiguous() for k, v in coefs.items()}, ctx.out / f"coefs_n{n}.pt")
+        info["penalties"][str(n)] = lam
+        info["lasso_iters"][str(n)] = {"mean": float(iters.float().mean()), "max": int(iters.max())}
+        if int(iters.max()) >= cfg.lasso_max_iter:
+            raise RuntimeError(f"train@cv_stability: the Lasso did not reach tol={cfg.lasso_tol} within "
+                               f"lasso_max_iter={cfg.lasso_max_iter} at n={n}; raise lasso_max_iter")
+        ctx.tracker.log({f"lasso_iters_mean/n{n}": info["lasso_iters"][str(n)]["mean"]})
+    write_json(ctx.out / "meta.json", info)

@@ -1,0 +1,46 @@
+"""The smoke profile end to end (Triton Lasso under the interpreter), and the metrics.json schema."""
+from __future__ import annotations
+
+import json
+
+import polars as pl
+import torch
+
+from stages.cv_stability.models import CONTRASTS, MODELS
+from stages.cv_stability.report import CLAIMS
+
+
+def test_smoke_pipeline_end_to_end(smoke_run):
+    out = smoke_run("cv_stability")
+    prep_meta = json.loads((out["prepare"] / "meta.json").read_text())
+    ns, reps, k, d = prep_meta["ns"], prep_meta["reps"], prep_meta["k"], prep_meta["d"]
+    data = torch.load(out["prepare"] / f"n{ns[0]}.pt")
+    assert data["x"].shape == (reps, ns[0], d) and data["y"].shape == (reps, ns[0])
+
+    coefs = torch.load(out["train"] / f"coefs_n{ns[-1]}.pt")
+    assert set(coefs) == set(MODELS)
+    assert all(v.shape == (reps, k, d) for v in coefs.values())
+    # ST at the higher threshold is never less sparse than at the lower one
+    assert bool(((coefs["st_high"] == 0) >= (coefs["st_low"] == 0)).all())
+
+    cov = pl.read_parquet(out["evaluate"] / "coverage.parquet")
+    assert cov.height == len(ns) * len(CONTRASTS) * 2
+    assert cov["coverage"].is_between(0, 1).all() and (cov["reps"] == reps).all()
+    stab = pl.read_parquet(out["evaluate"] / "stability.parquet")
+    assert stab.height == len(ns) * len(CONTRASTS)
+    assert (stab["gamma"] >= 0).all() and (stab["sigma2"] > 0).all()
+
+    metrics = json.loads((out["report"] / "metrics.json").read_text())
+    assert [c["name"] for c in metrics["claims"]] == [c.name for c in CLAIMS]
+    for claim in metrics["claims"]:
+        assert set(claim) >= {"name", "statement", "holds", "values"}
+        assert isinstance(claim["holds"], bool) and claim["values"]
+        assert all(isinstance(v, (int, float)) for v in claim["values"].values())
+    assert set(metrics["runtime_s"]) == {"prepare", "train", "evaluate", "report"}
+    assert all(v >= 0 for v in metrics["runtime_s"].values())
+    for fig in ("coverage_vs_n", "r_vs_n", "studentized_error"):
+        assert (out["report"] / "figures" / f"{fig}.png").stat().st_size > 0
+    for plot in ("coverage_vs_n", "r_vs_n"):
+        assert pl.read_csv(out["report"] / "plots" / f"{plot}.csv").height > 0
+    text = (out["report"] / "report.md").read_text()
+    assert "## Verdicts" in text and "coverage_vs_n.png" in text
