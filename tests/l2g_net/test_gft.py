@@ -1,0 +1,156 @@
+"""Exactness of stages.l2g_net.gft.factorize against numpy/scipy eigh, and its bad-input errors."""
+from __future__ import annotations
+
+import networkx as nx
+import numpy as np
+import pytest
+import scipy.sparse as sp
+
+from stages.l2g_net.gft import GraphInputError, factorize, partition, rank_one_update, solve_secular
+from stages.l2g_net.graphs import exactness_suite, laplacian, random_parts, sbm_blocks
+
+TOL = 1e-10
+
+
+def check_exact(L, parts=None, **kw):
+    """Eigenvalues vs numpy eigh, U^T U = I, U diag(lam) U^T = L, transform/inverse agree with dense U."""
+    f = factorize(L, parts, **kw)
+    Ld = L.toarray() if sp.issparse(L) else np.asarray(L, float)
+    n = Ld.shape[0]
+    ref = np.linalg.eigvalsh(Ld)
+    scale = max(np.abs(ref).max(), 1.0)
+    assert f.eigenvalues.shape == (n,)
+    assert np.all(np.diff(f.eigenvalues) >= 0), "eigenvalues must be ascending"
+    assert np.abs(f.eigenvalues - ref).max() / scale < TOL
+    U = f.dense()
+    assert np.abs(U.T @ U - np.eye(n)).max() < TOL
+    assert np.abs(U @ np.diag(f.eigenvalues) @ U.T - Ld).max() / scale < TOL
+    X = np.random.default_rng(0).normal(size=(n, 3))
+    np.testing.assert_allclose(f.transform(X), U.T @ X, atol=1e-10)
+    np.testing.assert_allclose(f.inverse(X), U @ X, atol=1e-10)
+    np.testing.assert_allclose(f.transform(X[:, 0]), U.T @ X[:, 0], atol=1e-10)
+    assert f.transform(X[:, 0]).shape == (n,)
+    return f
+
+
+def _weighted(G, rng, lo=-3, hi=3):
+    for u, v in G.edges:
+        G[u][v]["weight"] = float(10 ** rng.uniform(lo, hi))
+    return G
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_random_graphs_random_parts(seed):
+    rng = np.random.default_rng(seed)
+    n = int(rng.integers(20, 70))
+    G = _weighted(nx.gnp_random_graph(n, float(rng.uniform(0.05, 0.3)), seed=seed), rng)
+    check_exact(laplacian(G), random_parts(n, int(rng.integers(2, 7)), rng))
+    check_exact(laplacian(G))
+
+
+def test_disconnected_isolated_repeated_eigenvalues():
+    rng = np.random.default_rng(1)
+    # identical copies (every eigenvalue repeated), stars and complete graphs (large multiplicities),
+    # isolated nodes (zero rows), all split across parts so updates must deflate
+    G = nx.disjoint_union_all([nx.petersen_graph()] * 3 + [nx.star_graph(7), nx.complete_graph(6),
+                                                           nx.complete_graph(6), nx.empty_graph(3)])
+    L = laplacian(G)
+    n = L.shape[0]
+    f = check_exact(L)
+    assert len(f.parts) >= 7  # one part per component (isolated nodes are parts of their own)
+    check_exact(L, random_parts(n, 5, rng))
+    check_exact(L, [[i] for i in range(n)])  # every edge is a cut edge: maximal deflation
+
+
+def test_hypercube_and_grids_bridged():
+    check_exact(laplacian(nx.convert_node_labels_to_integers(nx.hypercube_graph(5))), random_parts(32, 4, np.random.default_rng(0)))
+    suite = exactness_suite(seed=3, scale=60)
+    for name, G in suite.items():
+        check_exact(laplacian(G))
+
+
+def test_dense_numpy_input_and_weights_over_decades():
+    rng = np.random.default_rng(5)
+    G = _weighted(nx.disjoint_union(nx.gnp_random_graph(15, 0.4, seed=1), nx.gnp_random_graph(12, 0.4, seed=2)), rng, -4, 4)
+    G.add_edge(0, 20, weight=1e-6)  # a very weak bridge (tiny rho)
+    L = laplacian(G).toarray()
+    check_exact(L, [list(range(15)), list(range(15, 27))])
+
+
+def test_partitioner_finds_blocks_and_covers_nodes():
+    G = sbm_blocks(4, 60, 12.0, 4, seed=0)
+    L = laplacian(G)
+    parts = partition(L, min_part_size=16, max_cut_fraction=1 / 8)
+    allnodes = np.sort(np.concatenate(parts))
+    assert np.array_equal(allnodes, np.arange(240))
+    blocks = {tuple(sorted(set(p // 60))) for p in map(np.asarray, parts)}
+    assert len(parts) == 4 and all(len(b) == 1 for b in blocks)
+    f = check_exact(L, None, min_part_size=16, max_cut_fraction=1 / 8)
+    assert len(f.cut_edges) == 4
+
+
+def test_secular_roots_interlace_and_solve():
+    rng = np.random.default_rng(2)
+    d = np.sort(rng.uniform(0, 5, 40)) + np.arange(40) * 1e-2
+    z = rng.normal(size=40)
+    z /= np.linalg.norm(z)
+    rho = 1.7
+    origin, tau = solve_secular(d, z, rho)
+    lam = d[origin] + tau
+    ref = np.linalg.eigvalsh(np.diag(d) + rho * np.outer(z, z))
+    np.testing.assert_allclose(lam, ref, atol=1e-13)
+    assert np.all(lam[:-1] > d[:-1]) and np.all(lam[:-1] < d[1:]) and lam[-1] > d[-1]
+
+
+def test_rank_one_update_deflates_tiny_z_and_equal_eigenvalues():
+    lam = np.array([0.0, 1.0, 1.0, 1.0, 2.0, 3.0])
+    z = np.array([0.5, 0.3, -0.4, 0.2, 0.0, 1e-20])
+    fac = rank_one_update(lam, z, 1.0)  # lam is updated in place
+    assert fac.rot_p.size == 2           # the triple eigenvalue 1 is merged by two rotations
+    assert 4 not in fac.idx and 5 not in fac.idx  # zero / tiny z_i deflated
+    ref = np.linalg.eigvalsh(np.diag([0.0, 1, 1, 1, 2, 3]) + np.outer(z, z))
+    np.testing.assert_allclose(np.sort(lam), ref, atol=1e-14)
+
+
+# ----------------------------------------------------------------------------- bad input
+def _path_L(n=5):
+    return laplacian(nx.path_graph(n)).toarray()
+
+
+@pytest.mark.parametrize("L, match", [
+    (np.array([[1.0, -1.0, 0], [-0.5, 1.0, -0.5], [0, -0.5, 0.5]]), "not symmetric"),
+    (np.array([[1.0, 1.0], [1.0, 1.0]]), "negative edge weight"),
+    (np.array([[1.0, np.nan], [np.nan, 1.0]]), "NaN"),
+    (np.ones((2, 3)), "square"),
+    (np.zeros((0, 0)), "empty"),
+])
+def test_bad_laplacian(L, match):
+    with pytest.raises(GraphInputError, match=match):
+        factorize(L)
+
+
+def test_bad_laplacian_sparse():
+    L = sp.csr_matrix(_path_L())
+    L[0, 1] = 2.0
+    L[1, 0] = 2.0
+    with pytest.raises(GraphInputError, match="negative edge weight between nodes 0 and 1"):
+        factorize(L)
+
+
+@pytest.mark.parametrize("parts, match", [
+    ([[0, 1], [2, 3]], r"missing from every part: \[4\]"),
+    ([[0, 1, 2], [2, 3, 4]], r"more than once: \[2\]"),
+    ([[0, 1, 2], [3, 4, 7]], "out of range"),
+    ([[0, 1, 2, 3, 4], []], "empty part"),
+    ([[0.0, 1.0], [2, 3, 4]], "integers"),
+    ("01234", "list of node-index lists"),
+])
+def test_bad_parts(parts, match):
+    with pytest.raises(GraphInputError, match=match):
+        factorize(_path_L(), parts)
+
+
+def test_transform_shape_error():
+    f = factorize(_path_L())
+    with pytest.raises(ValueError, match=r"expected shape \[5\]"):
+        f.transform(np.ones(4))
