@@ -1,0 +1,306 @@
+"""Synthesizer (A): bottom-up enumeration by AST size with observational-equivalence pruning.
+
+    res = synthesize(instance, timeout_s=1.0, max_size=20)      # SolveResult(formula, size, seconds, ...)
+
+ALGO (bottom-up enumerative synthesis with observational equivalence, as in the card):
+  bank[n] = every unary formula φ(x) of AST size n built from smaller banks by
+      atoms (P x) (Q x) (R x x) (S x x) · (not φ) · (and φ ψ) · (or φ ψ) ·
+      (exists y (and G(x,y) U(y))) · (forall y (or ¬G(x,y) U(y))) · (exists/forall y G(x,y)) ·
+      (exists/forall y U(y)),   G ∈ {R,S} × {x→y, y→x} × {+,¬} ∪ {x≠y};
+  each φ is represented by its signature: bitmasks of φ over ALL training objects (every world,
+  every plane); a new φ whose signature was already seen is dropped (observational equivalence:
+  any formula built from it would behave exactly like one built from the earlier, smaller one).
+  The quantifier productions of a whole bank level are evaluated in one batched kernel call
+  (kernels.quantifier_eval). Search stops at the first valid signature, at the time budget or at
+  the size budget.
+Regimes: FULLOBS — signature == labels; CI — YES worlds equal, every NO world differs; EC — the
+Kleene bounds (must/may planes) must admit the labels; a candidate is accepted at once when, in
+every world, one of the sampled completions matches (a concrete witness), otherwise z3 decides
+exactly (stages.induction.semantics.world_explainable). In EC, equivalence is judged on the
+bounds plus the sampled completions: returned formulas are always exactly valid, but this pruning
+can drop a formula that differs only on unsampled completions (completeness, not soundness).
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+import numpy as np
+
+from stages.induction.bitset import ENUM_GUARDS, BitContext, Guard, pack
+from stages.induction.formula import And, Atom, Formula, Not, Or, Quant, flatten, size
+from stages.induction.instances import Instance
+from stages.induction.semantics import world_explainable
+
+ATOM, NOT, AND, OR, EX_G, FA_G, EX_U, FA_U, EX_GO, FA_GO = range(10)
+ATOMS = (("P", 2), ("Q", 2), ("Rxx", 3), ("Sxx", 3))
+BOUND_NAMES = "yzwvutsrqp"
+_FNV = np.uint64(0x100000001B3)
+
+
+def bound_name(depth: int) -> str:
+    return BOUND_NAMES[depth] if depth < len(BOUND_NAMES) else f"v{depth}"
+
+
+def row_hash(sig: np.ndarray) -> np.ndarray:
+    """64-bit FNV-style hash of every signature row (N, Wtot) -> (N,) uint64."""
+    h = np.full(sig.shape[0], np.uint64(0xCBF29CE484222325))
+    with np.errstate(over="ignore"):
+        for k in range(sig.shape[1]):
+            h = (h ^ sig[:, k].astype(np.uint32).astype(np.uint64)) * _FNV
+            h ^= h >> np.uint64(29)
+    return h
+
+
+@dataclass
+class SolveResult:
+    formula: Formula | None
+    size: int | None
+    seconds: float
+    status: str            # found | timeout | size_limit | bank_limit
+    bank: int              # formulas kept after pruning
+    generated: int         # formulas generated before pruning
+    z3_calls: int = 0
+
+
+class Bank:
+    """All kept formulas by size: signatures, productions, and AST reconstruction."""
+
+    def __init__(self, ctx: BitContext, max_bank: int = 400_000):
+        self.ctx = ctx
+        self.max_bank = max_bank
+        self.levels: dict[int, np.ndarray] = {}      # size -> global ids
+        self.sigs: list[np.ndarray] = []             # chunks of (N, Wtot)
+        self.prods: list[np.ndarray] = []            # chunks of (N, 3): op, a, b
+        self.seen: set[int] = set()
+        self.count = 0
+        self.generated = 0
+        self._sig_cat: np.ndarray | None = None
+        self._prod_cat: np.ndarray | None = None
+
+    # ----------------------------------------------------------------- storage
+    def add(self, sig: np.ndarray, prod: np.ndarray) -> np.ndarray:
+        """Keep rows whose signature is new; returns the kept rows' positions in the batch."""
+        self.generated += len(sig)
+        if len(sig) == 0:
+            return np.zeros(0, dtype=np.int64)
+        h = row_hash(sig)
+        _, first = np.unique(h, return_index=True)
+        first.sort()
+        keep = [i for i, v in zip(first.tolist(), h[first].tolist()) if v not in self.seen]
+        keep = np.array(keep[: max(0, self.max_bank - self.count)], dtype=np.int64)
+        if keep.size:
+            self.seen.update(h[keep].tolist())
+            self.sigs.append(sig[keep])
+            self.prods.append(prod[keep])
+            self.count += keep.size
+            self._sig_cat = self._prod_cat = None
+        return keep
+
+    def full(self) -> bool:
+        return self.count >= self.max_bank
+
+    def _cat(self):
+        if self._sig_cat is None:
+            self._sig_cat = np.concatenate(self.sigs) if self.sigs else np.zeros((0, self.ctx.Wtot), np.int32)
+            self._prod_cat = np.concatenate(self.prods) if self.prods else np.zeros((0, 3), np.int64)
+            self.sigs, self.prods = [self._sig_cat], [self._prod_cat]
+        return self._sig_cat, self._prod_cat
+
+    def level_sigs(self, n: int) -> tuple[np.ndarray, np.ndarray]:
+        ids = self.levels.get(n, np.zeros(0, dtype=np.int64))
+        sig, _ = self._cat()
+        return ids, sig[ids]
+
+    # ----------------------------------------------------------------- AST
+    def ast(self, gid: int, var: str = "x", depth: int = 0) -> Formula:
+        _, prods = self._cat()
+        op, a, b = (int(v) for v in prods[gid])
+        if op == ATOM:
+            name = ATOMS[a][0]
+            return Atom(name, (var,)) if len(name) == 1 else Atom(name[0], (var, var))
+        if op == NOT:
+            return Not(self.ast(a, var, depth))
+        if op in (AND, OR):
+            kids = (self.ast(a, var, depth), self.ast(b, var, depth))
+            return And(kids) if op == AND else Or(kids)
+        y = bound_name(depth)
+        kind = "exists" if op in (EX_G, EX_U, EX_GO) else "forall"
+        if op in (EX_G, FA_G):
+            g = ENUM_GUARDS[a]
+            body_u = self.ast(b, y, depth + 1)
+            if op == EX_G:
+                return Quant(kind, y, And((g.literal(var, y), body_u)))
+            return Quant(kind, y, Or((g.complement_literal(var, y), body_u)))
+        if op in (EX_U, FA_U):
+            return Quant(kind, y, self.ast(a, y, depth + 1))
+        return Quant(kind, y, ENUM_GUARDS[a].literal(var, y))
+
+    def formula(self, gid: int) -> Formula:
+        return flatten(self.ast(gid))
+
+
+def _prod(op: int, a, b) -> np.ndarray:
+    a = np.asarray(a, dtype=np.int64).reshape(-1)
+    b = np.broadcast_to(np.asarray(b, dtype=np.int64), a.shape)
+    return np.stack([np.full(a.shape, op, dtype=np.int64), a, b], axis=1)
+
+
+def grow(bank: Bank, n: int, deadline: float, chunk: int = 100_000):
+    """Generate size-n formulas into the bank; yields (kept global ids, their signatures) per batch."""
+    ctx = bank.ctx
+    start_ids = bank.count
+    level_ids: list[np.ndarray] = []
+
+    def emit(sig: np.ndarray, prod: np.ndarray):
+        base = bank.count
+        keep = bank.add(sig, prod)
+        ids = np.arange(base, base + keep.size, dtype=np.int64)
+        level_ids.append(ids)
+        return ids, sig[keep]
+
+    # atoms
+    for k, (name, s) in enumerate(ATOMS):
+        if s == n:
+            yield emit(ctx.atoms[name][None], _prod(ATOM, [k], 0))
+    # (not φ), skipping double negation
+    ids, sig = bank.level_sigs(n - 1)
+    if ids.size:
+        _, prods = bank._cat()
+        ok = prods[ids, 0] != NOT
+        yield emit(ctx.neg(sig[ok]), _prod(NOT, ids[ok], 0))
+    # (and φ ψ), (or φ ψ) with |φ| <= |ψ|, |φ| + |ψ| = n - 1
+    for i in range(2, n - 1):
+        j = n - 1 - i
+        if i > j:
+            break
+        ia, sa = bank.level_sigs(i)
+        ib, sb = bank.level_sigs(j)
+        if not ia.size or not ib.size:
+            continue
+        step = max(1, chunk // max(1, len(ib)))
+        for r0 in range(0, len(ia), step):
+            if time.perf_counter() > deadline or bank.full():
+                return
+            ra = np.arange(r0, min(len(ia), r0 + step))
+            pa, pb = np.meshgrid(ra, np.arange(len(ib)), indexing="ij")
+            pa, pb = pa.reshape(-1), pb.reshape(-1)
+            if i == j:
+                m = pa < pb
+                pa, pb = pa[m], pb[m]
+            for op in (AND, OR):
+                s = (sa[pa] & sb[pb]) if op == AND else (sa[pa] | sb[pb])
+                yield emit(s, _prod(op, ia[pa], ib[pb]))
+    # guarded quantifiers through the batched kernel
+    for mode, op in (("exists", EX_G), ("forall", FA_G)):
+        by_body: dict[int, list[int]] = {}
+        for gi, g in enumerate(ENUM_GUARDS):
+            overhead = 3 + (g.size if mode == "exists" else g.complement_size)
+            by_body.setdefault(n - overhead, []).append(gi)
+        for body_size, gis in by_body.items():
+            iu, su = bank.level_sigs(body_size)
+            if not iu.size:
+                continue
+            for r0 in range(0, len(iu), chunk):
+                if time.perf_counter() > deadline or bank.full():
+                    return
+                out = ctx.quantify([ENUM_GUARDS[g] for g in gis], su[r0: r0 + chunk], mode)   # (G, C, Wtot)
+                G, C, _ = out.shape
+                gg = np.repeat(np.array(gis), C)
+                uu = np.tile(iu[r0: r0 + chunk], G)
+                yield emit(out.reshape(G * C, -1), _prod(op, gg, uu))
+    # unguarded quantifiers ∃y U(y), ∀y U(y)
+    iu, su = bank.level_sigs(n - 2)
+    if iu.size:
+        for mode, op in (("exists", EX_U), ("forall", FA_U)):
+            out = ctx.quantify(None, su, mode)[0]
+            yield emit(out, _prod(op, iu, 0))
+    # guard-only quantifiers ∃y G(x,y), ∀y G(x,y)
+    for gi, g in enumerate(ENUM_GUARDS):
+        if 2 + g.size == n:
+            for mode, op in (("exists", EX_GO), ("forall", FA_GO)):
+                yield emit(ctx.guard_only(g, mode)[None], _prod(op, [gi], 0))
+    bank.levels[n] = np.concatenate(level_ids) if level_ids else np.arange(start_ids, start_ids)
+
+
+class Goal:
+    """Vectorized validity test of signatures for one instance's regime."""
+
+    def __init__(self, inst: Instance, ctx: BitContext):
+        self.inst = inst
+        self.ctx = ctx
+        W = ctx.W
+        self.target = np.array([pack(w.labels) for w in inst.worlds], dtype=np.int32)   # (W,)
+        self.yes = np.array([w.kind == "yes" for w in inst.worlds])
+        self.z3_calls = 0
+        self.W = W
+
+    def candidates(self, sig: np.ndarray) -> np.ndarray:
+        """Boolean (N,): signature is valid (fullobs/ci) or admissible (ec)."""
+        W, t = self.W, self.target
+        if self.inst.regime == "fullobs":
+            return (sig[:, :W] == t).all(1)
+        if self.inst.regime == "ci":
+            eq = sig[:, :W] == t
+            return eq[:, self.yes].all(1) & (~eq[:, ~self.yes]).all(1)
+        must, may = sig[:, :W], sig[:, W: 2 * W]
+        return ((must & ~t) == 0).all(1) & ((t & ~may) == 0).all(1)
+
+    def confirm(self, bank: Bank, gid: int, sig_row: np.ndarray, deadline: float) -> Formula | None:
+        f = bank.formula(gid)
+        if self.inst.regime != "ec":
+            return f
+        W = self.W
+        comps = sig_row[2 * W:].reshape(-1, W)                    # (K, W) sampled completions
+        witnessed = (comps == self.target).any(0)
+        for k, w in enumerate(self.inst.worlds):
+            if witnessed[k]:
+                continue
+            if time.perf_counter() > deadline:
+                return None
+            self.z3_calls += 1
+            if not world_explainable(f, w):
+                return None
+        return f
+
+
+def make_context(inst: Instance, completions: int = 8, seed: int = 0, backend: str = "auto") -> BitContext:
+    return BitContext(inst.worlds, completions=completions if inst.regime == "ec" else 0, seed=seed,
+                      three_valued=inst.regime == "ec", backend=backend)
+
+
+def synthesize(inst: Instance, timeout_s: float = 1.0, max_size: int = 20, completions: int = 8,
+               max_bank: int = 400_000, seed: int = 0, backend: str = "auto") -> SolveResult:
+    t0 = time.perf_counter()
+    deadline = t0 + timeout_s
+    ctx = make_context(inst, completions, seed, backend)
+    bank = Bank(ctx, max_bank)
+    goal = Goal(inst, ctx)
+    status = "size_limit"
+    for n in range(2, max_size + 1):
+        for ids, sig in grow(bank, n, deadline):
+            if not len(ids):
+                continue
+            for pos in np.flatnonzero(goal.candidates(sig)):
+                f = goal.confirm(bank, int(ids[pos]), sig[pos], deadline)
+                if f is not None:
+                    return SolveResult(f, size(f), time.perf_counter() - t0, "found", bank.count,
+                                       bank.generated, goal.z3_calls)
+                if time.perf_counter() > deadline:
+                    break
+        if time.perf_counter() > deadline:
+            status = "timeout"
+            break
+        if bank.full():
+            status = "bank_limit"
+            break
+    return SolveResult(None, None, time.perf_counter() - t0, status, bank.count, bank.generated, goal.z3_calls)
+
+
+def feature_bank(ctx: BitContext, max_size: int, deadline: float = float("inf")) -> Bank:
+    """All observationally distinct unary formulas up to max_size (the bloated fitter's vocabulary)."""
+    bank = Bank(ctx)
+    for n in range(2, max_size + 1):
+        for _ in grow(bank, n, deadline):
+            pass
+    return bank

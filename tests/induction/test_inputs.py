@@ -1,0 +1,119 @@
+"""Bad input: instance and prediction files, CLIs (exit 2, one line), configs (ConfigError naming the key)."""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from stages.common.config import ConfigError, validate
+from stages.common.paths import ROOT
+from stages.common.runner import load_config
+from stages.induction import check as check_cli
+from stages.induction import evaluate, prepare, train
+from stages.induction import solve as solve_cli
+from stages.induction.instances import InstanceError, load_instances, load_predictions
+
+GOOD = {"id": "fo-0001", "regime": "fullobs", "gold": "(exists y (and (R x y) (P y)))",
+        "worlds": [{"domain": 3, "facts": {"P": [1], "Q": [], "R": [[0, 1], [2, 2]], "S": []}, "labels": [1, 0, 0]},
+                   {"domain": 2, "facts": {"P": [0], "R": [[1, 0]]}, "labels": [0, 1]}]}
+
+
+def _write(tmp_path, name, objs):
+    path = tmp_path / name
+    path.write_text("".join((o if isinstance(o, str) else json.dumps(o)) + "\n" for o in objs))
+    return path
+
+
+def _bad(**world_changes):
+    obj = json.loads(json.dumps(GOOD))
+    obj["id"] = "fo-0002"
+    obj["worlds"][1].update(world_changes)
+    return obj
+
+
+@pytest.mark.parametrize("obj, words", [
+    (_bad(labels=[0, 1, 1]), ["inst.jsonl:2", "'fo-0002'", "worlds[1].labels", "expected 2 labels"]),
+    (_bad(facts={"P": [5]}), ["inst.jsonl:2", "'fo-0002'", "worlds[1].facts.P[0]", "outside the domain 0..1"]),
+    (_bad(facts={"R": [[0, 2]]}), ["'fo-0002'", "worlds[1].facts.R[0]", "R(0, 2)", "outside"]),
+    (_bad(facts={"T": [0]}), ["'fo-0002'", "worlds[1].facts.T", "unknown predicate 'T'"]),
+    (_bad(unknown={"P": [1]}), ["'fo-0002'", "worlds[1].unknown", "only allowed in regime 'ec'"]),
+    (_bad(labels=[0, 2]), ["'fo-0002'", "worlds[1].labels", "0 or 1"]),
+    (_bad(domain=0), ["'fo-0002'", "worlds[1].domain"]),
+    (dict(GOOD, id="fo-0002", regime="induction"), ["'fo-0002'", "field regime"]),
+    (dict(GOOD, id="fo-0002", gold="(exists y (R x y)"), ["'fo-0002'", "field gold", "line 1, column"]),
+    (dict(GOOD, id="fo-0002", regime="ci"), ["'fo-0002'", "worlds[0].kind"]),
+    (dict(GOOD, id="fo-0001"), ["inst.jsonl:2", "'fo-0001'", "field id", "duplicate"]),
+    ("{not json", ["inst.jsonl:2", "not valid JSON"]),
+])
+def test_bad_instances_name_line_instance_and_field(tmp_path, obj, words):
+    path = _write(tmp_path, "inst.jsonl", [GOOD, obj])
+    with pytest.raises(InstanceError) as err:
+        load_instances(path)
+    assert all(w in str(err.value) for w in words), str(err.value)
+
+
+def test_prediction_file_missing_an_id(tmp_path):
+    second = dict(GOOD, id="fo-0002")
+    insts = load_instances(_write(tmp_path, "inst.jsonl", [GOOD, second]))
+    preds = _write(tmp_path, "pred.jsonl", [{"id": "fo-0001", "formula": "(P x)"}])
+    with pytest.raises(InstanceError, match=r"instance 'fo-0002'.*field id: no prediction"):
+        load_predictions(preds, insts)
+
+
+def test_check_reports_malformed_formulas_invalid_and_exits_0(tmp_path, capsys):
+    second = dict(GOOD, id="fo-0002")
+    third = dict(GOOD, id="fo-0003")
+    inst = _write(tmp_path, "inst.jsonl", [GOOD, second, third])
+    preds = _write(tmp_path, "pred.jsonl", [
+        {"id": "fo-0001", "formula": "(exists y (and (R x y) (P y)))", "size": 8, "seconds": 0.1},
+        {"id": "fo-0002", "formula": "(exists y (and (R x y) (P y)"},
+        {"id": "fo-0003", "formula": None}])
+    out = tmp_path / "res.jsonl"
+    assert check_cli.main(["--instances", str(inst), "--predictions", str(preds), "--out", str(out)]) == 0
+    rows = [json.loads(x) for x in out.read_text().splitlines()]
+    assert [r["valid"] for r in rows] == [True, False, False]
+    assert rows[0]["size"] == 8 and rows[0]["gold_size"] == 8
+    assert rows[1]["error"].startswith("parse error: line 1, column") and rows[2]["error"] == "no formula"
+    assert "fullobs: 1/3 valid" in capsys.readouterr().out
+
+
+def test_cli_bad_instance_file_exits_2_with_one_line(tmp_path):
+    inst = _write(tmp_path, "inst.jsonl", [GOOD, _bad(labels=[1])])
+    preds = _write(tmp_path, "pred.jsonl", [{"id": "fo-0001", "formula": "(P x)"}])
+    proc = subprocess.run([sys.executable, "-m", "stages.induction.check", "--instances", str(inst),
+                           "--predictions", str(preds)], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and "inst.jsonl:2" in lines[0] and "fo-0002" in lines[0] and "labels" in lines[0]
+    assert solve_cli.main(["--instances", str(inst), "--out", str(tmp_path / "o.jsonl")]) == 2
+
+
+def test_solve_then_check_round_trip(tmp_path):
+    inst = _write(tmp_path, "inst.jsonl", [GOOD])
+    out = tmp_path / "pred.jsonl"
+    assert solve_cli.main(["--instances", str(inst), "--out", str(out), "--timeout", "5"]) == 0
+    pred = json.loads(out.read_text())
+    assert set(pred) == {"id", "formula", "size", "seconds"} and pred["id"] == "fo-0001"
+    assert check_cli.check_files(inst, out)[0]["valid"]
+
+
+@pytest.mark.parametrize("module, block, key", [
+    (prepare, {"min_domain": 9, "max_domain": 5}, "min_domain"),
+    (prepare, {"templates": ["nope"]}, "templates"),
+    (prepare, {"unknown_rate": 1.5}, "unknown_rate"),
+    (prepare, {"per_templat": 2}, "per_templat"),
+    (train, {"timeout_s": 0}, "timeout_s"),
+    (train, {"max_size": "big"}, "max_size"),
+    (evaluate, {"budgets_s": [1.0, 0.1]}, "budgets_s"),
+])
+def test_bad_params_fail_at_load_naming_the_key(module, block, key):
+    with pytest.raises(ConfigError, match=key):
+        validate(module.Config, block, "papers.induction.stage")
+
+
+def test_registered_configs_load_for_every_profile():
+    for stage in ("prepare", "train", "evaluate", "report"):
+        for profile in ("smoke", "default", "full"):
+            load_config("induction", stage, profile)

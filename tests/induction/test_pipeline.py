@@ -1,0 +1,25 @@
+"""The smoke pipeline end to end: metrics schema, claims, figures, plots."""
+from __future__ import annotations
+
+import json
+
+
+def test_smoke_pipeline(smoke_run):
+    out = smoke_run("induction")
+    m = json.loads((out["report"] / "metrics.json").read_text())
+    assert set(m["runtime_s"]) == {"prepare", "train", "evaluate", "report"}
+    assert all(isinstance(v, (int, float)) for v in m["runtime_s"].values())
+    names = [c["name"] for c in m["claims"]]
+    assert names == ["enumeration_solves_fullobs", "compact_generalizes", "difficulty_rises_with_depth"]
+    for c in m["claims"]:
+        assert set(c) >= {"name", "statement", "holds", "values"} and isinstance(c["holds"], bool)
+        assert c["values"] and all(isinstance(v, (int, float)) for v in c["values"].values())
+    assert m["metrics"]["kernel"]["evaluator_mismatches"] == 0
+    for fig in ("difficulty_by_depth", "heldout_vs_size", "budgeted_validity", "size_vs_gold"):
+        assert (out["report"] / "figures" / f"{fig}.png").stat().st_size > 1000
+    assert (out["report"] / "plots" / "difficulty_by_depth.csv").exists()
+    report = (out["report"] / "report.md").read_text()
+    assert "## Verdicts" in report and "figures/difficulty_by_depth.png" in report
+    preds = (out["train"] / "predictions_enum.jsonl").read_text().splitlines()
+    n = json.loads((out["prepare"] / "meta.json").read_text())["n_instances"]
+    assert len(preds) == n and all(set(json.loads(p)) == {"id", "formula", "size", "seconds"} for p in preds)
