@@ -1,0 +1,178 @@
+"""One paper's pipeline as a Prefect flow: each stage is a task running ``dvc repro -s <stage>@<slug>``.
+
+    python -m flows.paper_flow reversal_curse                      # in this checkout
+    python -m flows.paper_flow reversal_curse --remote /mnt/dvc    # share outputs + run-cache
+
+DVC decides what reruns (its lock file and run-cache); Prefect adds retries, logs (every output
+line of DVC and the stage is streamed to the task's log) and the UI. When the checkout has a DVC
+remote (``make remote REMOTE=...``, or ``remote=`` here), the flow checks it first (failing fast,
+naming it), pulls outputs and the run-cache before the stages (``dvc pull --run-cache`` and
+``dvc repro --pull``) and pushes each stage's outputs and run-cache entry as soon as that stage
+succeeded (``dvc push --run-cache <stage>``), so a stage computed by one worker is restored, not
+recomputed, by another — and a stage that dies midway pushes nothing (its outputs only appear,
+atomically, when it completes; the push only follows a completed ``dvc repro``).
+
+Artifacts: ``<slug>-report`` (markdown: reports/<slug>/report.md) and ``<slug>-claims`` (table:
+each claim's verdict and numbers, plus per-stage runtimes).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import sys
+from pathlib import Path
+from typing import Any
+
+from prefect import flow, get_run_logger, task
+from prefect.artifacts import create_markdown_artifact, create_table_artifact
+from prefect.cache_policies import NO_CACHE
+
+from flows import remote as dvc_remote
+from flows.proc import ROOT, CommandFailed, dvc, run_streaming
+
+STAGES = ("prepare", "train", "evaluate", "report")
+STAGE_TIMEOUT_S = 3 * 3600
+
+# DVC's own words for what it did with a stage (dvc/stage/__init__.py, dvc/repo/reproduce.py)
+_DVC_STATUS = (
+    ("is cached - skipping run", "restored"),   # run-cache hit: outputs checked out, cmd not run
+    ("didn't change, skipping", "unchanged"),   # dvc.lock matches the workspace
+    ("Running stage", "ran"),
+)
+
+
+def artifact_key(slug: str, what: str) -> str:
+    """Prefect artifact keys allow only lowercase letters, digits and dashes."""
+    return re.sub(r"[^a-z0-9-]+", "-", f"{slug}-{what}".lower())
+
+
+def dvc_status(output: str, target: str) -> str:
+    """What DVC reported doing with ``target``, read from its own log lines."""
+    for line in output.splitlines():
+        if f"'{target}'" not in line:
+            continue
+        for needle, status in _DVC_STATUS:
+            if needle in line:
+                return status
+    return "unknown"
+
+
+def _retry_unless_bad_config(task, task_run, state) -> bool:
+    """A stage that exits 2 (bad params / missing input) fails the same way every time: no retry."""
+    try:
+        exc = state.result(raise_on_failure=False)
+    except Exception:
+        return True
+    return not (isinstance(exc, CommandFailed) and "exited with 2" in exc.tail)
+
+
+@task(name="dvc-repro", task_run_name="{stage}@{slug}", retries=1, retry_delay_seconds=5,
+      retry_condition_fn=_retry_unless_bad_config, cache_policy=NO_CACHE, persist_result=False)
+def repro_stage(stage: str, slug: str, root: str, sync: bool = False,
+                timeout_s: float = STAGE_TIMEOUT_S) -> dict[str, Any]:
+    """``dvc repro --single-item [--pull] <stage>@<slug>``, its output streamed to the task log;
+    with ``sync``, then ``dvc push --run-cache`` of that stage (only a completed stage is pushed)."""
+    logger = get_run_logger()
+    target = f"{stage}@{slug}" if slug else stage  # `summary` has no slug
+    args = ["repro", "--single-item", *(["--pull"] if sync else []), target]
+    out = run_streaming(dvc(*args), Path(root), logger, timeout=timeout_s, what=f"dvc repro {target}")
+    if sync:
+        dvc_remote.push(Path(root), [target], logger)
+    info = {}
+    if slug:
+        from stages.common.paths import stage_dir
+
+        info_path = stage_dir(slug, stage, Path(root)) / "_stage.json"
+        info = json.loads(info_path.read_text()) if info_path.exists() else {}
+    return {"stage": stage, "dvc": dvc_status(out, target), "runtime_s": info.get("runtime_s")}
+
+
+@task(name="dvc-pull", cache_policy=NO_CACHE, persist_result=False)
+def pull_task(slug: str, root: str) -> str:
+    logger = get_run_logger()
+    label = dvc_remote.check(Path(root))
+    logger.info("DVC remote %s: pulling outputs and run-cache for %s", label, slug)
+    dvc_remote.pull(Path(root), [f"{s}@{slug}" for s in STAGES], logger)
+    return label
+
+
+@task(name="publish-artifacts", cache_policy=NO_CACHE, persist_result=False)
+def publish(slug: str, root: str, stages: list[dict[str, Any]]) -> dict[str, Any]:
+    """report.md -> markdown artifact; claims + runtimes -> table artifact."""
+    report_dir = Path(root) / "reports" / slug
+    md = (report_dir / "report.md").read_text()
+    create_markdown_artifact(md, key=artifact_key(slug, "report"), description=f"{slug}: report.md")
+    metrics = json.loads((report_dir / "metrics.json").read_text())
+    rows = [{"kind": "claim", "name": c["name"], "holds": bool(c["holds"]), "statement": c["statement"],
+             "values": json.dumps(c.get("values", {}), sort_keys=True)} for c in metrics.get("claims", [])]
+    rows += [{"kind": "stage", "name": s["stage"], "holds": None, "statement": f"dvc: {s['dvc']}",
+              "values": json.dumps({"runtime_s": s["runtime_s"]})} for s in stages]
+    create_table_artifact(rows, key=artifact_key(slug, "claims"),
+                          description=f"{slug}: claims (verdict and numbers) and stage runtimes")
+    return {"claims": {c["name"]: bool(c["holds"]) for c in metrics.get("claims", [])}}
+
+
+def _has_default_remote(root: Path) -> bool:
+    """Whether DVC's merged config (project + local) of the checkout names a default remote."""
+    from dvc.repo import Repo
+
+    try:
+        with Repo(str(root)) as repo:
+            return bool(repo.config["core"].get("remote"))
+    except Exception:
+        return False
+
+
+@flow(name="paper", flow_run_name="paper-{slug}", log_prints=True)
+def paper_flow(slug: str, remote: str | None = None, sync: bool | None = None, root: str | None = None,
+               stage_timeout_s: float = STAGE_TIMEOUT_S) -> dict[str, Any]:
+    """Run one paper's four stages through DVC; publish its report and claims.
+
+    remote: a folder or URL made the default DVC remote of this checkout (``.dvc/config.local``).
+    sync:   pull before / push after (default: whenever the checkout has a default remote).
+    root:   the checkout (default: the one this module is imported from).
+    """
+    from stages.common.config import read_params
+
+    logger = get_run_logger()
+    checkout = Path(root).resolve() if root else ROOT
+    papers = read_params(checkout / "params.yaml")["papers"]
+    if slug not in papers:
+        raise ValueError(f"papers.{slug}: unknown paper (registered: {', '.join(sorted(papers)) or 'none'})")
+    if remote:
+        dvc_remote.configure(remote, checkout, name="flow", local=True)
+    if sync is None:
+        sync = _has_default_remote(checkout)
+    logger.info("paper %s in %s (DVC remote sync: %s)", slug, checkout, sync)
+    if sync:
+        pull_task(slug, str(checkout))
+    results = [repro_stage(stage, slug, str(checkout), sync=sync, timeout_s=stage_timeout_s) for stage in STAGES]
+    for r in results:
+        logger.info("%s@%s: dvc %s (runtime_s %s)", r["stage"], slug, r["dvc"], r["runtime_s"])
+    published = publish(slug, str(checkout), results)
+    return {"slug": slug, "stages": {r["stage"]: r["dvc"] for r in results}, **published}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m flows.paper_flow", description=__doc__.splitlines()[0])
+    parser.add_argument("slug")
+    parser.add_argument("--remote", default=None, help="DVC remote folder/URL to pull from and push to")
+    parser.add_argument("--no-sync", action="store_true", help="do not pull/push even if a remote is configured")
+    args = parser.parse_args(argv)
+    from stages.common.config import ConfigError
+
+    try:
+        state = paper_flow(args.slug, remote=args.remote, sync=False if args.no_sync else None, return_state=True)
+    except (ConfigError, dvc_remote.RemoteError, ValueError) as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    if not state.is_completed():
+        print(f"error: paper flow {args.slug}: {state.name}: {state.message}", file=sys.stderr)
+        return 1
+    print(json.dumps(state.result(), indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

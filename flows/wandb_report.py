@@ -1,0 +1,121 @@
+"""A W&B Report per paper: its title, the report.md text, and a panel grid over the paper's runs
+(the W&B group ``<slug>``), grouped by stage (the run's ``job_type``).
+
+    python -m flows.wandb_report reversal_curse            # build and publish (needs online + API key)
+    python -m flows.wandb_report reversal_curse --dry-run  # build only, print its outline
+
+Runs are logged offline by default; upload them first (``make wandb-sync``, after ``wandb login``),
+then publish with ``WANDB_MODE=online``. Without online mode or an API key, publishing stops with
+one line saying so (exit 2).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import netrc
+import os
+import sys
+from pathlib import Path
+from urllib.parse import urlparse
+
+from flows.proc import ROOT
+
+
+class PublishError(RuntimeError):
+    """Publishing is impossible here (offline mode, no API key, missing report)."""
+
+
+def _project() -> str:
+    from stages.common.tracking import PROJECT
+
+    return PROJECT
+
+
+def build_report(slug: str, root: Path = ROOT, entity: str | None = None, project: str | None = None):
+    """The ``wandb_workspaces.reports.v2.Report`` for ``slug`` (built offline; nothing is sent)."""
+    import wandb_workspaces.reports.v2 as wr
+
+    report_dir = Path(root) / "reports" / slug
+    md_path, metrics_path = report_dir / "report.md", report_dir / "metrics.json"
+    if not md_path.exists():
+        raise PublishError(f"{md_path}: missing; run `dvc repro report@{slug}` first")
+    text = md_path.read_text()
+    metrics = json.loads(metrics_path.read_text()) if metrics_path.exists() else {}
+    claims = metrics.get("claims", [])
+    title = next((line.lstrip("# ").strip() for line in text.splitlines() if line.startswith("# ")), slug)
+    verdicts = ", ".join(f"{c['name']}: {'holds' if c['holds'] else 'does not hold'}" for c in claims)
+    project = project or _project()
+    entity = entity or os.environ.get("WANDB_ENTITY", "")  # "" = the API key's default entity
+
+    runs = wr.Runset(entity=entity, project=project, name=f"{slug} runs",
+                     filters=f"Group = '{slug}'", groupby=["JobType"])  # one group per stage
+    grid = wr.PanelGrid(runsets=[runs], panels=[
+        wr.BarPlot(title="runtime per stage (s)", metrics=[wr.SummaryMetric("runtime_s")],
+                   groupby="JobType"),
+        wr.LinePlot(title="training curves", x="Step", metric_regex="^(train|val)[/_].*"),
+        wr.RunComparer(diff_only=True),
+    ])
+    blocks = [
+        wr.H1(title),
+        wr.P(f"Paper pipeline `{slug}` — claims: {verdicts or 'none reported'}."),
+        wr.MarkdownBlock(text=text),
+        wr.H2("Runs, grouped by stage"),
+        grid,
+    ]
+    return wr.Report(project=project, entity=entity, title=f"{slug}: {title}",
+                     description=f"DVC + Lightning + Prefect pipeline for {slug}", blocks=blocks)
+
+
+def _api_key() -> str | None:
+    if os.environ.get("WANDB_API_KEY"):
+        return os.environ["WANDB_API_KEY"]
+    host = urlparse(os.environ.get("WANDB_BASE_URL", "https://api.wandb.ai")).hostname or "api.wandb.ai"
+    try:
+        auth = netrc.netrc().authenticators(host)
+    except (FileNotFoundError, netrc.NetrcParseError, OSError):
+        return None
+    return auth[2] if auth else None
+
+
+def publish_check() -> None:
+    mode = os.environ.get("WANDB_MODE", "offline")
+    if mode != "online":
+        raise PublishError(f"W&B report: publishing needs WANDB_MODE=online (it is {mode!r}); "
+                           "run `make wandb-sync` and retry with WANDB_MODE=online")
+    if not _api_key():
+        raise PublishError("W&B report: no API key (set WANDB_API_KEY or run `wandb login`)")
+
+
+def publish(report) -> str:
+    publish_check()
+    report.save()
+    return report.url
+
+
+def outline(report) -> dict:
+    return {"title": report.title, "project": report.project,
+            "blocks": [type(b).__name__ for b in report.blocks]}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m flows.wandb_report", description=__doc__.splitlines()[0])
+    parser.add_argument("slug")
+    parser.add_argument("--dry-run", action="store_true", help="build the report only; print its outline")
+    parser.add_argument("--entity", default=None)
+    args = parser.parse_args(argv)
+    try:
+        if not args.dry_run:
+            publish_check()  # before building: a clear line instead of a network traceback
+        report = build_report(args.slug, entity=args.entity)
+        if args.dry_run:
+            print(json.dumps(outline(report), indent=2))
+            return 0
+        print(f"W&B report published: {publish(report)}")
+        return 0
+    except PublishError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,82 @@
+"""The paper flow under the session-wide Prefect harness, on a smoke-profile copy of the repo."""
+from __future__ import annotations
+
+import json
+
+import pytest
+import yaml
+
+from flows.paper_flow import STAGES, artifact_key, paper_flow
+
+from flowkit import SLUG
+
+pytestmark = pytest.mark.slow
+
+
+def read_artifacts(run_id) -> dict:
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterFlowRunId
+
+    with get_client(sync_client=True) as client:
+        arts = client.read_artifacts(artifact_filter=ArtifactFilter(flow_run_id=ArtifactFilterFlowRunId(any_=[run_id])))
+    return {a.key: a for a in arts}
+
+
+def task_runs(run_id) -> list:
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterId
+
+    with get_client(sync_client=True) as client:
+        return client.read_task_runs(flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[run_id])))
+
+
+def test_paper_flow_runs_stages_and_publishes_artifacts(prefect_harness, smoke_flow):
+    state, paper_repo = smoke_flow
+    assert state.is_completed(), state.message
+    result = state.result()
+    assert result["stages"] == {s: "ran" for s in STAGES}  # DVC's own "Running stage" lines
+    metrics = json.loads((paper_repo / "reports" / SLUG / "metrics.json").read_text())
+    assert result["claims"] == {c["name"]: c["holds"] for c in metrics["claims"]}
+
+    run_id = state.state_details.flow_run_id
+    arts = read_artifacts(run_id)
+    report = arts[artifact_key(SLUG, "report")]
+    assert report.type == "markdown"
+    assert report.data == (paper_repo / "reports" / SLUG / "report.md").read_text()
+    table = arts[artifact_key(SLUG, "claims")]
+    assert table.type == "table"
+    rows = json.loads(table.data) if isinstance(table.data, str) else table.data
+    claim_rows = {r["name"]: r for r in rows if r["kind"] == "claim"}
+    assert {n: r["holds"] for n, r in claim_rows.items()} == result["claims"]
+    stage_rows = {r["name"]: json.loads(r["values"])["runtime_s"] for r in rows if r["kind"] == "stage"}
+    assert stage_rows == {s: metrics["runtime_s"][s] for s in STAGES if s != "report"} | {"report": stage_rows["report"]}
+    assert [t.name for t in sorted(task_runs(run_id), key=lambda t: t.expected_start_time)][:4] == \
+        [f"{s}@{SLUG}" for s in STAGES]
+
+    # a second run: DVC's lock file says nothing changed, so no stage reruns
+    again = paper_flow(SLUG, root=str(paper_repo), sync=False, return_state=True)
+    assert again.is_completed(), again.message
+    assert again.result()["stages"] == {s: "unchanged" for s in STAGES}
+
+
+def test_failing_stage_fails_the_flow_without_retrying(prefect_harness, paper_repo, tool_path):
+    params_path = paper_repo / "params.yaml"
+    params = yaml.safe_load(params_path.read_text())
+    params["papers"][SLUG]["prepare"]["no_such_key"] = 1
+    params_path.write_text(yaml.safe_dump(params, sort_keys=False))
+
+    state = paper_flow(SLUG, root=str(paper_repo), sync=False, return_state=True)
+    assert state.is_failed()
+    assert f"papers.{SLUG}.prepare.no_such_key" in state.message  # the stage's one-line error
+    runs = {t.name: t for t in task_runs(state.state_details.flow_run_id)}
+    assert runs[f"prepare@{SLUG}"].state.is_failed()
+    assert runs[f"prepare@{SLUG}"].run_count == 1  # exit 2 (bad params) is not retried
+    assert f"train@{SLUG}" not in runs
+    assert not (paper_repo / "data" / SLUG / "prepare").exists()
+
+
+def test_unknown_paper_fails_before_any_stage(prefect_harness, paper_repo, tool_path):
+    state = paper_flow("no_such_paper", root=str(paper_repo), sync=False, return_state=True)
+    assert state.is_failed()
+    assert "papers.no_such_paper: unknown paper" in state.message
+    assert task_runs(state.state_details.flow_run_id) == []

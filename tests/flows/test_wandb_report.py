@@ -1,0 +1,67 @@
+"""The W&B Report is built offline; publishing without online mode / API key stops with one line."""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from flows import wandb_report
+
+
+@pytest.fixture
+def report_root(tmp_path):
+    rep = tmp_path / "reports" / "toy_paper"
+    rep.mkdir(parents=True)
+    (rep / "report.md").write_text("# Toy paper: a claim\n\nSome text with a table.\n")
+    (rep / "metrics.json").write_text(json.dumps({"claims": [
+        {"name": "c1", "statement": "s", "holds": True, "values": {"x": 1.0}},
+        {"name": "c2", "statement": "t", "holds": False, "values": {"y": 2.0}}]}))
+    return tmp_path
+
+
+def test_report_has_title_text_and_runs_grouped_by_stage(report_root):
+    import wandb_workspaces.reports.v2 as wr
+
+    report = wandb_report.build_report("toy_paper", root=report_root, entity="me", project="proj")
+    assert report.title == "toy_paper: Toy paper: a claim"
+    assert report.project == "proj" and report.entity == "me"
+    kinds = [type(b) for b in report.blocks]
+    assert kinds == [wr.H1, wr.P, wr.MarkdownBlock, wr.H2, wr.PanelGrid]
+    assert report.blocks[2].text == (report_root / "reports/toy_paper/report.md").read_text()
+    assert "c1: holds" in str(report.blocks[1].text) and "c2: does not hold" in str(report.blocks[1].text)
+    grid = report.blocks[-1]
+    (runset,) = grid.runsets
+    assert runset.filters == "Group = 'toy_paper'" and runset.groupby == ["JobType"]
+    assert runset.project == "proj" and runset.entity == "me"
+    assert {type(p) for p in grid.panels} == {wr.BarPlot, wr.LinePlot, wr.RunComparer}
+
+
+def test_missing_report_is_a_clear_error(tmp_path):
+    with pytest.raises(wandb_report.PublishError, match="report.md: missing; run `dvc repro report@nope`"):
+        wandb_report.build_report("nope", root=tmp_path, entity="e", project="p")
+
+
+def test_publish_offline_stops_with_one_line(monkeypatch, capsys):
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    assert wandb_report.main(["reversal_curse"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.count("\n") == 0 and "needs WANDB_MODE=online" in err
+
+
+def test_publish_online_without_key_stops_with_one_line(monkeypatch, tmp_path, capsys):
+    monkeypatch.setenv("WANDB_MODE", "online")
+    monkeypatch.delenv("WANDB_API_KEY", raising=False)
+    monkeypatch.setenv("NETRC", str(tmp_path / "no-netrc"))
+    monkeypatch.setenv("HOME", str(tmp_path))
+    assert wandb_report.main(["reversal_curse"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.count("\n") == 0 and "no API key" in err
+
+
+def test_dry_run_prints_outline(report_root, monkeypatch, capsys):
+    monkeypatch.setattr(wandb_report, "ROOT", report_root)
+    monkeypatch.setattr(wandb_report, "build_report",
+                        lambda slug, entity=None, _b=wandb_report.build_report: _b(slug, report_root, entity or "e", "p"))
+    assert wandb_report.main(["toy_paper", "--dry-run"]) == 0
+    outline = json.loads(capsys.readouterr().out)
+    assert outline["blocks"][-1] == "PanelGrid" and outline["title"].startswith("toy_paper")
