@@ -96,10 +96,11 @@ if triton is not None:
         ii = tl.arange(0, BLOCK_D)
         pmask = probs < P
         dmask = ii < D
-        g_off = probs[:, None, None] * (D * D) + ii[None, :, None] * D + ii[None, None, :]
+        base = probs.to(tl.int64)  # int64 offsets: P·d² may exceed 2³¹
+        g_off = base[:, None, None] * (D * D) + ii[None, :, None] * D + ii[None, None, :]
         g_msk = pmask[:, None, None] & dmask[None, :, None] & dmask[None, None, :]
         g = tl.load(G + g_off, mask=g_msk, other=0.0)                      # (BP, BD, BD)
-        v_off = probs[:, None] * D + ii[None, :]
+        v_off = base[:, None] * D + ii[None, :]
         v_msk = pmask[:, None] & dmask[None, :]
         b = tl.load(B + v_off, mask=v_msk, other=0.0)                       # (BP, BD)
         step = tl.load(STEP + probs, mask=pmask, other=1.0)                 # (BP,)

@@ -29,7 +29,8 @@ from stages.cv_stability.models import CONTRASTS, MODELS, SINGLES, Penalties, fi
 from stages.cv_stability.simulate import conditional_test_error
 from stages.cv_stability.stability import contrast_parts, relative_stability, simulate_replace_one
 
-ESTIMATORS = ("out", "in")  # σ̂²_out (all pairs) and σ̂²_in (within fold)
+ESTIMATORS = ("out", "in")
+REP_CHUNK = 250  # replications processed at once (memory only; results do not depend on it)  # σ̂²_out (all pairs) and σ̂²_in (within fold)
 
 
 class Config(StageConfig):
@@ -84,11 +85,11 @@ def stability_rows(cfg: Config, meta: dict, pens: Penalties, n: int, beta_star: 
     """r̂(h_n) for every contrast at sample size n (training size m = n − n//k)."""
     m = n - n // meta["k"]
     lam = pens.at(n)
-    rng = np.random.default_rng([cfg.seed, n])
     parts = {name: ([], [], [], []) for name in CONTRASTS}  # a, S, a', S'
     for start in range(0, cfg.stability_draws, cfg.chunk):
         count = min(cfg.chunk, cfg.stability_draws - start)
-        gram, xty, gram_r, xty_r = simulate_replace_one(rng, count, m, beta_star, meta["noise_sd"])
+        rngs = [np.random.default_rng([cfg.seed, n, b]) for b in range(start, start + count)]  # one per draw
+        gram, xty, gram_r, xty_r = simulate_replace_one(rngs, m, beta_star, meta["noise_sd"])
         coefs, _ = fit_models(torch.cat([gram, gram_r]), torch.cat([xty, xty_r]), float(m), lam,
                               cfg.lasso_tol, cfg.lasso_max_iter, cfg.backend)
         err = {k: v - beta_star for k, v in coefs.items()}  # u = β̂ − β*, (2·count, d)
@@ -116,8 +117,12 @@ def run(cfg: Config, ctx: StageContext) -> None:
         data = torch.load(prep / f"n{n}.pt")
         coefs = torch.load(trained / f"coefs_n{n}.pt")
         bounds = [tuple(b) for b in meta["folds"][str(n)]]
-        per_rep.append(coverage_rows(data["x"].double(), data["y"].double(), coefs, bounds, beta_star,
-                                     meta["noise_sd"], cfg.level, n))
+        for start in range(0, meta["reps"], REP_CHUNK):  # chunks of reps bound the memory
+            part = slice(start, start + REP_CHUNK)
+            rows = coverage_rows(data["x"][part].double(), data["y"][part].double(),
+                                 {k: v[part] for k, v in coefs.items()}, bounds, beta_star,
+                                 meta["noise_sd"], cfg.level, n)
+            per_rep.append(rows.with_columns(pl.col("rep") + start))
     per_rep = pl.concat(per_rep)
     per_rep.write_parquet(ctx.out / "per_rep.parquet")
     coverage = summarize_coverage(per_rep)

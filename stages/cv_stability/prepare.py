@@ -54,10 +54,13 @@ def run(cfg: Config, ctx: StageContext) -> None:
     beta_star = np.asarray(cfg.beta_star, dtype=np.float64)
     d = beta_star.shape[0]
     for n in tqdm(cfg.ns, desc="prepare: data sets per n"):
-        rng = np.random.default_rng([cfg.seed, n])  # an independent stream per n
-        x = rng.standard_normal((cfg.reps, n, d), dtype=np.float32)
-        eps = rng.standard_normal((cfg.reps, n), dtype=np.float32)
-        y = (x.astype(np.float64) @ beta_star + cfg.noise_sd * eps).astype(np.float32)  # Y = Xᵀβ* + ε
+        x = np.empty((cfg.reps, n, d), dtype=np.float32)
+        y = np.empty((cfg.reps, n), dtype=np.float32)
+        for r in range(cfg.reps):
+            rng = np.random.default_rng([cfg.seed, n, r])  # an independent stream per data set
+            x[r] = rng.standard_normal((n, d), dtype=np.float32)
+            eps = rng.standard_normal(n, dtype=np.float32)
+            y[r] = x[r].astype(np.float64) @ beta_star + cfg.noise_sd * eps  # Y = Xᵀβ* + ε
         torch.save({"x": torch.from_numpy(x), "y": torch.from_numpy(y)}, ctx.out / f"n{n}.pt")
     write_json(ctx.out / "meta.json", {
         "ns": cfg.ns, "reps": cfg.reps, "k": cfg.k, "d": d, "beta_star": cfg.beta_star,

@@ -13,6 +13,7 @@ from stages.common.paths import read_json
 from stages.common.reporting import Report
 from stages.common.runner import StageContext
 from stages.cv_stability.cv_inference import coverage_se
+from stages.cv_stability.models import COMPARISONS, SINGLES
 
 CLAIM = ("Cross-validation gives asymptotically exact confidence intervals for test error only when the "
          "contrast is relatively stable (r(h_n) = n·γ/σ² → 0). Single models (OLS, soft-thresholding, Lasso) are, "
@@ -132,8 +133,7 @@ def run(cfg: Config, ctx: StageContext) -> None:
     stab = pl.read_parquet(ev / "stability.parquet")
     per_rep = pl.read_parquet(ev / "per_rep.parquet")
     level, reps, ns = emeta["level"], emeta["reps"], emeta["ns"]
-    singles = emeta["singles"]
-    comparisons = [c for c in emeta["contrasts"] if c not in singles]
+    singles, comparisons = list(SINGLES), list(COMPARISONS)
     n_min, n_max = min(ns), max(ns)
     mc_se_nominal = coverage_se(level, reps)
 

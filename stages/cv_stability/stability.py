@@ -80,13 +80,16 @@ def relative_stability(c: float, a: torch.Tensor, s: torch.Tensor, a_rep: torch.
     return out
 
 
-def simulate_replace_one(rng: np.random.Generator, count: int, m: int, beta_star: torch.Tensor,
+def simulate_replace_one(rngs: list[np.random.Generator], m: int, beta_star: torch.Tensor,
                          noise_sd: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    """``count`` training sets D of size m and D' = D with its first point replaced by a fresh one.
+    """One training set D of size m per generator, and D' = D with its first point replaced by a
+    fresh one (drawn from the same generator, so results do not depend on how draws are chunked).
 
     Returns Gram statistics (XᵀX (count, d, d), Xᵀy (count, d)) of D and of D'."""
-    x, y = draw_points(rng, (count, m), beta_star, noise_sd)
-    x_new, y_new = draw_points(rng, (count,), beta_star, noise_sd)
+    sets = [(draw_points(rng, (m,), beta_star, noise_sd), draw_points(rng, (1,), beta_star, noise_sd))
+            for rng in rngs]
+    x, y = torch.stack([s[0][0] for s in sets]), torch.stack([s[0][1] for s in sets])
+    x_new, y_new = torch.cat([s[1][0] for s in sets]), torch.cat([s[1][1] for s in sets])
     gram = x.transpose(1, 2) @ x
     xty = (x.transpose(1, 2) @ y[..., None])[..., 0]
     x0, y0 = x[:, 0], y[:, 0]

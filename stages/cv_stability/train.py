@@ -18,6 +18,8 @@ from stages.common.paths import read_json, write_json
 from stages.common.runner import StageContext
 from stages.cv_stability.models import MODELS, Penalties, fit_models
 
+REP_CHUNK = 250  # replications processed at once (memory only; results do not depend on it)
+
 
 class Config(StageConfig):
     seed: int = 0
@@ -56,9 +58,11 @@ def run(cfg: Config, ctx: StageContext) -> None:
             "penalties": {}, "lasso_iters": {}, "backend": cfg.backend}
     for n in tqdm(meta["ns"], desc="train: fit models on every (rep, fold)"):
         data = torch.load(prep / f"n{n}.pt")
-        x, y = data["x"].double(), data["y"].double()
         bounds = [tuple(b) for b in meta["folds"][str(n)]]
-        gram, xty, sizes = fold_statistics(x, y, bounds)
+        stats = [fold_statistics(x.double(), y.double(), bounds)  # chunks of reps bound the memory
+                 for x, y in zip(data["x"].split(REP_CHUNK), data["y"].split(REP_CHUNK))]
+        gram, xty = torch.cat([s[0] for s in stats]), torch.cat([s[1] for s in stats])
+        sizes = stats[0][2]
         lam = pens.at(n)
         coefs, iters = fit_models(gram, xty, sizes.expand(gram.shape[:2]), lam, cfg.lasso_tol,
                                   cfg.lasso_max_iter, cfg.backend)

@@ -94,8 +94,8 @@ def test_oracle_model_has_zero_relative_stability():
 def mc_r(model: str, n: int, k: int, B: int, seed: int) -> float:
     """Monte-Carlo r(h_n) of one single model through the same functions as the evaluate stage."""
     m = n - n // k
-    rng = np.random.default_rng(seed)
-    gram, xty, gram_r, xty_r = simulate_replace_one(rng, B, m, BETA, 1.0)
+    rngs = [np.random.default_rng([seed, b]) for b in range(B)]
+    gram, xty, gram_r, xty_r = simulate_replace_one(rngs, m, BETA, 1.0)
     coefs, _ = fit_models(torch.cat([gram, gram_r]), torch.cat([xty, xty_r]), float(m),
                           Penalties(1.0, 2.0, 1.0).at(n), 1e-10, 10_000, "torch")
     c, a, s = contrast_parts(coefs[model] - BETA, None)
@@ -107,6 +107,17 @@ def test_single_stable_model_r_goes_to_zero():
     r_small, r_large = mc_r("ols", 100, 10, 400, seed=0), mc_r("ols", 1600, 10, 400, seed=1)
     assert r_small > 0
     assert r_large / r_small < 0.15, (r_small, r_large)
+
+
+def test_replace_one_changes_exactly_one_point():
+    rngs = [np.random.default_rng([7, b]) for b in range(3)]
+    gram, xty, gram_r, xty_r = simulate_replace_one(rngs, 25, BETA, 1.0)
+    rng = np.random.default_rng([7, 1])  # regenerate draw 1 explicitly
+    (x, y), (x_new, y_new) = draw_points(rng, (25,), BETA, 1.0), draw_points(rng, (1,), BETA, 1.0)
+    torch.testing.assert_close(gram[1], x.T @ x)
+    x_rep, y_rep = torch.cat([x_new, x[1:]]), torch.cat([y_new, y[1:]])
+    torch.testing.assert_close(gram_r[1], x_rep.T @ x_rep)
+    torch.testing.assert_close(xty_r[1], x_rep.T @ y_rep)
 
 
 def test_cv_estimates_match_direct_formulas():
