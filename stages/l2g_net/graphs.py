@@ -43,7 +43,7 @@ def sbm_blocks(num_blocks: int, block_size: int, avg_degree: float, bridges: int
     p = min(1.0, avg_degree / max(block_size - 1, 1))
     blocks = []
     for b in range(num_blocks):
-        g = nx.gnp_random_graph(block_size, p, seed=int(rng.integers(2**31)))
+        g = nx.fast_gnp_random_graph(block_size, p, seed=int(rng.integers(2**31)))  # O(n + m) sampler
         blocks.append(_weights(g, rng if weighted else None))
     return join_by_bridges(blocks, bridges, rng, weighted)
 
