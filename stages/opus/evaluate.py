@@ -133,8 +133,14 @@ def overhead(model, opt, pool, proxy, n: int, m: int, proxy_batch: int, tau: flo
         loss.backward()
         train_opt.step()
 
+    precond = preconditioner_from_optimizer(opt, scorer.weights(model), "optimizer")
+    scored = scorer.score(model, cand, prox, precond)
+    t_capture = _median_time(lambda: (capture_linear_grads(model, cand), capture_linear_grads(model, prox)), reps)
+    t_scored = _median_time(lambda: scorer.score(model, cand, prox, precond), reps)
+    t_select = _median_time(lambda: select_opus(scored, k, tau, False, gen), reps)
     t_score, t_step = _median_time(score, reps), _median_time(step, reps)
-    return {"N": n, "K": k, "m": m, "score_s": t_score, "step_s": t_step, "overhead": t_score / t_step}
+    return {"N": n, "K": k, "m": m, "score_s": t_score, "step_s": t_step, "overhead": t_score / t_step,
+            "capture_s": t_capture, "sketch_s": max(t_scored - t_capture, 0.0), "select_s": t_select}
 
 
 def run(cfg: Config, ctx) -> None:

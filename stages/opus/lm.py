@@ -26,6 +26,7 @@ class ArmSpec:
     optimizer: str         # adamw | sgd
     preconditioner: str    # optimizer | identity
     sampling: str          # boltzmann | greedy
+    redundancy: bool = True  # False: ablation without the η²⟨φ,Φ⟩ penalty
 
 
 @dataclass(frozen=True)
@@ -53,6 +54,7 @@ class SelectionLM(L.LightningModule):
         super().__init__()
         self.model = TinyTransformer(model_cfg)
         self.arm, self.sel, self.optim = arm, sel, optim
+        self.tag = f"{arm.name}/s{seed}"  # metric prefix: one W&B run holds every arm and seed
         self.register_buffer("proxy", proxy, persistent=False)
         self.gen = torch.Generator().manual_seed(10_000 + seed)
         self.scorer = OpusScorer(self.model, sel.sketch_size, seed, sel.backend) if arm.selector == "opus" else None
@@ -85,7 +87,8 @@ class SelectionLM(L.LightningModule):
         self.precond_kinds[precond.kind] = self.precond_kinds.get(precond.kind, 0) + 1
         pidx = torch.randperm(self.proxy.shape[0], generator=self.gen)[: self.sel.proxy_batch]
         scored = self.scorer.score(self.model, tokens, self.proxy[pidx], precond)
-        picks, _ = select_opus(scored, k, self.sel.tau, arm.sampling == "greedy", self.gen, self.sel.eta_scale)
+        picks, _ = select_opus(scored, k, self.sel.tau, arm.sampling == "greedy", self.gen, self.sel.eta_scale,
+                               arm.redundancy)
         return picks
 
     def training_step(self, batch, batch_idx):
@@ -96,7 +99,7 @@ class SelectionLM(L.LightningModule):
         self.score_s.append(self._t_selected - t0)
         self.selected_kinds.extend(kinds[picks].tolist())
         loss = self.lm_loss(tokens[picks])
-        self.log(f"{self.arm.name}/train_loss", loss, prog_bar=True)
+        self.log(f"{self.tag}/train_loss", loss, prog_bar=True)
         return loss
 
     def on_train_batch_end(self, outputs, batch, batch_idx):
@@ -115,8 +118,8 @@ class SelectionLM(L.LightningModule):
 
     def validation_step(self, batch, batch_idx):
         loss = self.lm_loss(batch[0])
-        self.log(f"{self.arm.name}/val_loss", loss)
+        self.log(f"{self.tag}/val_loss", loss)
         return loss
 
     def on_validation_epoch_end(self):
-        self.val_curve.append((int(self.global_step), float(self.trainer.callback_metrics[f"{self.arm.name}/val_loss"])))
+        self.val_curve.append((int(self.global_step), float(self.trainer.callback_metrics[f"{self.tag}/val_loss"])))

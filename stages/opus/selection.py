@@ -70,8 +70,8 @@ def standardize(u: torch.Tensor) -> torch.Tensor:
 
 
 def select_opus(scored: Scored, k: int, tau: float, greedy: bool, generator: torch.Generator | None,
-                eta_scale: float = 1.0) -> tuple[torch.Tensor, torch.Tensor]:
-    """K picks with the redundancy penalty; returns (indices (K,), utility of each pick at its round)."""
+                eta_scale: float = 1.0, redundancy: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
+    """K picks with the redundancy penalty (off: ablation); returns (indices (K,), utility of each pick)."""
     n = scored.phi.shape[0]
     if not 1 <= k <= n:
         raise ValueError(f"K={k} must be in [1, N={n}]")
@@ -98,7 +98,8 @@ def select_opus(scored: Scored, k: int, tau: float, greedy: bool, generator: tor
         picks.append(pick)
         utils.append(float(util[pick]))
         available[pick] = False
-        penalty += gram[:, pick]  # Φ ← Φ + φ(pick)
+        if redundancy:
+            penalty += gram[:, pick]  # Φ ← Φ + φ(pick)
     return torch.tensor(picks), torch.tensor(utils)
 
 

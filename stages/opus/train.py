@@ -3,7 +3,8 @@
     python -m stages train opus              # writes data/opus/train/{runs.json, ckpt/<arm>-s<seed>.pt}
 
 Arms (params.yaml `arms`): random, high_loss, greedy_opus (no Boltzmann), opus_sgd (P = I),
-opus_adamw (AdamW-preconditioned, Boltzmann). All use the same model, optimizer hyper-parameters,
+opus_adamw (AdamW-preconditioned, Boltzmann), opus_no_redundancy (opus_adamw without the penalty).
+All use the same model, optimizer hyper-parameters,
 data order (per seed), number of steps and K, so they see the same number of update tokens.
 """
 from __future__ import annotations
@@ -29,6 +30,7 @@ class ArmConfig(StageConfig):
     optimizer: Literal["adamw", "sgd"] = "adamw"
     preconditioner: Literal["optimizer", "identity"] = "optimizer"
     sampling: Literal["boltzmann", "greedy"] = "boltzmann"
+    redundancy: bool = True  # False: drop the η²⟨φ,Φ⟩ redundancy penalty (ablation)
 
 
 DEFAULT_ARMS = [
@@ -37,6 +39,7 @@ DEFAULT_ARMS = [
     ArmConfig(name="greedy_opus", selector="opus", sampling="greedy"),
     ArmConfig(name="opus_sgd", selector="opus", preconditioner="identity"),
     ArmConfig(name="opus_adamw", selector="opus"),
+    ArmConfig(name="opus_no_redundancy", selector="opus", redundancy=False),
 ]
 
 
@@ -97,7 +100,7 @@ def run_one(cfg: Config, arm: ArmConfig, seed: int, data: dict, corpus: dict, tr
     model_cfg = TinyTransformerConfig(vocab_size=corpus["vocab_size"], d_model=cfg.d_model,
                                       n_layers=cfg.n_layers, n_heads=cfg.n_heads, max_seq_len=corpus["seq_len"])
     module = SelectionLM(
-        model_cfg, ArmSpec(arm.name, arm.selector, arm.optimizer, arm.preconditioner, arm.sampling),
+        model_cfg, ArmSpec(arm.name, arm.selector, arm.optimizer, arm.preconditioner, arm.sampling, arm.redundancy),
         SelectionSpec(cfg.k, cfg.sketch_size, cfg.tau, cfg.eta_scale, cfg.proxy_batch, cfg.kernel_backend),
         OptimSpec(cfg.lr, cfg.sgd_lr, (cfg.beta1, cfg.beta2), cfg.eps, cfg.weight_decay),
         data["proxy"], seed)
@@ -111,6 +114,7 @@ def run_one(cfg: Config, arm: ArmConfig, seed: int, data: dict, corpus: dict, tr
     kinds = torch.tensor(module.selected_kinds)
     run = {"arm": arm.name, "seed": seed, "selector": arm.selector, "optimizer": arm.optimizer,
            "preconditioner": arm.preconditioner, "sampling": arm.sampling,
+           "redundancy": arm.redundancy,
            "val_curve": module.val_curve, "final_val_loss": module.val_curve[-1][1],
            "update_tokens": int(trainer.global_step * cfg.k * (corpus["seq_len"] - 1)),
            "steps": int(trainer.global_step),
@@ -143,4 +147,5 @@ def run(cfg: Config, ctx) -> None:
             runs.append(result)
             ctx.tracker.log({f"final_val_loss/{arm.name}/s{seed}": result["final_val_loss"]})
     write_json(ctx.out / "runs.json", {"k": cfg.k, "buffer_size": cfg.buffer_size, "sketch_size": cfg.sketch_size,
-                                       "tau": cfg.tau, "lr": cfg.lr, "runs": runs})
+                                       "tau": cfg.tau, "lr": cfg.lr, "proxy_batch": cfg.proxy_batch,
+                                       "runs": runs})

@@ -12,7 +12,7 @@ def test_smoke_pipeline(smoke_run):
     assert set(pool["kind"]) == {"target", "other", "noise", "dup", "toxic"}
     runs = json.loads((out["train"] / "runs.json").read_text())
     arms = {r["arm"] for r in runs["runs"]}
-    assert arms == {"random", "high_loss", "greedy_opus", "opus_sgd", "opus_adamw"}
+    assert arms == {"random", "high_loss", "greedy_opus", "opus_sgd", "opus_adamw", "opus_no_redundancy"}
     tokens = {r["update_tokens"] for r in runs["runs"]}
     assert len(tokens) == 1 and tokens.pop() > 0  # equal update tokens in every arm
     for r in runs["runs"]:
