@@ -19,6 +19,7 @@ from typing import Any
 from stages.common.config import STAGES, ConfigError, StageConfig, active_profile, load_stage_config, read_params
 from stages.common.paths import ROOT, atomic_dir, read_json, stage_dir, write_json
 from stages.common.seeding import seed_everything
+from stages.common.trainer import global_rank, scratch_dir
 
 STAGE_INFO = "_stage.json"
 
@@ -97,7 +98,9 @@ def run_stage(slug: str, stage: str, profile: str | None = None, root: Path = RO
     seed = getattr(cfg, "seed", 0)
     seed_everything(seed)
     final = stage_dir(slug, stage, root)
-    with atomic_dir(final) as tmp:
+    # DDP (Lightning "ddp", torchrun, SLURM) runs the whole stage once per rank: only global rank 0
+    # writes and renames the outputs; other ranks write into a scratch dir that is then deleted.
+    with (atomic_dir(final) if global_rank() == 0 else scratch_dir(stage)) as tmp:
         ctx = StageContext(slug=slug, stage=stage, profile=prof, out=tmp, root=root, started=started)
         with stage_run(slug, stage, cfg.model_dump(mode="json"), prof, root) as tracker:
             ctx.tracker = tracker

@@ -98,14 +98,13 @@ class Attention(nn.Module):
         self.dropout = cfg.dropout
 
     def forward(self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor] | None,
-                cache: KVCache | None = None, layer: int = 0) -> torch.Tensor:
+                cache: KVCache | None = None, layer: int = 0, past: int = 0) -> torch.Tensor:
         B, T, C = x.shape
         q, k, v = self.qkv(x).split(C, dim=-1)
         q = q.view(B, T, self.n_heads, self.head_dim).transpose(1, 2)  # (B, H, T, D)
         k = k.view(B, T, self.n_heads, self.head_dim).transpose(1, 2)
         v = v.view(B, T, self.n_heads, self.head_dim).transpose(1, 2)
-        past = cache.length if cache is not None else 0
-        if rope is not None:
+        if rope is not None:  # positions past..past+T-1 (past = tokens already in the cache)
             cos, sin = rope[0][past:past + T], rope[1][past:past + T]
             q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
         if cache is not None:
@@ -151,8 +150,8 @@ class Block(nn.Module):
         self.norm1, self.attn = make_norm(cfg), Attention(cfg)
         self.norm2, self.mlp = make_norm(cfg), MLP(cfg)
 
-    def forward(self, x, rope, cache=None, layer=0):
-        x = x + self.attn(self.norm1(x), rope, cache, layer)  # pre-norm residual
+    def forward(self, x, rope, cache=None, layer=0, past=0):
+        x = x + self.attn(self.norm1(x), rope, cache, layer, past)  # pre-norm residual
         return x + self.mlp(self.norm2(x))
 
 
@@ -190,7 +189,7 @@ class TinyTransformer(nn.Module):
             x = x + self.pos(torch.arange(past, past + T, device=idx.device))
         rope = (self.rope_cos, self.rope_sin) if self.cfg.positional == "rope" else None
         for i, block in enumerate(self.blocks):
-            x = block(x, rope, cache, i)
+            x = block(x, rope, cache, i, past)
         return self.norm(x)
 
     def forward(self, idx: torch.Tensor, cache: KVCache | None = None) -> torch.Tensor:

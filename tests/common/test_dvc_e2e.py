@@ -1,0 +1,46 @@
+"""End to end through DVC: repro at smoke, everything cached on rerun, a train param change
+reruns exactly train/evaluate/report."""
+from __future__ import annotations
+
+import re
+import subprocess
+
+import pytest
+import yaml
+
+from tests.repo_copy import copy_repo, tool_env
+
+pytestmark = pytest.mark.slow
+STAGES = ["prepare@reversal_curse", "train@reversal_curse", "evaluate@reversal_curse", "report@reversal_curse"]
+
+
+def repro(root, *args):
+    res = subprocess.run(["dvc", "repro", *args], cwd=root, env=tool_env(), capture_output=True, text=True)
+    assert res.returncode == 0, res.stdout + res.stderr
+    return res.stdout
+
+
+def ran(output: str) -> set[str]:
+    return set(re.findall(r"Running stage '([^']+)'", output))
+
+
+def skipped(output: str) -> set[str]:
+    return set(re.findall(r"Stage '([^']+)' didn't change, skipping", output))
+
+
+def test_repro_cache_and_partial_rerun(tmp_path):
+    root = copy_repo(tmp_path / "repo", profile="smoke")
+    first = repro(root, "report@reversal_curse")
+    assert ran(first) == set(STAGES)
+    assert (root / "reports/reversal_curse/metrics.json").exists()
+    assert (root / "dvc.lock").exists()
+
+    second = repro(root, "report@reversal_curse")
+    assert ran(second) == set() and skipped(second) == set(STAGES)
+
+    params = yaml.safe_load((root / "params.yaml").read_text())
+    params["papers"]["reversal_curse"]["train"]["theory"]["lr"] = 0.5
+    (root / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
+    third = repro(root, "report@reversal_curse")
+    assert ran(third) == {"train@reversal_curse", "evaluate@reversal_curse", "report@reversal_curse"}
+    assert skipped(third) == {"prepare@reversal_curse"}

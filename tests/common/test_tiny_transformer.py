@@ -1,0 +1,71 @@
+"""The shared tiny transformer: shapes, causality, KV-cache equivalence, options."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from stages.common.tiny_transformer import TinyTransformer, TinyTransformerConfig
+
+VARIANTS = [
+    dict(),
+    dict(positional="learned", norm="layernorm", mlp="gelu", tie_embeddings=False),
+    dict(positional="none", n_layers=1, n_heads=1),
+]
+
+
+@pytest.mark.parametrize("opts", VARIANTS)
+def test_shapes_and_tied_unembedding(opts):
+    cfg = TinyTransformerConfig(**{**dict(vocab_size=37, d_model=24, n_layers=2, n_heads=4, max_seq_len=16), **opts})
+    model = TinyTransformer(cfg)
+    idx = torch.randint(0, 37, (5, 11))
+    assert model(idx).shape == (5, 11, 37)
+    assert model.hidden(idx).shape == (5, 11, 24)
+    assert model.unembed.shape == (37, 24)
+    assert (model.unembed is model.embed.weight) == cfg.tie_embeddings
+
+
+@pytest.mark.parametrize("opts", VARIANTS)
+def test_causal_model_ignores_the_future(opts):
+    torch.manual_seed(0)
+    model = TinyTransformer(TinyTransformerConfig(**{**dict(vocab_size=31, d_model=16, n_heads=2, max_seq_len=12), **opts})).eval()
+    idx = torch.randint(0, 31, (3, 12))
+    changed = idx.clone()
+    changed[:, 7:] = torch.randint(0, 31, (3, 5))
+    a, b = model(idx), model(changed)
+    torch.testing.assert_close(a[:, :7], b[:, :7])
+    assert not torch.allclose(a[:, 7:], b[:, 7:])
+
+
+def test_bidirectional_model_sees_the_future():
+    torch.manual_seed(0)
+    model = TinyTransformer(TinyTransformerConfig(vocab_size=31, d_model=16, n_heads=2, causal=False)).eval()
+    idx = torch.randint(0, 31, (2, 9))
+    changed = idx.clone()
+    changed[:, -1] = (idx[:, -1] + 1) % 31
+    assert not torch.allclose(model(idx)[:, 0], model(changed)[:, 0])
+    with pytest.raises(ValueError, match="causal"):
+        model.new_cache()
+
+
+@pytest.mark.parametrize("opts", VARIANTS)
+def test_kv_cache_decoding_matches_full_recompute(opts):
+    torch.manual_seed(1)
+    model = TinyTransformer(TinyTransformerConfig(**{**dict(vocab_size=29, d_model=32, n_heads=4, max_seq_len=24), **opts})).eval()
+    prompt = torch.randint(0, 29, (4, 5))
+    with_cache = model.generate(prompt, 12, use_cache=True)
+    without = model.generate(prompt, 12, use_cache=False)
+    assert torch.equal(with_cache, without)
+    # incremental logits equal the full forward pass at every position
+    cache = model.new_cache()
+    steps = [model(with_cache[:, :5], cache)[:, -1]] + [model(with_cache[:, t:t + 1], cache)[:, -1]
+                                                         for t in range(5, 16)]
+    full = model(with_cache[:, :16])
+    torch.testing.assert_close(torch.stack(steps, 1), full[:, 4:16], atol=1e-5, rtol=1e-5)
+
+
+def test_config_errors():
+    with pytest.raises(ValueError, match="divisible"):
+        TinyTransformerConfig(d_model=30, n_heads=4)
+    model = TinyTransformer(TinyTransformerConfig(max_seq_len=4))
+    with pytest.raises(ValueError, match="exceeds max_seq_len"):
+        model(torch.zeros(1, 5, dtype=torch.long))
