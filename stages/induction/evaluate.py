@@ -78,6 +78,9 @@ def run(cfg: Config, ctx: StageContext) -> None:
         meta = metas[inst.id]
         held = [parse_instance({"id": inst.id, "regime": "fullobs", "worlds": [w]}).worlds[0]
                 for w in meta["heldout"]]
+        train_labels = np.concatenate([w.labels for w in inst.worlds if w.kind == "yes"])
+        majority = bool(train_labels.mean() >= 0.5)          # reference: a constant classifier
+        majority_acc = float(np.mean(np.concatenate([w.labels for w in held]) == majority))
         for solver in SOLVERS:
             pred = preds[solver][inst.id]
             res = check_formula(inst, pred.formula)
@@ -91,8 +94,9 @@ def run(cfg: Config, ctx: StageContext) -> None:
                          "solver": solver, "valid": bool(res["valid"]), "size": res["size"],
                          "gold_size": meta["gold_size"], "seconds": float(pred.seconds or 0.0),
                          "generated": int(log["enum_generated"]) if solver == "enum" else None,
-                         "heldout_acc": acc, "heldout_exact": exact, "error": res["error"]})
-    df = pl.DataFrame(rows)
+                         "heldout_acc": acc, "heldout_exact": exact, "majority_acc": majority_acc,
+                         "error": res["error"]})
+    df = pl.DataFrame(rows, infer_schema_length=None)
     df.write_csv(ctx.out / "results.csv")
     metrics = summarize(df, cfg, mismatches, fallbacks)
     write_json(ctx.out / "metrics.json", metrics)
@@ -125,7 +129,7 @@ def summarize(df: pl.DataFrame, cfg: Config, mismatches: int, fallbacks: int) ->
             out["budgeted"][regime] = {f"b{b:g}": _rate((r["valid"] & (r["seconds"] <= b)).to_list()) for b in cfg.budgets_s}
     # compact vs bloated on instances where BOTH are training-valid (paired)
     wide = (e.select("id", pl.col("valid").alias("ev"), pl.col("heldout_acc").alias("ea"), pl.col("heldout_exact").alias("ex"),
-                     pl.col("size").alias("es"))
+                     pl.col("size").alias("es"), pl.col("majority_acc").alias("ma"))
             .join(df.filter(pl.col("solver") == "bloated").select("id", pl.col("valid").alias("bv"),
                   pl.col("heldout_acc").alias("ba"), pl.col("heldout_exact").alias("bx"), pl.col("size").alias("bs")), on="id"))
     both = wide.filter(pl.col("ev") & pl.col("bv"))
@@ -133,7 +137,7 @@ def summarize(df: pl.DataFrame, cfg: Config, mismatches: int, fallbacks: int) ->
                       "compact_exact": _rate(both["ex"]), "bloated_exact": _rate(both["bx"]),
                       "compact_median_size": float(both["es"].median()) if both.height else float("nan"),
                       "bloated_median_size": float(both["bs"].median()) if both.height else float("nan"),
-                      "acc_gap": _rate(both["ea"]) - _rate(both["ba"])}
+                      "majority_acc": _rate(both["ma"]), "acc_gap": _rate(both["ea"]) - _rate(both["ba"])}
     # difficulty by template depth (enumeration): solve rate within the budget and search effort
     diff = {}
     for depth in sorted(e["depth"].unique().to_list()):

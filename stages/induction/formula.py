@@ -11,6 +11,7 @@ Malformed text raises :class:`FormulaError` whose message gives the line and col
 """
 from __future__ import annotations
 
+import bisect
 import re
 from dataclasses import dataclass
 
@@ -128,25 +129,18 @@ def flatten(f: Formula) -> Formula:
 # ---------------------------------------------------------------- parser
 def _tokens(text: str):
     """(kind, value, line, col) with kind in '(' ')' 'sym'; 1-based line and column."""
-    line_starts = [0]
-    for i, ch in enumerate(text):
-        if ch == "\n":
-            line_starts.append(i + 1)
+    line_starts = [0] + [i + 1 for i, ch in enumerate(text) if ch == "\n"]
 
     def where(pos: int) -> tuple[int, int]:
-        line = max(i for i, s in enumerate(line_starts) if s <= pos)
+        line = bisect.bisect_right(line_starts, pos) - 1
         return line + 1, pos - line_starts[line] + 1
 
-    pos = 0
     out = []
-    while pos < len(text):
-        m = _TOKEN_RE.match(text, pos)
-        if m is None or m.end() == pos:
+    for m in _TOKEN_RE.finditer(text):
+        if m.lastindex is None:
             break
         kind = "(" if m.group(1) else ")" if m.group(2) else "sym"
-        start = m.start(m.lastindex)
-        out.append((kind, m.group(m.lastindex), *where(start)))
-        pos = m.end()
+        out.append((kind, m.group(m.lastindex), *where(m.start(m.lastindex))))
     return out, where(len(text.rstrip()) if text.strip() else 0)
 
 
@@ -154,6 +148,14 @@ class _Parser:
     def __init__(self, text: str):
         self.toks, self.end = _tokens(text)
         self.i = 0
+        self.interned: dict = {}     # hash-consing: identical sub-formulas become one shared node
+
+    def node(self, cls, *fields):
+        key = (cls,) + tuple(tuple(id(c) for c in f) if isinstance(f, tuple) and f and not isinstance(f[0], str)
+                             else (id(f) if isinstance(f, (Atom, Not, And, Or, Quant)) else f) for f in fields)
+        if key not in self.interned:
+            self.interned[key] = cls(*fields)
+        return self.interned[key]
 
     def fail(self, msg: str, tok=None) -> FormulaError:
         line, col = (tok[2], tok[3]) if tok is not None else self.end
@@ -204,11 +206,11 @@ class _Parser:
             self.i = start
             args = [self.variable(bound) for _ in range(PREDICATES[name])]
             self.expect_close(opener)
-            return Atom(name, tuple(args))
+            return self.node(Atom, name, tuple(args))
         if name == "not":
             child = self.formula(bound)
             self.expect_close(opener)
-            return Not(child)
+            return self.node(Not, child)
         if name in ("and", "or"):
             children = []
             while self.peek() is not None and self.peek()[0] != ")":
@@ -216,7 +218,7 @@ class _Parser:
             if not children:
                 raise self.fail(f"'{name}' needs at least one argument", head)
             self.expect_close(opener)
-            return (And if name == "and" else Or)(tuple(children))
+            return self.node(And if name == "and" else Or, tuple(children))
         if name in QUANTIFIERS:
             tok = self.next("a variable to bind")
             if tok[0] != "sym" or not _VAR_RE.match(tok[1]):
@@ -225,7 +227,7 @@ class _Parser:
                 raise self.fail("x is the free variable and cannot be bound", tok)
             body = self.formula(bound + (tok[1],))
             self.expect_close(opener)
-            return Quant(name, tok[1], body)
+            return self.node(Quant, name, tok[1], body)
         if name in ("implies", "=>", "->", "iff"):
             raise self.fail(f"'{name}': implication is not part of the syntax (use or/not)", head)
         raise self.fail(f"unknown predicate or operator {name!r} (predicates: P, Q, R, S, =)", head)
