@@ -26,7 +26,7 @@ import torch.nn.functional as F
 from pydantic import Field, PositiveInt
 from sklearn.metrics import roc_auc_score
 
-from stages.common.config import StageConfig
+from stages.common.config import ConfigError, StageConfig
 from stages.common.paths import read_json, write_json
 from stages.common.tiny_transformer import TinyTransformer, TinyTransformerConfig
 from stages.opus.ghost import capture_linear_grads, ghost_dot, ghost_gram, summed_gradient
@@ -151,7 +151,7 @@ def run(cfg: Config, ctx) -> None:
     seeds = sorted({r["seed"] for r in runs["runs"] if r["arm"] == cfg.static_arm})
     if not seeds:
         arms = sorted({r["arm"] for r in runs["runs"]})
-        raise ValueError(f"papers.opus.evaluate.static_arm={cfg.static_arm!r} was not trained (arms: {arms})")
+        raise ConfigError(f"papers.opus.evaluate.static_arm={cfg.static_arm!r} was not trained (arms: {arms})")
     static_tokens, static_kind = load_tokens(prep / "static", "static")
     proxy = load_tokens(prep / "proxy", "proxy")[0]
     pool = load_tokens(prep / "pool", "pool")[0]

@@ -101,7 +101,7 @@ def run(cfg: Config, ctx) -> None:
     stationary = np.linalg.matrix_power(chain_a, 200)[0]
     ent = -(chain_a * np.log(np.where(chain_a > 0, chain_a, 1))).sum(1)
     write_json(ctx.out / "corpus.json", {"counts": counts, "vocab_size": V, "seq_len": T,
-                                         "trigger": trigger.tolist(),
+                                         "trigger": trigger.tolist(), "dup_sources": cfg.dup_sources,
                                          "target_entropy_rate": float(stationary @ ent),
                                          "uniform_entropy": float(np.log(V))})
     print(f"prepare@opus: pool {counts}, proxy {cfg.proxy_size}, val {cfg.val_size}, static {4 * s}")

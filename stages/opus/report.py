@@ -96,7 +96,7 @@ def run(cfg: Config, ctx) -> None:
     rep.section("Setup", f"""
 Synthetic corpus (prepare, HF `datasets`): {sum(c.values())} documents of {corpus['seq_len']} tokens over
 {corpus['vocab_size']} tokens — target chain A {c['target']}, chain B {c['other']}, near-uniform noise
-{c['noise']}, near-duplicates of {c['dup'] and 'a few'} A documents {c['dup']}, toxic (A + trigger n-gram
+{c['noise']}, near-duplicates of {corpus['dup_sources']} A documents {c['dup']}, toxic (A + trigger n-gram
 {corpus['trigger']}) {c['toxic']}. Proxy = held-out A, validation = held-out A (entropy rate of A:
 {corpus['target_entropy_rate']:.3f} nats/token, the floor of the validation loss; uniform: {corpus['uniform_entropy']:.3f}).
 

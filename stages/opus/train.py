@@ -16,7 +16,7 @@ from datasets import load_from_disk
 from pydantic import Field, model_validator
 from torch.utils.data import DataLoader, TensorDataset
 
-from stages.common.config import StageConfig
+from stages.common.config import ConfigError, StageConfig
 from stages.common.paths import read_json, write_json
 from stages.common.seeding import seed_everything
 from stages.common.tiny_transformer import TinyTransformerConfig
@@ -90,7 +90,7 @@ class Config(StageConfig):
 def load_tokens(path, what: str) -> tuple[torch.Tensor, torch.Tensor]:
     ds = load_from_disk(str(path))
     if len(ds) == 0:
-        raise ValueError(f"{path}: the {what} set is empty")
+        raise ConfigError(f"{path}: the {what} set is empty")
     ds = ds.with_format("numpy")
     return torch.as_tensor(ds[:]["tokens"]).long(), torch.as_tensor(ds[:]["kind_id"]).long()
 
@@ -133,10 +133,10 @@ def run(cfg: Config, ctx) -> None:
     data = {"pool": load_tokens(prep / "pool", "pool"), "proxy": load_tokens(prep / "proxy", "proxy")[0],
             "val": load_tokens(prep / "val", "validation")[0]}
     if cfg.proxy_batch > len(data["proxy"]):
-        raise ValueError(f"papers.opus.train.proxy_batch={cfg.proxy_batch} exceeds the proxy set "
+        raise ConfigError(f"papers.opus.train.proxy_batch={cfg.proxy_batch} exceeds the proxy set "
                          f"({len(data['proxy'])} sequences in {prep / 'proxy'})")
     if len(data["pool"][0]) < cfg.buffer_size:
-        raise ValueError(f"papers.opus.train.buffer_size={cfg.buffer_size} exceeds the pool ({len(data['pool'][0])})")
+        raise ConfigError(f"papers.opus.train.buffer_size={cfg.buffer_size} exceeds the pool ({len(data['pool'][0])})")
     (ctx.out / "ckpt").mkdir()
     runs = []
     for seed in cfg.seeds:

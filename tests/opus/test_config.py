@@ -65,3 +65,19 @@ def test_load_config_names_the_key(tmp_path):
     path.write_text(yaml.safe_dump(params))
     with pytest.raises(ConfigError, match=r"papers\.opus\.train\.select_ratio"):
         load_config("opus", "train", "default", params_path=path)
+
+
+def test_proxy_batch_larger_than_the_proxy_set_fails_before_training(tmp_path):
+    import yaml
+
+    from stages.common.config import read_params
+    from stages.common.runner import run_stage
+
+    params = read_params()
+    params["papers"]["opus"]["train"]["profiles"]["smoke"]["proxy_batch"] = 50  # smoke proxy set: 8
+    path = tmp_path / "params.yaml"
+    path.write_text(yaml.safe_dump(params, allow_unicode=True))
+    run_stage("opus", "prepare", "smoke", root=tmp_path, params_path=path)
+    with pytest.raises(ConfigError, match=r"proxy_batch=50 exceeds the proxy set \(8 sequences"):
+        run_stage("opus", "train", "smoke", root=tmp_path, params_path=path)
+    assert not (tmp_path / "data" / "opus" / "train").exists()  # nothing half-written
