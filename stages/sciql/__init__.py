@@ -1,0 +1,1 @@
+"""SCIQL — Style-Conditioned Implicit Q-Learning (offline RL that follows commanded styles), in miniature."""
