@@ -61,6 +61,7 @@ class SolveResult:
     bank: int              # formulas kept after pruning
     generated: int         # formulas generated before pruning
     z3_calls: int = 0
+    productions: tuple[int, ...] = ()   # ranked productions used by the found formula
 
 
 class Bank:
@@ -139,6 +140,23 @@ class Bank:
     def formula(self, gid: int) -> Formula:
         return flatten(self.ast(gid))
 
+    def usage(self, gid: int) -> tuple[int, ...]:
+        """Sorted ranked-production indices used by the formula gid (for training a ranker)."""
+        _, prods = self._cat()
+        used, stack = set(), [gid]
+        while stack:
+            op, a, b = (int(v) for v in prods[stack.pop()])
+            idx = production_index(op, a)
+            if idx is not None:
+                used.add(idx)
+            if op in (NOT, EX_U, FA_U):
+                stack.append(a)
+            elif op in (AND, OR):
+                stack += [a, b]
+            elif op in (EX_G, FA_G):
+                stack.append(b)
+        return tuple(sorted(used))
+
 
 def _prod(op: int, a, b) -> np.ndarray:
     a = np.asarray(a, dtype=np.int64).reshape(-1)
@@ -146,9 +164,30 @@ def _prod(op: int, a, b) -> np.ndarray:
     return np.stack([np.full(a.shape, op, dtype=np.int64), a, b], axis=1)
 
 
-def grow(bank: Bank, n: int, deadline: float, chunk: int = 100_000):
-    """Generate size-n formulas into the bank; yields (kept global ids, their signatures) per batch."""
+N_RANKED = len(ATOMS) + 2 * len(ENUM_GUARDS)   # productions a ranker may re-weight
+
+
+def production_index(op: int, a: int) -> int | None:
+    """Index of a production in the ranked vocabulary: atoms, then ∃-guard, then ∀-guard."""
+    if op == ATOM:
+        return a
+    if op in (EX_G, EX_GO):
+        return len(ATOMS) + a
+    if op in (FA_G, FA_GO):
+        return len(ATOMS) + len(ENUM_GUARDS) + a
+    return None
+
+
+def grow(bank: Bank, n: int, deadline: float, chunk: int = 100_000, penalty: np.ndarray | None = None):
+    """Generate cost-n formulas into the bank; yields (kept global ids, their signatures) per batch.
+
+    The cost of a formula is its AST size plus, with a learned ranker, an integer penalty per use of
+    each ranked production (penalty[production_index]); without penalties, cost == AST size.
+    """
     ctx = bank.ctx
+    pen = np.zeros(N_RANKED, dtype=np.int64) if penalty is None else np.asarray(penalty, dtype=np.int64)
+    ex_pen = pen[len(ATOMS): len(ATOMS) + len(ENUM_GUARDS)]
+    fa_pen = pen[len(ATOMS) + len(ENUM_GUARDS):]
     start_ids = bank.count
     level_ids: list[np.ndarray] = []
 
@@ -161,7 +200,7 @@ def grow(bank: Bank, n: int, deadline: float, chunk: int = 100_000):
 
     # atoms
     for k, (name, s) in enumerate(ATOMS):
-        if s == n:
+        if s + pen[k] == n:
             yield emit(ctx.atoms[name][None], _prod(ATOM, [k], 0))
     # (not φ), skipping double negation
     ids, sig = bank.level_sigs(n - 1)
@@ -195,7 +234,7 @@ def grow(bank: Bank, n: int, deadline: float, chunk: int = 100_000):
     for mode, op in (("exists", EX_G), ("forall", FA_G)):
         by_body: dict[int, list[int]] = {}
         for gi, g in enumerate(ENUM_GUARDS):
-            overhead = 3 + (g.size if mode == "exists" else g.complement_size)
+            overhead = 3 + (g.size + ex_pen[gi] if mode == "exists" else g.complement_size + fa_pen[gi])
             by_body.setdefault(n - overhead, []).append(gi)
         for body_size, gis in by_body.items():
             iu, su = bank.level_sigs(body_size)
@@ -217,8 +256,8 @@ def grow(bank: Bank, n: int, deadline: float, chunk: int = 100_000):
             yield emit(out, _prod(op, iu, 0))
     # guard-only quantifiers ∃y G(x,y), ∀y G(x,y)
     for gi, g in enumerate(ENUM_GUARDS):
-        if 2 + g.size == n:
-            for mode, op in (("exists", EX_GO), ("forall", FA_GO)):
+        for mode, op, extra in (("exists", EX_GO, ex_pen[gi]), ("forall", FA_GO, fa_pen[gi])):
+            if 2 + g.size + extra == n:
                 yield emit(ctx.guard_only(g, mode)[None], _prod(op, [gi], 0))
     bank.levels[n] = np.concatenate(level_ids) if level_ids else np.arange(start_ids, start_ids)
 
@@ -270,22 +309,26 @@ def make_context(inst: Instance, completions: int = 8, seed: int = 0, backend: s
 
 
 def synthesize(inst: Instance, timeout_s: float = 1.0, max_size: int = 20, completions: int = 8,
-               max_bank: int = 400_000, seed: int = 0, backend: str = "auto") -> SolveResult:
+               max_bank: int = 400_000, seed: int = 0, backend: str = "auto",
+               penalty: np.ndarray | None = None) -> SolveResult:
+    """Enumerate by AST size (or by size + ranker penalties, up to max_size + the largest penalty
+    budget) until a valid formula is found or a budget runs out."""
     t0 = time.perf_counter()
     deadline = t0 + timeout_s
     ctx = make_context(inst, completions, seed, backend)
     bank = Bank(ctx, max_bank)
     goal = Goal(inst, ctx)
     status = "size_limit"
-    for n in range(2, max_size + 1):
-        for ids, sig in grow(bank, n, deadline):
+    max_cost = max_size + (int(np.max(penalty)) * 3 if penalty is not None else 0)
+    for n in range(2, max_cost + 1):
+        for ids, sig in grow(bank, n, deadline, penalty=penalty):
             if not len(ids):
                 continue
             for pos in np.flatnonzero(goal.candidates(sig)):
                 f = goal.confirm(bank, int(ids[pos]), sig[pos], deadline)
                 if f is not None:
                     return SolveResult(f, size(f), time.perf_counter() - t0, "found", bank.count,
-                                       bank.generated, goal.z3_calls)
+                                       bank.generated, goal.z3_calls, bank.usage(int(ids[pos])))
                 if time.perf_counter() > deadline:
                     break
         if time.perf_counter() > deadline:

@@ -99,10 +99,39 @@ def run(cfg: Config, ctx: StageContext) -> None:
     df = pl.DataFrame(rows, infer_schema_length=None)
     df.write_csv(ctx.out / "results.csv")
     metrics = summarize(df, cfg, mismatches, fallbacks)
+    if (train / "guided_log.jsonl").exists():
+        metrics["guided"] = guided_metrics(insts, train, logs, ctx)
     write_json(ctx.out / "metrics.json", metrics)
     if ctx.tracker:
         ctx.tracker.summary({"enum_valid": metrics["enum"]["all"]["valid_rate"],
                              "bloated_valid": metrics["bloated"]["all"]["valid_rate"]})
+
+
+def guided_metrics(insts, train, logs, ctx) -> dict:
+    """(C) ranker-guided vs plain enumeration on the ranker's held-out split (same budgets)."""
+    glog = [json.loads(x) for x in (train / "guided_log.jsonl").read_text().splitlines()]
+    by_id = {i.id: i for i in insts}
+    preds = {json.loads(x)["id"]: json.loads(x) for x in (train / "predictions_guided.jsonl").read_text().splitlines()}
+    plain = {p.id: p for p in load_predictions(train / "predictions_enum.jsonl", insts).values()}
+    rows = []
+    for g in glog:
+        inst = by_id[g["id"]]
+        rows.append({"id": g["id"], "regime": inst.regime,
+                     "guided_valid": bool(check_formula(inst, preds[g["id"]]["formula"])["valid"]),
+                     "plain_valid": bool(check_formula(inst, plain[g["id"]].formula)["valid"]),
+                     "guided_generated": g["generated"], "plain_generated": logs[g["id"]]["enum_generated"],
+                     "guided_seconds": g["seconds"], "plain_seconds": logs[g["id"]]["enum_seconds"],
+                     "guided_size": preds[g["id"]]["size"], "plain_size": plain[g["id"]].size})
+    df = pl.DataFrame(rows, infer_schema_length=None)
+    df.write_csv(ctx.out / "guided.csv")
+    both = df.filter(pl.col("guided_valid") & pl.col("plain_valid"))
+    ratio = np.log10(df["guided_generated"].to_numpy() + 1) - np.log10(df["plain_generated"].to_numpy() + 1)
+    return {"n": df.height, "guided_valid_rate": _rate(df["guided_valid"]), "plain_valid_rate": _rate(df["plain_valid"]),
+            "guided_median_generated": float(df["guided_generated"].median()),
+            "plain_median_generated": float(df["plain_generated"].median()),
+            "mean_log10_effort_ratio": float(ratio.mean()), "frac_less_effort": _rate(ratio < 0),
+            "guided_median_size": float(both["guided_size"].median()) if both.height else float("nan"),
+            "plain_median_size": float(both["plain_size"].median()) if both.height else float("nan")}
 
 
 def summarize(df: pl.DataFrame, cfg: Config, mismatches: int, fallbacks: int) -> dict:

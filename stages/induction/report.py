@@ -86,6 +86,19 @@ def _fig_size(res: pl.DataFrame):
     return fig
 
 
+def _fig_guided(gdf: pl.DataFrame):
+    fig, ax = plt.subplots(figsize=(5, 4.5))
+    for regime, marker in (("fullobs", "o"), ("ci", "s"), ("ec", "^")):
+        r = gdf.filter(pl.col("regime") == regime)
+        ax.scatter(r["plain_generated"] + 1, r["guided_generated"] + 1, marker=marker, s=18, alpha=0.7, label=regime)
+    hi = max(10, float(max(gdf["plain_generated"].max(), gdf["guided_generated"].max())) * 2)
+    ax.plot([1, hi], [1, hi], "k--", lw=0.8)
+    ax.set(xscale="log", yscale="log", xlabel="plain enumeration: formulas generated",
+           ylabel="ranker-guided: formulas generated", title="search effort with the neural ranker")
+    ax.legend()
+    return fig
+
+
 def run(cfg: Config, ctx: StageContext) -> None:
     ev = ctx.input("evaluate")
     m = read_json(ev / "metrics.json")
@@ -137,6 +150,11 @@ Time budgets make the enumeration results depend slightly on machine speed.
         {"formulas": "reference: constant majority label", "n": h["n_pairs"], "median_size": float("nan"),
          "heldout_object_acc": h["majority_acc"], "heldout_worlds_exact": float("nan")}]))
     d = m["difficulty"]
+    medians = [d[f"depth_{k}"]["median_generated"] for k in range(d["shallowest"], d["deepest"] + 1) if f"depth_{k}" in d]
+    drops = [f"depth {d['shallowest'] + k} -> {d['shallowest'] + k + 1}" for k in range(len(medians) - 1)
+             if medians[k + 1] < medians[k]]
+    monotone_note = (" (not monotone: the median falls at " + ", ".join(drops) +
+                     "; deeper templates are sometimes explained by shorter formulas)") if drops else " (monotone)"
     ec_ratio = m["enum"].get("ec", {}).get("median_size_over_gold", float("nan"))
     rep.section("Observations", f"""
 - Compact vs bloated: on the {h['n_pairs']} instances where both are valid on the training worlds, the
@@ -146,7 +164,7 @@ Time budgets make the enumeration results depend slightly on machine speed.
   {h['majority_acc']:.1%} for a constant majority-label classifier.
 - Depth: the enumeration solves {d['solve_rate_shallow']:.0%} of depth-{d['shallowest']} and
   {d['solve_rate_deep']:.0%} of depth-{d['deepest']} instances within the budget; its median search effort grows
-  {d['effort_ratio']:.0f}x.
+  {d['effort_ratio']:.0f}x from depth {d['shallowest']} to depth {d['deepest']}{monotone_note}.
 - EC: median size/gold of valid enumerated formulas is {ec_ratio:.2f} ({"smaller" if ec_ratio < 1 else "not smaller"}
   than the gold formula; each world may complete its unknown atoms its own way), with held-out accuracy
   {m['enum'].get('ec', {}).get('heldout_acc_valid', float('nan')):.1%} against
@@ -162,6 +180,22 @@ Time budgets make the enumeration results depend slightly on machine speed.
                "Held-out object accuracy of training-valid formulas against their size.")
     rep.figure("budgeted_validity", _fig_budget(budget_df), "Fraction of instances solved within each time budget.")
     rep.figure("size_vs_gold", _fig_size(res), "Size of valid found formulas against the gold formula's size.")
+    if "guided" in m:
+        g = m["guided"]
+        rep.table("Optional (C): neural-ranker-guided enumeration (ranker's held-out split)", pl.DataFrame([
+            {"enumeration": "plain (by AST size)", "n": g["n"], "valid_rate": g["plain_valid_rate"],
+             "median_generated": g["plain_median_generated"], "median_size (both valid)": g["plain_median_size"]},
+            {"enumeration": "ranker-guided (size + learned penalties)", "n": g["n"], "valid_rate": g["guided_valid_rate"],
+             "median_generated": g["guided_median_generated"], "median_size (both valid)": g["guided_median_size"]}]),
+            f"A LightningModule scores the 22 atom/guard productions from depth-1 label agreement; it is trained on "
+            f"the productions used by plain enumeration's solutions of the other split. Guided search used less "
+            f"effort on {g['frac_less_effort']:.0%} of instances (mean log10 effort ratio "
+            f"{g['mean_log10_effort_ratio']:+.2f}; negative = less). Same time and size budgets.")
+        gdf = pl.read_csv(ev / "guided.csv")
+        rep.figure("ranker_effort", _fig_guided(gdf),
+                   "Formulas generated per instance: plain vs ranker-guided enumeration (below the diagonal = guided "
+                   "needed fewer).")
+        rep.plot("ranker_effort", gdf)
     rep.plot("difficulty_by_depth", diff_df)
     rep.plot("budgeted_validity", budget_df)
     rep.plot("results", res.drop("error"))

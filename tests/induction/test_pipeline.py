@@ -15,7 +15,10 @@ def test_smoke_pipeline(smoke_run):
         assert set(c) >= {"name", "statement", "holds", "values"} and isinstance(c["holds"], bool)
         assert c["values"] and all(isinstance(v, (int, float)) for v in c["values"].values())
     assert m["metrics"]["kernel"]["evaluator_mismatches"] == 0
-    for fig in ("difficulty_by_depth", "heldout_vs_size", "budgeted_validity", "size_vs_gold"):
+    g = m["metrics"]["guided"]                        # optional (C): the Lightning ranker ran and guided
+    assert g["n"] > 0 and 0 <= g["guided_valid_rate"] <= 1
+    assert (out["train"] / "ranker.pt").exists()
+    for fig in ("difficulty_by_depth", "heldout_vs_size", "budgeted_validity", "size_vs_gold", "ranker_effort"):
         assert (out["report"] / "figures" / f"{fig}.png").stat().st_size > 1000
     assert (out["report"] / "plots" / "difficulty_by_depth.csv").exists()
     report = (out["report"] / "report.md").read_text()

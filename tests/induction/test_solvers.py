@@ -56,3 +56,50 @@ def test_generator_is_seeded_and_gold_explains_its_instances():
     ec = [i for i in a if i.regime == "ec"]
     hidden = np.mean([w.unknown["R"].mean() for i in ec for w in i.worlds])
     assert 0.2 < hidden < 0.5                            # unknown rate 0.35
+
+
+def test_ranker_penalties_and_guided_search_stays_complete():
+    from stages.induction.enumerate import N_RANKED
+    from stages.induction.ranker import penalties
+
+    pen = penalties(np.array([0.8, 0.4, 0.2, 0.1, 0.001] + [0.8] * (N_RANKED - 5)), max_penalty=3)
+    assert pen[:5].tolist() == [0, 1, 2, 3, 3] and pen.min() == 0
+    rng = np.random.default_rng(0)
+    for inst in INSTANCES[:4]:
+        res = synthesize(inst, timeout_s=30.0, max_size=12, penalty=rng.integers(0, 4, N_RANKED))
+        assert res.formula is not None and is_valid(res.formula, inst)[0]
+
+
+def test_bank_usage_names_the_productions_of_the_formula():
+    from stages.induction.bitset import ENUM_GUARDS
+    from stages.induction.enumerate import ATOMS
+
+    inst = next(i for i in INSTANCES if i.regime == "fullobs" and "exists" in i.gold)
+    res = synthesize(inst, timeout_s=30.0)
+    text = to_sexpr(res.formula)
+    for p in res.productions:
+        if p < len(ATOMS):
+            name = ATOMS[p][0]
+            assert (f"({name} " if len(name) == 1 else f"({name[0]} ") in text
+        else:
+            g = ENUM_GUARDS[(p - len(ATOMS)) % len(ENUM_GUARDS)]
+            assert ("exists" if p < len(ATOMS) + len(ENUM_GUARDS) else "forall") in text and f"({g.pred} " in text
+
+
+def test_ranker_learns_which_production_is_used():
+    import torch
+    from torch.utils.data import DataLoader, TensorDataset
+
+    from stages.common.trainer import TrainerConfig, make_trainer
+    from stages.induction.ranker import N_FEATURES, ProductionRanker, production_features, usage_vector
+
+    feats = production_features(INSTANCES[0])
+    assert feats.shape[1] == N_FEATURES and np.isfinite(feats).all()
+    torch.manual_seed(0)
+    x = torch.rand(32, feats.shape[0], N_FEATURES)
+    y = torch.from_numpy(np.stack([usage_vector((5, 9))] * 32))
+    model = ProductionRanker(lr=5e-2)
+    make_trainer(TrainerConfig(max_epochs=120, enable_progress_bar=False)).fit(model, DataLoader(TensorDataset(x, y), batch_size=32))
+    probs = model.probabilities(x[0].numpy())
+    others = np.delete(probs, [5, 9])
+    assert probs[5] > 0.8 and probs[9] > 0.8 and others.max() < 0.2
