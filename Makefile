@@ -44,3 +44,23 @@ bench: $(STAMP)
 
 contract:
 	$(PY) ../shared/tools/check_contract.py
+
+# --- Scaling out (flows/remote.py, flows/pools.py; README "Scaling out") ---
+.PHONY: remote pool worker
+POOL ?= papers
+QUEUE ?=
+
+## Shared DVC remote: make remote REMOTE=/mnt/shared/dvc-store (or s3://bucket/path, ssh://host/path).
+## Writes .dvc/config (commit it: every worker's checkout then pulls/pushes there).
+remote: $(STAMP)
+	@test -n "$(REMOTE)" || { echo "error: usage: make remote REMOTE=<folder-or-url>" >&2; exit 2; }
+	PATH=$(abspath $(BIN)):$$PATH $(BIN)/python -m flows.remote set "$(REMOTE)"
+
+## Work pool + crash detection + the git-sourced `paper` deployment: make pool REPO=<git-url> (needs PREFECT_API_URL).
+pool: $(STAMP)
+	@test -n "$(REPO)" || { echo "error: usage: make pool REPO=<git-url> [POOL=papers]" >&2; exit 2; }
+	PATH=$(abspath $(BIN)):$$PATH $(BIN)/python -m flows.pools setup --repo "$(REPO)" --pool $(POOL)
+
+## One process worker on this machine: make worker [POOL=papers] [QUEUE=<queue>]
+worker: $(STAMP)
+	PATH=$(abspath $(BIN)):$$PATH $(BIN)/prefect worker start --pool $(POOL) --type process $(if $(QUEUE),--work-queue $(QUEUE))

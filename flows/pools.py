@@ -43,7 +43,7 @@ def ensure_pool(pool: str = POOL, queues: tuple[str, ...] = (), pool_type: str =
                 pass
 
 
-def ensure_crash_detection(within_s: float = 90.0) -> None:
+def ensure_crash_detection(within_s: float = 240.0) -> None:
     """An automation that marks a flow run Crashed when its heartbeats stop (its worker died).
 
     Runs emit ``prefect.flow-run.heartbeat`` every PREFECT_FLOWS_HEARTBEAT_FREQUENCY seconds
@@ -110,7 +110,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--pool", default=POOL)
     p.add_argument("--type", default="process", help="work pool type (process, docker, kubernetes)")
     p.add_argument("--queues", nargs="*", default=[])
-    p.add_argument("--crash-after", type=float, default=90.0, help="seconds without heartbeat -> Crashed")
+    p.add_argument("--crash-after", type=float, default=240.0,
+                   help="seconds without heartbeat -> Crashed (> PREFECT_FLOWS_HEARTBEAT_FREQUENCY, default 180)")
     p.add_argument("--remote", default=None, help="DVC remote every run uses (default: the repo's)")
     s = sub.add_parser("submit", help="one run of the paper deployment")
     s.add_argument("slug")

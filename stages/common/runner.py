@@ -89,12 +89,16 @@ def load_config(slug: str, stage: str, profile: str | None = None, params_path: 
 
 
 def run_stage(slug: str, stage: str, profile: str | None = None, root: Path = ROOT,
-              params_path: Path | None = None) -> Path:
-    """Run ``<stage>@<slug>``; returns the final output dir. Config errors happen before any work."""
+              params_path: Path | None = None, started: float | None = None) -> Path:
+    """Run ``<stage>@<slug>``; returns the final output dir. Config errors happen before any work.
+
+    ``started`` (a perf_counter value) is when the stage's clock started; the CLI passes its
+    process start so that runtime_s includes interpreter start-up and imports.
+    """
     from stages.common.tracking import stage_run
 
+    started = time.perf_counter() if started is None else started
     module, cfg, prof = load_config(slug, stage, profile, params_path)
-    started = time.perf_counter()
     seed = getattr(cfg, "seed", 0)
     seed_everything(seed)
     final = stage_dir(slug, stage, root)
