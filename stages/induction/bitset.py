@@ -70,8 +70,11 @@ def unpack(masks: np.ndarray, D: int) -> np.ndarray:
 
 class BitContext:
     def __init__(self, worlds: list[World], completions: int = 0, seed: int = 0, three_valued: bool = False,
-                 backend: str = "auto"):
+                 backend: str = "auto", device: str | None = None):
         self.worlds = worlds
+        # the kernel runs where the tensors live: CUDA when available (Triton), else CPU (reference,
+        # or the Triton interpreter under TRITON_INTERPRET=1)
+        self.device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
         self.W = len(worlds)
         self.three_valued = three_valued
         self.backend = backend
@@ -111,7 +114,7 @@ class BitContext:
                 for k, (w, a) in enumerate(zip(worlds, plane)):
                     rows[p * self.W + k, : w.domain] = pack(self._guard_matrix(g, w, a, p, planes, k))
             self.guard_rows[g] = rows
-        self._dom_t = torch.from_numpy(self.dom)
+        self._dom_t = torch.from_numpy(self.dom).to(self.device)
         self.true_rows = np.zeros((self.Wtot, self.Dmax), dtype=np.int32)
         for j in range(self.Wtot):
             D = self.worlds[j % self.W].domain
@@ -143,14 +146,14 @@ class BitContext:
             rows = np.stack([self.true_rows] if guards is None else [self.guard_rows[g] for g in guards])
             if mode == "forall" and self.three_valued:
                 rows = rows[:, self.perm]            # ∀y(G→U): must uses G's may rows and vice versa
-            self._rel_cache[key] = torch.from_numpy(np.ascontiguousarray(rows))
+            self._rel_cache[key] = torch.from_numpy(np.ascontiguousarray(rows)).to(self.device)
         return self._rel_cache[key]
 
     def quantify(self, guards: list[Guard] | None, phi: np.ndarray, mode: str) -> np.ndarray:
         """(G, C, Wtot): ∃y (G ∧ φ(y)) or ∀y (¬G ∨ φ(y)) for every guard and candidate."""
-        out = guarded_quantify(self.rel(guards, mode), torch.from_numpy(np.ascontiguousarray(phi)),
-                               self._dom_t, mode, backend=self.backend)
-        return out.numpy()
+        phi_t = torch.from_numpy(np.ascontiguousarray(phi)).to(self.device)
+        out = guarded_quantify(self.rel(guards, mode), phi_t, self._dom_t, mode, backend=self.backend)
+        return out.cpu().numpy()
 
     def guard_only(self, g: Guard, mode: str) -> np.ndarray:
         """(Wtot,): ∃y G(x,y) or ∀y G(x,y) (plane-wise; both monotone in G)."""

@@ -131,6 +131,9 @@ positive objects' feature types. Validity is checked exactly (`python -m stages.
 evaluation, EC with z3, each world its own completion). Held-out accuracy is computed through the kernel-backed
 evaluator and cross-checked against numpy: {m['kernel']['evaluator_mismatches']} disagreements,
 {m['kernel']['numpy_fallbacks']} formulas outside the guarded fragment (evaluated by numpy).
+In EC, observational equivalence is judged on the Kleene bounds plus 8 sampled completions per world: this
+can drop a formula that differs only on unsampled completions (completeness), never admit an invalid one
+(every EC answer is confirmed by a sampled witness completion or by z3).
 Time budgets make the enumeration results depend slightly on machine speed.
 """)
     val_rows = []
