@@ -103,14 +103,16 @@ def run(cfg: Config, ctx: StageContext) -> None:
                  "low nuclear norm, and with the identity facts the minimum-nuclear-norm completion is symmetric. "
                  "A 1B LM fine-tuned with the recipe reaches ≈50% reversal vs ≈0% without.")
     th = models["theory"]
+    arm_inits = ", ".join(dict.fromkeys(
+        f"{a['name']}: {a['init_scale']:g}{'' if a['factorized'] else ' (unfactorized W)'}" for a in th["arms"]))
     rep.section("Setup", f"""
 - Facts: n = {metrics['n_pairs']} pairs (a_i, b_i); vocabulary 2n + 3 (entities, r₊, r₋, r_id). Every pair's
   forward fact [a_i, r₊] → b_i is trained; 80% of pairs also train [b_i, r₋] → a_i; the other
   {metrics['n_heldout']} pairs' reverse facts are the test set (top-1 over the full vocabulary, chance 1/n =
   {metrics['chance']:.3f}). Bridge arms add [e, r_id] → e for e in none / A / B / A∪B.
 - One-layer theoretical model: logits = W_O W_V x̄ with x̄ the mean one-hot of the two input tokens
-  (uniform attention), d = {th['d']}, init N(0, 0.001²), full-batch gradient descent (SGD, no momentum,
-  no weight decay); ablations on the A∪B arm: init 0.1, and an unfactorized W. Seeds
+  (uniform attention), d = {th['d']}, init scales {arm_inits}, full-batch gradient descent
+  (SGD, no momentum, no weight decay); the ablations test the mechanism. Seeds
   {sorted({a['seed'] for a in th['arms']})}; arms with the same seed share one initialization.
 - Real model: the shared TinyTransformer with one layer (causal attention, RoPE, RMSNorm, GELU MLP,
   untied unembedding) on the 2-token sequence, AdamW; arms {sorted({a['name'] for a in models['transformer']['arms']})}.

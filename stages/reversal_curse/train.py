@@ -67,6 +67,7 @@ class TransformerConfig(StageConfig):
 
 class Config(StageConfig):
     seed: int = 0
+    torch_threads: int = Field(1, ge=1, description="intra-op threads; the models are tiny, so 1 is fastest")
     theory: TheoryConfig
     transformer: TransformerConfig = TransformerConfig()
     trainer: TrainerConfig = TrainerConfig()
@@ -84,6 +85,7 @@ def test_rows(cols: dict[str, np.ndarray]) -> np.ndarray:
 
 
 def run(cfg: Config, ctx: StageContext) -> None:
+    torch.set_num_threads(cfg.torch_threads)
     cols, meta = load_facts(ctx)
     V = meta["vocab_size"]
     entity, relation = torch.as_tensor(cols["entity"]), torch.as_tensor(cols["relation"])
