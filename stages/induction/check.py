@@ -47,6 +47,10 @@ def check_formula(inst: Instance, formula: str | None) -> dict:
 def check_files(instances: Path, predictions: Path) -> list[dict]:
     insts = load_instances(instances)
     preds = load_predictions(predictions, insts)
+    extra = sorted(set(preds) - {i.id for i in insts})
+    if extra:
+        print(f"warning: {predictions}: {len(extra)} prediction(s) for ids not in {instances} "
+              f"(ignored), e.g. {extra[0]!r}", file=sys.stderr)
     return [check_formula(inst, preds[inst.id].formula) for inst in insts]
 
 

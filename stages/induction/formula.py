@@ -240,7 +240,11 @@ def parse(text: str) -> Formula:
     p = _Parser(text)
     if not p.toks:
         raise FormulaError("line 1, column 1: empty formula")
-    f = p.formula(())
+    try:
+        f = p.formula(())
+    except RecursionError:
+        tok = p.toks[min(p.i, len(p.toks) - 1)]
+        raise FormulaError(f"line {tok[2]}, column {tok[3]}: formula nested too deeply to parse") from None
     extra = p.peek()
     if extra is not None:
         raise p.fail(f"unexpected {extra[1]!r} after the end of the formula", extra)

@@ -75,8 +75,9 @@ class _Evaluator:
             return must, may
         inner = scope + (f.var,)
         must, may = self(f.body, inner)
-        full = (self.D,) * len(inner)
-        must, may = np.broadcast_to(must, full), np.broadcast_to(may, full)
+        # only the bound axis must be materialized; axes the body ignores stay size-1 (broadcast)
+        must = np.broadcast_to(must, must.shape[:-1] + (self.D,))
+        may = np.broadcast_to(may, may.shape[:-1] + (self.D,))
         red = np.any if f.kind == "exists" else np.all
         return red(must, axis=-1), red(may, axis=-1)
 

@@ -117,3 +117,19 @@ def test_registered_configs_load_for_every_profile():
     for stage in ("prepare", "train", "evaluate", "report"):
         for profile in ("smoke", "default", "full"):
             load_config("induction", stage, profile)
+
+
+def test_check_survives_pathological_formulas(tmp_path):
+    from stages.induction.instances import load_instances as load
+
+    inst = load(_write(tmp_path, "inst.jsonl", [GOOD]))[0]
+    deep = "(not " * 5000 + "(P x)" + ")" * 5000
+    res = check_cli.check_formula(inst, deep)
+    assert not res["valid"] and "parse error" in res["error"]
+    nested = "(P x)"
+    for k in range(9):                                   # 9 nested quantifiers over a 3-object domain
+        v = f"v{k}"
+        nested = f"(exists {v} (and (R x {v}) {nested}))"
+    res = check_cli.check_formula(inst, nested)
+    assert res["size"] is not None and isinstance(res["valid"], bool)
+    assert check_cli.check_formula(inst, 42)["error"].startswith("parse error")
