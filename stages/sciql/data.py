@@ -18,7 +18,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from stages.sciql.envs import HC_SPEED_EDGES, LABELLERS, Circle2D, make_env, wrap_angle
+from stages.sciql.envs import GAIT_OMEGAS, LABELLERS, Circle2D, make_env, wrap_angle
 
 
 # ----------------------------------------------------------------------------------------------
@@ -98,7 +98,8 @@ def search_gaits(n_gaits: int, steps: int, seed: int) -> list[dict]:
     env = make_env("halfcheetah", steps)
     gaits = []
     for i in range(n_gaits):
-        gait = {"omega": rng.uniform(0.5, 2.5), "amp": rng.uniform(0.3, 1.0), "phase": rng.uniform(0, 2 * np.pi, 6)}
+        gait = {"omega": float(rng.choice(GAIT_OMEGAS)), "amp": rng.uniform(0.3, 1.0),
+                "phase": rng.uniform(0, 2 * np.pi, 6)}
         env.reset(seed=int(rng.integers(2**31)))
         vel = []
         for t in range(steps):
@@ -115,20 +116,23 @@ def gait_bank(n_gaits: int, seed: int) -> list[dict]:
     return search_gaits(n_gaits, 100, seed + 1)
 
 
+def representative_gaits(bank: list[dict]) -> list[dict]:
+    """One gait per speed bin: min velocity, velocity closest to 0, max velocity."""
+    vel = np.array([g["velocity"] for g in bank])
+    return [bank[int(vel.argmin())], bank[int(np.abs(vel).argmin())], bank[int(vel.argmax())]]
+
+
 def generate_halfcheetah(n_episodes: int, max_steps: int, noise: float, n_gaits: int, seed: int) -> list[dict]:
-    """Episodes of two gait segments; gaits drawn uniformly over the speed bins (diverse speeds)."""
+    """Episodes of two gait segments, each a representative gait of a uniformly drawn speed bin
+    (backward: the slowest gait of the bank; slow: the one closest to standing; forward: the fastest)."""
     rng = np.random.default_rng(seed)
-    gaits = gait_bank(n_gaits, seed)
-    vel = np.array([g["velocity"] for g in gaits])
-    bins = np.digitize(vel, HC_SPEED_EDGES)
-    buckets = [np.flatnonzero(bins == b) for b in range(len(HC_SPEED_EDGES) + 1)]
-    buckets = [b for b in buckets if len(b)]
+    gaits = representative_gaits(gait_bank(n_gaits, seed))
     env = make_env("halfcheetah", max_steps)
     episodes = []
     for ep in range(n_episodes):
         obs, _ = env.reset(seed=int(rng.integers(2**31)))
         switch = int(rng.integers(max_steps // 4, 3 * max_steps // 4))
-        chosen = [gaits[int(rng.choice(buckets[int(rng.integers(len(buckets)))]))] for _ in range(2)]
+        chosen = [gaits[int(rng.integers(len(gaits)))] for _ in range(2)]
         rec = {"obs": [obs], "action": [], "reward": [], "x_velocity": []}
         for t in range(max_steps):
             gait = chosen[0] if t < switch else chosen[1]

@@ -6,7 +6,8 @@
   Task reward r = exp(-d² / 2σ²) with d = | ‖p − c‖ − R | the distance to the target circle
   (c = (0, 0), R = 10, σ = 5), i.e. the task is to draw that circle.
 * ``HalfCheetah-v5`` from ``gymnasium[mujoco]`` (its XML assets ship with the package; nothing is
-  downloaded). Task reward = the env's reward (forward velocity − control cost).
+  downloaded), with a gait clock appended to its observation (``GaitClock``). Task reward = the
+  env's reward (forward velocity − control cost).
 
 Labelling functions map one episode (arrays over its T steps) to one integer label per step.
 Each has ``num_labels`` (all labels it can emit) and ``promptable`` (the styles a policy can be
@@ -113,13 +114,44 @@ def _quiet_mujoco() -> None:
     mujoco.set_mju_user_warning(handler)
 
 
+GAIT_OMEGAS = (1.0, 1.5, 2.0)  # gait frequencies (rad / step) of the scripted HalfCheetah behaviours
+
+
+class GaitClock(gym.ObservationWrapper):
+    """Appends a gait clock [sin ωt, cos ωt for ω in GAIT_OMEGAS] to the observation, so that the
+    scripted sinusoidal gaits a_t = A sin(ωt + φ) are a (linear) function of the observation."""
+
+    def __init__(self, env, omegas=GAIT_OMEGAS):
+        super().__init__(env)
+        self.omegas = np.asarray(omegas, dtype=np.float64)
+        base = env.observation_space
+        k = 2 * len(self.omegas)
+        self.observation_space = spaces.Box(np.concatenate([base.low, -np.ones(k)]).astype(np.float32),
+                                            np.concatenate([base.high, np.ones(k)]).astype(np.float32),
+                                            dtype=np.float32)
+        self.t = 0
+
+    def reset(self, **kwargs):
+        self.t = 0
+        return super().reset(**kwargs)
+
+    def step(self, action):
+        self.t += 1
+        return super().step(action)
+
+    def observation(self, obs):
+        ph = self.omegas * self.t
+        return np.concatenate([obs, np.sin(ph), np.cos(ph)]).astype(np.float32)
+
+
 def make_env(name: str, max_steps: int):
-    """A gymnasium env by study name; HalfCheetah-v5 comes from gymnasium[mujoco] (offline assets)."""
+    """A gymnasium env by study name; HalfCheetah-v5 comes from gymnasium[mujoco] (offline assets),
+    wrapped with a gait clock."""
     if name == "circle2d":
         return Circle2D(max_steps=max_steps)
     if name == "halfcheetah":
         _quiet_mujoco()
-        return gym.make(HALFCHEETAH_ID, max_episode_steps=max_steps)
+        return GaitClock(gym.make(HALFCHEETAH_ID, max_episode_steps=max_steps))
     raise ValueError(f"env: unknown environment {name!r} (known: {', '.join(ENV_NAMES)})")
 
 

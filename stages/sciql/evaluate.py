@@ -12,6 +12,7 @@ the dataset with hindsight-relabelled styles — run through kernels.gawr_loss (
 """
 from __future__ import annotations
 
+import time
 from typing import Literal
 
 import numpy as np
@@ -174,3 +175,4 @@ def run(cfg: Config, ctx) -> None:
     np.savez_compressed(ctx.out / "trajectories_circle2d.npz", **trajectories)
     write_json(ctx.out / "summary.json", {"rollout_episodes": len(rows), "episodes_per_style": cfg.episodes,
                                           "kernel_backend": cfg.kernel_backend})
+    write_json(ctx.out / "cpu_time.json", {"cpu_s": time.process_time()})

@@ -9,6 +9,8 @@ returns used to normalise task return (uniform-random policy = 0, scripted exper
 """
 from __future__ import annotations
 
+import time
+
 import numpy as np
 from pydantic import Field, model_validator
 
@@ -120,3 +122,4 @@ def run(cfg: Config, ctx) -> None:
               + "; ".join(f"{s}: {labels[s]['counts']}" for s in block.styles)
               + f"; returns random {refs['random']:.1f} expert {refs['expert']:.1f} dataset mean "
               f"{meta['dataset_return']['mean']:.1f}")
+    write_json(ctx.out / "cpu_time.json", {"cpu_s": time.process_time()})

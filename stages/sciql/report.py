@@ -4,12 +4,14 @@
 """
 from __future__ import annotations
 
+import time
+
 import matplotlib.pyplot as plt
 import numpy as np
 import polars as pl
 from pydantic import Field
 
-from stages.common.claims import Claim
+from stages.common.claims import Claim, evaluate_claims
 from stages.common.config import StageConfig
 from stages.common.paths import read_json
 from stages.common.reporting import Report
@@ -77,7 +79,7 @@ def env_metrics(df: pl.DataFrame, env: str) -> dict:
     return out
 
 
-def fig_trajectories(traj: dict, styles: list[str]):
+def fig_trajectories(traj: dict, styles: list[str], per_style: int = 2):
     methods = ["cbc", "sciql", "gawr", "task_iql"]
     fig, axes = plt.subplots(len(styles), len(methods), figsize=(3.2 * len(methods), 3.2 * len(styles)),
                              squeeze=False)
@@ -87,21 +89,25 @@ def fig_trajectories(traj: dict, styles: list[str]):
         for c, m in enumerate(methods):
             ax = axes[r][c]
             ax.add_patch(plt.Circle((0, 0), 10, fill=False, ls="--", color="k", lw=1))
-            for i, z in enumerate(lab.promptable):
+            style_free = m == "task_iql"
+            zs = lab.promptable[:1] if style_free else lab.promptable  # style-free: same rollouts for every z
+            for i, z in enumerate(zs):
                 key = f"{m}|{style}|{z}"
                 if key not in traj:
                     continue
-                for k, xy in enumerate(traj[key][:3]):
-                    ax.plot(xy[:, 0], xy[:, 1], color=cmap(i), lw=1, alpha=0.8,
-                            label=f"z={lab.label_names[z]}" if k == 0 else None)
+                for k, xy in enumerate(traj[key][:per_style]):
+                    ax.plot(xy[:, 0], xy[:, 1], color="0.4" if style_free else cmap(i), lw=1.2, alpha=0.85,
+                            label=("any z (ignored)" if style_free else f"z={lab.label_names[z]}") if k == 0 else None)
+                    ax.plot(*xy[0], "o", ms=3, color="k")
             ax.set_xlim(-30, 30)
             ax.set_ylim(-30, 30)
             ax.set_aspect("equal")
             ax.set_title(f"{LABEL[m]} — {style}", fontsize=9)
             ax.tick_params(labelsize=7)
-            if c == 0:
+            if c in (0, len(methods) - 1) and ax.get_legend_handles_labels()[0]:
                 ax.legend(fontsize=7, loc="lower left")
-    fig.suptitle("Circle2D rollouts (seed 0), coloured by commanded style; dashed = task circle")
+    fig.suptitle("Circle2D rollouts (seed 0, first start states), coloured by commanded style; "
+                 "dashed = task circle, dot = start")
     fig.tight_layout()
     return fig
 
@@ -133,7 +139,7 @@ def fig_per_style(df: pl.DataFrame):
                               & (pl.col("method") == m))["alignment"].mean() for e, s, z in keys]
         ax.bar(np.arange(len(keys)) + j * width, vals, width, color=COLOR[m], label=LABEL[m])
     ax.set_xticks(np.arange(len(keys)) + 0.4 - width / 2)
-    ax.set_xticklabels([f"{e}\n{s}={z}" for e, s, z in keys], fontsize=7)
+    ax.set_xticklabels([f"{e}\n{s}={z}" for e, s, z in keys], fontsize=7, rotation=30, ha="right")
     ax.set_ylabel("alignment")
     ax.legend(fontsize=7, ncol=5)
     fig.tight_layout()
@@ -169,11 +175,15 @@ Environments: **Circle2D** (the paper's 2-D unicycle re-implemented as a gymnasi
 task reward exp(−d²/2σ²) for the distance d to the circle of radius 10 around the origin) and
 **HalfCheetah-v5** from `gymnasium[mujoco]` (mujoco 4.0; XML assets ship with gymnasium, nothing downloaded;
 task reward = env reward). Datasets: scripted behaviours (Circle2D: circles of random centre/radius/direction —
-30% on the task circle — lines, zig-zags, wandering; HalfCheetah: open-loop sinusoidal gaits from a random
-gait bank drawn evenly over the speed bins), two behaviour segments per episode, Gaussian action noise,
+30% on the task circle — lines, zig-zags, wandering; HalfCheetah: three sinusoidal gaits a = A sin(ωt + φ) —
+the most backward, the closest to standing and the fastest of a random gait bank — with a gait clock
+(sin/cos ωt) appended to the observation), two behaviour segments per episode, Gaussian action noise,
 labelled by the labelling functions and stored with HF `datasets`.
-Methods (all LightningModules via `make_trainer`): BC, CBC (conditioned on the current label), task-only IQL,
-SCIQL style-only and SCIQL+GAWR (two actors on the same per-style and task critics). IQL: twin critics,
+Methods: BC, CBC (conditioned on the current label), task-only IQL, SCIQL style-only and SCIQL+GAWR. The
+pipeline trains them as five actors of one `SCIQLSuite` LightningModule per (env, style criterion) via
+`make_trainer` (same batches; GAWR and the task-only actor share the task IQL; BC, CBC, TaskIQL and SCIQL also
+exist as standalone LightningModules, exercised by the tests). Seeds are vectorised: every network is an ensemble
+with one independently initialised member per seed, each drawing its own batches. IQL: twin critics,
 Polyak targets (ρ = {tc['polyak']}), expectile value τ = {tc['expectile']}, γ = {tc['discount']}, AWR β = {tc['beta']},
 weight clip {tc['clip']}; style labels for the values / the actor are relabelled from the current step, a
 geometric future step of the same episode (λ = {tc['geom_lambda']}) or a random dataset step with probabilities
@@ -216,10 +226,17 @@ circle-following controller; HalfCheetah: the fastest gait of the bank).
                "Style alignment vs normalised task return (large: mean; small: per seed)")
     rep.figure("alignment_per_style", fig_per_style(df), "Alignment per commanded style")
     rep.plot("alignment_vs_return", per_seed)
+    cpu = {st: read_json(ctx.input(st) / "cpu_time.json")["cpu_s"] for st in ("prepare", "train", "evaluate")}
+    cpu["report"] = time.process_time()
+    metrics["cpu_s"] = cpu
+    rep.table("CPU time per stage (process CPU seconds)", pl.DataFrame([cpu]),
+              note="Wall-clock times are in the Runtime table below; on the shared 2-core machine the wall time "
+                   "of a stage can exceed its CPU time when other jobs run at the same time. Every stage "
+                   "uses one thread.")
     verdict_lines = []
     flat = {e: metrics[e] for e in envs}
-    for c in claims:
-        verdict_lines.append(f"- `{c.name}`: see the verdict table; check `{c.check}`")
+    for v in evaluate_claims(claims, metrics):
+        verdict_lines.append(f"- `{v['name']}`: {'holds' if v['holds'] else '**does not hold**'} at this scale.")
     rep.section("Reading the verdicts", "\n".join(verdict_lines) + "\n\n" + _discussion(flat, cfg))
     rep.section("Faithfulness and deviations", """
 - Equations as in the card: style reward r_z = 1[label_t = z] − 1; per-style and task IQL with expectile value
@@ -230,8 +247,13 @@ circle-following controller; HalfCheetah: the fastest gait of the bank).
 - Miniature scale: small MLPs (reference 2×256), a larger lr (reference 3e-4) and a few thousand gradient
   steps instead of 10⁶; Circle2D episodes of 100 steps (reference 1000) with observation (x, y, cos θ, sin θ)
   instead of a state history; the policy is a Gaussian with tanh mean, evaluated by its mean action.
-- Baselines SORL, SCBC and BC-PMI of the paper are not reproduced; HalfCheetah data are scripted sinusoidal
-  gaits, not the paper's trained-policy datasets.
+- Baselines SORL, SCBC and BC-PMI of the paper are not reproduced; HalfCheetah data are three scripted
+  sinusoidal gaits (made learnable by a gait clock in the observation), not the paper's trained-policy
+  datasets, with one speed criterion (backward / slow / forward) and 200-step episodes.
+- Labels: Circle2D speed is binned from the per-step displacement, position is the quadrant, turn uses a
+  5-step window (the reference's windows are longer); style rewards use the label of the current step.
+- The value target of the style IQL uses V(s', z) with the label z of the value relabelling; terminal masks
+  are 1 − terminated (no episode terminates in either environment; time limits bootstrap).
 """)
     rep.finish(claims, metrics)
 
@@ -240,8 +262,23 @@ def _discussion(m: dict, cfg: Config) -> str:
     parts = []
     for e, v in m.items():
         a, r = v["alignment"], v["norm_return"]
-        parts.append(f"**{e}**: alignment SCIQL {a['sciql']:.3f} vs CBC {a['cbc']:.3f} vs BC {a['bc']:.3f} "
-                     f"(chance {v['chance']:.3f}; SCIQL above CBC in {v['seeds_sciql_above_cbc']}/{v['seeds']} seeds); "
-                     f"GAWR alignment {a['gawr']:.3f}, return {r['gawr']:.3f} vs SCIQL {r['sciql']:.3f}; "
-                     f"task-only IQL return {r['task_iql']:.3f}, alignment {a['task_iql']:.3f}.")
+        sd_a, sd_r = v["alignment_seed_std"], v["norm_return_seed_std"]
+        text = (f"**{e}**: alignment SCIQL {a['sciql']:.3f} ± {sd_a['sciql']:.3f} vs CBC {a['cbc']:.3f} ± "
+                f"{sd_a['cbc']:.3f} vs BC {a['bc']:.3f} (chance {v['chance']:.3f}; SCIQL above CBC in "
+                f"{v['seeds_sciql_above_cbc']}/{v['seeds']} seeds); GAWR alignment {a['gawr']:.3f}, normalised "
+                f"return {r['gawr']:.3f} ± {sd_r['gawr']:.3f} vs SCIQL {r['sciql']:.3f} ± {sd_r['sciql']:.3f}; "
+                f"task-only IQL return {r['task_iql']:.3f}, alignment {a['task_iql']:.3f}.")
+        per = v["per_style"]
+        for s, by_m in per.items():
+            text += (f" Criterion `{s}`: SCIQL {by_m['sciql']['alignment']:.3f} vs CBC "
+                     f"{by_m['cbc']['alignment']:.3f}.")
+        if max(r.values()) < 0.5:
+            text += (f" No method gets close to the scripted expert here (best normalised return "
+                     f"{max(r.values()):.3f}): at this training length the learned policies do not reproduce "
+                     "the expert behaviour, so the return comparisons are between weak policies.")
+        if max(sd_r.values()) > 0.1:
+            worst = max(sd_r, key=sd_r.get)
+            text += (f" Seed spread is large for some methods (return seed std up to {sd_r[worst]:.3f} for "
+                     f"{LABEL[worst]}), so differences smaller than that are not resolved by {v['seeds']} seeds.")
+        parts.append(text)
     return "\n\n".join(parts)

@@ -12,6 +12,8 @@ weights go to ``<out>/<env>/suite_<style>.pt``.
 """
 from __future__ import annotations
 
+import time
+
 import torch
 from lightning.pytorch.callbacks import TQDMProgressBar
 from pydantic import Field, model_validator
@@ -97,3 +99,4 @@ def run(cfg: Config, ctx) -> None:
                         "state_dict": module.state_dict()}, ctx.out / env_name / f"suite_{style}.pt")
             summary[f"{env_name}/{style}"] = logged
     write_json(ctx.out / "train_summary.json", {"config": cfg.model_dump(mode="json"), "runs": summary})
+    write_json(ctx.out / "cpu_time.json", {"cpu_s": time.process_time()})

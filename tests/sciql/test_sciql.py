@@ -37,8 +37,10 @@ def test_circle2d_unicycle_step_and_reward():
 def test_halfcheetah_v5_runs_offline():
     env = make_env("halfcheetah", 3)
     obs, _ = env.reset(seed=0)
-    assert obs.shape == (17,)
-    _, _, _, _, info = env.step(np.zeros(6))
+    assert obs.shape == (17 + 6,)                       # + gait clock sin/cos(ωt) for 3 frequencies
+    np.testing.assert_allclose(obs[17:], [0, 0, 0, 1, 1, 1], atol=1e-7)
+    obs, _, _, _, info = env.step(np.zeros(6))
+    np.testing.assert_allclose(obs[17:20], np.sin([1.0, 1.5, 2.0]), atol=1e-6)
     assert "x_velocity" in info
     env.close()
 
