@@ -248,6 +248,8 @@ class OfflinePolicyModule(L.LightningModule):
         opt, sched = self.optimizers(), self.lr_schedulers()
         inner = batch["obs"].shape[0]
         for i in range(inner):
+            if i and self.trainer.global_step >= self.hparams.max_steps:
+                break  # exactly max_steps Adam steps even when inner does not divide it
             losses = self.compute_losses({k: v[i] for k, v in batch.items()})
             opt.zero_grad()
             self.manual_backward(sum(losses.values()))

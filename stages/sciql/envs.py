@@ -100,6 +100,11 @@ class Circle2D(gym.Env):
                                                            "speed": float(speed)}
 
 
+CIRCLE2D_ID = "sciql/Circle2D-v0"
+if CIRCLE2D_ID not in gym.registry:  # gymnasium.make("sciql/Circle2D-v0", max_steps=...) after import
+    gym.register(CIRCLE2D_ID, entry_point=Circle2D)
+
+
 def _quiet_mujoco() -> None:
     """Route MuJoCo warnings to Python (otherwise MuJoCo writes MUJOCO_LOG.TXT into the cwd);
     the HalfCheetah XML's deprecated 'settotalmass' attribute warning is dropped."""

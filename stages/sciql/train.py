@@ -58,6 +58,24 @@ class Config(StageConfig):
         return self
 
 
+class StepBar(TQDMProgressBar):
+    """Progress in Adam steps (each Lightning batch runs ``inner`` of them)."""
+
+    def __init__(self, inner: int, steps: int):
+        super().__init__(refresh_rate=1)
+        self.inner, self.steps = inner, steps
+
+    def on_train_epoch_start(self, trainer, pl_module):
+        super().on_train_epoch_start(trainer, pl_module)
+        self.train_progress_bar.reset(total=self.steps)
+        self.train_progress_bar.set_description("train (Adam steps)")
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+        self.train_progress_bar.n = min(trainer.global_step, self.steps)
+        self.train_progress_bar.set_postfix(self.get_metrics(trainer, pl_module))
+        self.train_progress_bar.refresh()
+
+
 def fit_module(kind: str, style: str | None, seeds: list[int], data: dict, meta: dict, cfg: Config, steps: int,
                ctx=None):
     """Fit one module for all seeds at once (an ensemble member per seed, each with its own batches)."""
@@ -72,7 +90,7 @@ def fit_module(kind: str, style: str | None, seeds: list[int], data: dict, meta:
     sampler = D.HindsightSampler(data, style, cfg.value_relabel, cfg.actor_relabel, cfg.geom_lambda, gen)
     stream = D.BatchStream(sampler, cfg.batch_size, len(seeds), min(cfg.inner_steps, steps))
     loader = torch.utils.data.DataLoader(stream, batch_size=None)
-    bar = [TQDMProgressBar(refresh_rate=10)] if cfg.trainer.enable_progress_bar else []
+    bar = [StepBar(stream.inner, steps)] if cfg.trainer.enable_progress_bar else []
     trainer = make_trainer(cfg.trainer, getattr(ctx, "tracker", None), callbacks=bar, max_steps=steps)
     trainer.fit(module, loader)
     logged = {k: float(v) for k, v in trainer.callback_metrics.items()}

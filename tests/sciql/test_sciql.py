@@ -23,6 +23,16 @@ def test_circle2d_passes_gymnasium_checker():
     check_env(Circle2D(max_steps=20), skip_render_check=True)
 
 
+def test_circle2d_is_registered_with_gymnasium():
+    import gymnasium as gym
+
+    env = gym.make("sciql/Circle2D-v0", max_steps=3)
+    env.reset(seed=0)
+    for _ in range(3):
+        *_, trunc, _ = env.step(env.action_space.sample())
+    assert trunc
+
+
 def test_circle2d_unicycle_step_and_reward():
     env = Circle2D(max_steps=5)
     env.reset(seed=0, options={"xy": (10.0, 0.0), "theta": math.pi / 2})  # on the task circle, heading north
@@ -218,12 +228,11 @@ def test_standalone_modules_train_with_make_trainer(kind):
     data = _toy_data()
     data["label_s"] = torch.randint(0, 3, (200,))
     meta = {"obs_dim": 3, "act_dim": 2, "obs_mean": [0.0] * 3, "obs_std": [1.0] * 3, "labels": {"s": {"num_labels": 3}}}
-    cfg = train.Config(seeds=[0, 1], circle2d={"steps": 4}, hidden=8, batch_size=8, inner_steps=2,
+    cfg = train.Config(seeds=[0, 1], circle2d={"steps": 5}, hidden=8, batch_size=8, inner_steps=2,
                        trainer={"enable_progress_bar": False})
-    before = None
-    module, logged = train.fit_module(kind, "s" if kind in ("cbc", "sciql") else None, [0, 1], data, meta, cfg, 4)
-    assert module.trainer.global_step == 4 and all(math.isfinite(v) for v in logged.values())
-    assert any(k.startswith("loss/actor_") for k in logged) and before is None
+    module, logged = train.fit_module(kind, "s" if kind in ("cbc", "sciql") else None, [0, 1], data, meta, cfg, 5)
+    assert module.trainer.global_step == 5 and all(math.isfinite(v) for v in logged.values())  # exact step count
+    assert any(k.startswith("loss/actor_") for k in logged)
 
 
 # ---------------------------------------------------------------------------------------------- config errors
