@@ -54,6 +54,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--remote", default=None)
     parser.add_argument("--papers", nargs="*", default=None, help="a subset (then no summary)")
     args = parser.parse_args(argv)
+    from flows.paper_flow import check_configured_api
+    from flows.serve import ServeError
+
+    try:
+        check_configured_api()
+    except ServeError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
     state = all_papers(remote=args.remote, papers=args.papers, return_state=True)
     if not state.is_completed():
         print(f"error: all-papers: {state.name}: {state.message}", file=sys.stderr)

@@ -154,17 +154,29 @@ def paper_flow(slug: str, remote: str | None = None, sync: bool | None = None, r
     return {"slug": slug, "stages": {r["stage"]: r["dvc"] for r in results}, **published}
 
 
+def check_configured_api() -> None:
+    """With PREFECT_API_URL set, it must answer (else one line naming it); unset = ephemeral API."""
+    from prefect.settings import PREFECT_API_URL
+
+    from flows.serve import check_api
+
+    if PREFECT_API_URL.value():
+        check_api()
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m flows.paper_flow", description=__doc__.splitlines()[0])
     parser.add_argument("slug")
     parser.add_argument("--remote", default=None, help="DVC remote folder/URL to pull from and push to")
     parser.add_argument("--no-sync", action="store_true", help="do not pull/push even if a remote is configured")
     args = parser.parse_args(argv)
+    from flows.serve import ServeError
     from stages.common.config import ConfigError
 
     try:
+        check_configured_api()
         state = paper_flow(args.slug, remote=args.remote, sync=False if args.no_sync else None, return_state=True)
-    except (ConfigError, dvc_remote.RemoteError, ValueError) as err:
+    except (ConfigError, dvc_remote.RemoteError, ServeError, ValueError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
     if not state.is_completed():

@@ -80,3 +80,48 @@ def test_unknown_paper_fails_before_any_stage(prefect_harness, paper_repo, tool_
     assert state.is_failed()
     assert "papers.no_such_paper: unknown paper" in state.message
     assert task_runs(state.state_details.flow_run_id) == []
+
+
+@pytest.mark.parametrize("remote, message", [
+    ("{tmp}/missing-folder", "folder {tmp}/missing-folder does not exist"),
+    ("nosuch://bucket/dvc", "DVC remote 'flow'"),
+])
+def test_misconfigured_remote_fails_before_any_stage(prefect_harness, paper_repo, tmp_path, remote, message):
+    remote, message = remote.format(tmp=tmp_path), message.format(tmp=tmp_path)
+    state = paper_flow(SLUG, root=str(paper_repo), remote=remote, return_state=True)
+    assert state.is_failed()
+    assert message in state.message
+    assert task_runs(state.state_details.flow_run_id) == []  # nothing pulled, run or pushed
+    assert not (paper_repo / "data").exists()
+
+
+def test_all_papers_runs_subset_and_rejects_unknown(prefect_harness, smoke_flow, tmp_path):
+    import shutil
+
+    from flows.all_papers import all_papers
+
+    state, computed = smoke_flow
+    repo = tmp_path / "repo"
+    shutil.copytree(computed, repo, symlinks=True)
+    done = all_papers(root=str(repo), papers=[SLUG], sync=False, return_state=True)
+    assert done.is_completed(), done.message
+    assert done.result()[SLUG]["stages"] == {s: "unchanged" for s in STAGES}
+    bad = all_papers(root=str(repo), papers=["nope"], return_state=True)
+    assert bad.is_failed() and "papers.nope: unknown paper" in bad.message
+
+
+def test_cli_unreachable_api_is_one_line(paper_repo, tmp_path):
+    import os
+    import subprocess
+    import sys
+
+    from flows.serve import free_port
+
+    url = f"http://127.0.0.1:{free_port()}/api"
+    env = {**os.environ, "PREFECT_API_URL": url}
+    out = subprocess.run([sys.executable, "-m", "flows.paper_flow", SLUG], cwd=paper_repo, env=env,
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 2
+    err = out.stderr.strip()
+    assert err.startswith(f"error: Prefect API {url}: no answer within 5 s") and "\n" not in err
+    assert not (paper_repo / "data").exists()

@@ -66,3 +66,16 @@ def test_local_folder_remote_is_configured_and_checked(paper_repo, tmp_path, too
     store.rmdir()  # the folder disappears later (unmounted share): named before any transfer
     with pytest.raises(dvc_remote.RemoteError, match=f"DVC remote 'shared': folder {store} does not exist"):
         dvc_remote.check(paper_repo)
+
+
+@pytest.mark.parametrize("argv", [["submit", "reversal_curse"], ["setup", "--repo", "/nowhere"]])
+def test_pools_cli_unreachable_api_is_one_line(argv, capsys):
+    from prefect.settings import PREFECT_API_URL, temporary_settings
+
+    from flows import pools
+
+    url = f"http://127.0.0.1:{serve.free_port()}/api"
+    with temporary_settings({PREFECT_API_URL: url}):
+        assert pools.main(argv) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith(f"error: Prefect API {url}: no answer") and "\n" not in err
