@@ -60,6 +60,9 @@ class Cluster:
             PREFECT_FLOWS_HEARTBEAT_FREQUENCY=str(heartbeat_s), WANDB_MODE="disabled",
             PATH=str(Path(sys.executable).parent) + os.pathsep + os.environ.get("PATH", ""))
         self.env.pop("PAPERS_ROOT", None)
+        # flow runs' temporary checkouts (a killed worker cannot clean its own) stay under workdir
+        (self.workdir / "tmp").mkdir(exist_ok=True)
+        self.env["TMPDIR"] = str(self.workdir / "tmp")
 
     @contextmanager
     def api_settings(self):

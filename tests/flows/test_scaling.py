@@ -33,7 +33,8 @@ def pool(cluster, repo_template):
     and two process workers (w1 polls queue w1, w2 polls w2). Every run clones repo_template."""
     with cluster.api_settings():
         pools.ensure_pool("papers", ("w1", "w2"))
-        pools.ensure_crash_detection(within_s=45)  # workers' runs heartbeat every 30 s
+        # workers' runs heartbeat every 30 s; 60 s of silence leaves room for a loaded machine
+        pools.ensure_crash_detection(within_s=60)
         pools.deploy(str(repo_template), pool="papers")
     for name in ("w1", "w2"):
         cluster.start_worker(name, "papers", name)
