@@ -7,13 +7,17 @@
 """
 from __future__ import annotations
 
+import atexit
 import os
+import shutil
 import tempfile
 
 os.environ["TRITON_INTERPRET"] = "1"
 os.environ.setdefault("WANDB_MODE", "disabled")
 os.environ["WANDB_SILENT"] = "true"
-os.environ.setdefault("PREFECT_HOME", tempfile.mkdtemp(prefix="prefect-home-"))
+if "PREFECT_HOME" not in os.environ:
+    os.environ["PREFECT_HOME"] = tempfile.mkdtemp(prefix="prefect-home-")
+    atexit.register(shutil.rmtree, os.environ["PREFECT_HOME"], ignore_errors=True)
 os.environ["PREFECT_SERVER_ANALYTICS_ENABLED"] = "false"
 os.environ["DVC_NO_ANALYTICS"] = "1"
 os.environ["PYTHONDONTWRITEBYTECODE"] = "1"

@@ -72,8 +72,10 @@ def stage_run(slug: str, stage: str, config: dict[str, Any], profile: str,
     if mode == "disabled":
         yield Tracker(None)
         return
-    if os.environ.get("LOCAL_RANK", "0") != "0" or os.environ.get("NODE_RANK", "0") != "0":
-        yield Tracker(None)  # only the global-zero process of a DDP run tracks
+    from stages.common.trainer import global_rank
+
+    if global_rank() != 0:
+        yield Tracker(None)  # only the global-zero process of a distributed run tracks
         return
     import wandb
 
