@@ -1,33 +1,47 @@
-"""Copy this repository (tracked + untracked-not-ignored files) into a temp dir, as a fresh clone
-would see it, for end-to-end tests that run DVC and Prefect against it."""
+"""Copy this checkout into a fresh git repository for end-to-end tests (DVC, Prefect).
+
+The copy holds the tracked files plus the untracked, not-ignored ones (work in progress of the
+current tree), ``profile: <profile>`` in its params.yaml, and one commit (DVC and Prefect's git
+pull step need a git repository). Nothing in the copy touches the original checkout.
+"""
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import subprocess
 import sys
 from pathlib import Path
 
-import yaml
-
 from stages.common.paths import ROOT
 
+GIT_ENV = {"GIT_AUTHOR_NAME": "tests", "GIT_AUTHOR_EMAIL": "tests@localhost",
+           "GIT_COMMITTER_NAME": "tests", "GIT_COMMITTER_EMAIL": "tests@localhost"}
 
-def copy_repo(dest: Path, profile: str = "smoke") -> Path:
-    files = subprocess.run(["git", "ls-files", "--cached", "--others", "--exclude-standard", "-z"],
-                           cwd=ROOT, capture_output=True, check=True).stdout.decode().split("\0")
-    for rel in filter(None, files):
-        src = ROOT / rel
-        if src.is_file():
-            (dest / rel).parent.mkdir(parents=True, exist_ok=True)
-            shutil.copy2(src, dest / rel)
-    params = yaml.safe_load((dest / "params.yaml").read_text())
-    params["profile"] = profile
-    (dest / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
-    run = lambda *a: subprocess.run(a, cwd=dest, check=True, capture_output=True)  # noqa: E731
-    run("git", "init", "-q")
-    run("git", "add", "-A")
-    run("git", "-c", "user.email=t@t", "-c", "user.name=t", "commit", "-qm", "copy")
+
+def git(cwd: Path, *args: str) -> str:
+    return subprocess.run(["git", *args], cwd=cwd, check=True, capture_output=True, text=True,
+                          env={**os.environ, **GIT_ENV}).stdout
+
+
+def copy_repo(dest: Path, profile: str = "smoke", src: Path = ROOT) -> Path:
+    """Copy ``src``'s working tree into a fresh one-commit git repo at ``dest``."""
+    listed = git(src, "ls-files", "-z", "--cached", "--others", "--exclude-standard").split("\0")
+    dest.mkdir(parents=True, exist_ok=True)
+    for rel in filter(None, listed):
+        source = src / rel
+        if not source.is_file() or rel.startswith(("data/", "wandb/")) or rel.endswith("MUJOCO_LOG.TXT"):
+            continue
+        target = dest / rel
+        target.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(source, target)
+    (dest / ".dvc").mkdir(exist_ok=True)
+    (dest / ".dvc" / "config.local").unlink(missing_ok=True)
+    params = dest / "params.yaml"
+    params.write_text(re.sub(r"(?m)^profile:.*$", f"profile: {profile}", params.read_text()))
+    git(dest, "init", "-q", "-b", "main")
+    git(dest, "add", "-A")
+    git(dest, "commit", "-q", "-m", f"test copy at profile {profile}")
     return dest
 
 
