@@ -12,7 +12,18 @@ import time
 PROCESS_START = time.perf_counter()  # runtime_s counts imports too: they are part of a stage's cost
 
 import argparse  # noqa: E402
+import os  # noqa: E402
 import sys  # noqa: E402
+
+
+def _kernel_environment() -> None:
+    """Without CUDA, turn the Triton interpreter on before triton is imported (kernels.record runs
+    each kernel's Triton path on a slice of real inputs) while hot loops take the torch reference."""
+    import torch
+
+    if not torch.cuda.is_available() and "triton" not in sys.modules:
+        os.environ.setdefault("TRITON_INTERPRET", "1")
+        os.environ.setdefault("PAPERS_CPU_KERNELS", "reference")
 
 from stages.common.config import PROFILES, STAGES, ConfigError  # noqa: E402
 from stages.common.runner import MissingInputError  # noqa: E402
@@ -40,6 +51,7 @@ def main(argv: list[str] | None = None) -> int:
             raise ConfigError(f"stage: unknown stage {args.stage!r} (stages: {', '.join(STAGES)}, summary, readme)")
         if not args.slug:
             raise ConfigError(f"slug: `{args.stage}` needs a paper slug")
+        _kernel_environment()
         from stages.common.runner import run_stage
 
         out = run_stage(args.slug, args.stage, args.profile, started=PROCESS_START)

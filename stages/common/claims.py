@@ -6,6 +6,22 @@
 The check is a small expression language (numbers, dotted metric names, + - * / **, comparisons,
 and/or/not, abs/min/max) evaluated against the flattened metrics; no arbitrary Python runs.
 A claim's verdict records every metric its check reads, so the report shows the numbers.
+
+Comparisons of learned arms use the seed-aware shapes below instead of a bare expression. Each
+reads per-seed lists from the metrics (same seeds, same order, paired) and gives one of three
+verdicts: ``holds`` (the gap exceeds 2 standard errors of the per-seed differences AND the claim
+wins on a strict majority of seeds), ``fails`` (the reverse is supported the same way) or
+``inconclusive`` (neither; also whenever fewer than 3 seeds were run).
+
+    Better("opus_beats_random", "OPUS reaches lower target loss than random",
+           a="arms.opus.val_loss", b="arms.random.val_loss", higher_is_better=False)
+    Within("matches_gft", "within 0.02 R² of the full GFT", a="r2.l2g", b="r2.gft", delta=0.02)
+    Bound("sublinear", "regret exponent below 1", value="fit.regret_slope", below=1.0)
+    Near("rate", "coverage near 95%", value="cov.single", ref=0.95, tol=0.03)
+
+``a``/``b``/``value`` name per-seed lists; ``b``, ``bound`` and ``ref`` may also be a number or
+the name of a scalar metric. ``refuted_by`` (every shape, and plain ``Claim``) says in words which
+result would have refuted the claim; the report prints it.
 """
 from __future__ import annotations
 
@@ -31,9 +47,172 @@ class Claim:
     name: str
     statement: str
     check: str
+    refuted_by: str = ""
 
     def names(self) -> list[str]:
         return _dotted_names(_parse(self.check, self.name))
+
+    def evaluate(self, env: Mapping[str, Any]) -> dict[str, Any]:
+        tree = _parse(self.check, self.name)
+        holds = bool(_eval(tree, env, self.name))
+        values = {}
+        for key in _dotted_names(tree):
+            value = env[key]
+            values[key] = float(value) if not isinstance(value, bool) else value
+            if isinstance(values[key], float) and not math.isfinite(values[key]):
+                holds = False
+        return {"name": self.name, "statement": self.statement, "check": self.check,
+                "holds": holds, "verdict": "holds" if holds else "fails", "values": values,
+                "refuted_by": self.refuted_by}
+
+
+MIN_SEEDS = 3
+
+
+def _seed_values(env: Mapping[str, Any], key: str, claim: str) -> list[float]:
+    if key not in env:
+        raise ClaimError(f"claim {claim!r}: metric {key!r} was not measured")
+    value = env[key]
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        return [float(value)]
+    if not isinstance(value, (list, tuple)) or not all(
+            isinstance(v, (int, float)) and not isinstance(v, bool) for v in value):
+        raise ClaimError(f"claim {claim!r}: metric {key!r} is not a per-seed list of numbers ({value!r})")
+    return [float(v) for v in value]
+
+
+def _operand(env: Mapping[str, Any], ref: float | str, n: int, claim: str) -> list[float]:
+    """A per-seed list, or a number / scalar metric broadcast to n seeds."""
+    if isinstance(ref, (int, float)) and not isinstance(ref, bool):
+        return [float(ref)] * n
+    vals = _seed_values(env, ref, claim)
+    if len(vals) == 1:
+        return vals * n
+    if len(vals) != n:
+        raise ClaimError(f"claim {claim!r}: {ref!r} has {len(vals)} seeds, expected {n} (paired)")
+    return vals
+
+
+def seed_stats(diffs: list[float]) -> dict[str, float]:
+    """Mean, standard error (sample sd / sqrt n) and win fraction of per-seed differences."""
+    n = len(diffs)
+    mean = sum(diffs) / n
+    var = sum((d - mean) ** 2 for d in diffs) / (n - 1) if n > 1 else math.inf
+    return {"n": n, "mean": mean, "se": math.sqrt(var / n) if n > 1 else math.inf,
+            "wins": sum(d > 0 for d in diffs) / n, "losses": sum(d < 0 for d in diffs) / n}
+
+
+def gap_verdict(diffs: list[float]) -> tuple[str, dict[str, float]]:
+    """diffs > 0 support the claim. holds: mean - 2 se > 0 and wins on a strict majority of seeds;
+    fails: mean + 2 se < 0 and loses on a strict majority; else inconclusive (and always with < 3
+    seeds or a non-finite value)."""
+    if not diffs or any(not math.isfinite(d) for d in diffs):
+        return "inconclusive", {"n": len(diffs)}
+    st = seed_stats(diffs)
+    if st["n"] < MIN_SEEDS:
+        return "inconclusive", st
+    if st["mean"] - 2 * st["se"] > 0 and st["wins"] > 0.5:
+        return "holds", st
+    if st["mean"] + 2 * st["se"] < 0 and st["losses"] > 0.5:
+        return "fails", st
+    return "inconclusive", st
+
+
+def _result(claim, verdict: str, values: dict[str, Any], stats: dict[str, float], check: str) -> dict[str, Any]:
+    return {"name": claim.name, "statement": claim.statement, "check": check,
+            "holds": verdict == "holds", "verdict": verdict, "values": values,
+            "stats": {k: float(v) for k, v in stats.items()}, "refuted_by": claim.refuted_by}
+
+
+@dataclass(frozen=True)
+class Better:
+    """A beats B per seed: a - b > margin (higher_is_better) or b - a > margin (lower is better)."""
+    name: str
+    statement: str
+    a: str
+    b: float | str
+    higher_is_better: bool = True
+    margin: float = 0.0
+    refuted_by: str = ""
+
+    def evaluate(self, env: Mapping[str, Any]) -> dict[str, Any]:
+        a = _seed_values(env, self.a, self.name)
+        b = _operand(env, self.b, len(a), self.name)
+        sign = 1.0 if self.higher_is_better else -1.0
+        diffs = [sign * (x - y) - self.margin for x, y in zip(a, b)]  # > 0 supports the claim
+        verdict, st = gap_verdict(diffs)
+        op = ">" if self.higher_is_better else "<"
+        check = f"{self.a} {op} {self.b}" + (f" by > {self.margin:g}" if self.margin else "") + " (per seed)"
+        return _result(self, verdict, {self.a: a, str(self.b): b}, st, check)
+
+
+@dataclass(frozen=True)
+class Within:
+    """|a - b| < delta per seed: holds when the mean gap's 2-s.e. interval lies inside (-delta, delta)
+    and most seeds are inside; fails when it lies wholly outside and most seeds are outside."""
+    name: str
+    statement: str
+    a: str
+    b: float | str
+    delta: float
+    refuted_by: str = ""
+
+    def evaluate(self, env: Mapping[str, Any]) -> dict[str, Any]:
+        a = _seed_values(env, self.a, self.name)
+        b = _operand(env, self.b, len(a), self.name)
+        gaps = [x - y for x, y in zip(a, b)]
+        check = f"|{self.a} - {self.b}| < {self.delta:g} (per seed)"
+        values = {self.a: a, str(self.b): b}
+        if len(gaps) < MIN_SEEDS or any(not math.isfinite(g) for g in gaps):
+            return _result(self, "inconclusive", values, {"n": len(gaps)}, check)
+        st = seed_stats(gaps)
+        lo, hi = st["mean"] - 2 * st["se"], st["mean"] + 2 * st["se"]
+        inside = sum(abs(g) < self.delta for g in gaps) / len(gaps)
+        if -self.delta < lo and hi < self.delta and inside > 0.5:
+            verdict = "holds"
+        elif (lo >= self.delta or hi <= -self.delta) and inside < 0.5:
+            verdict = "fails"
+        else:
+            verdict = "inconclusive"
+        return _result(self, verdict, values, {**st, "inside": inside}, check)
+
+
+@dataclass(frozen=True)
+class Bound:
+    """A per-seed quantity (slope, exponent, rate) is below or above a bound (give exactly one)."""
+    name: str
+    statement: str
+    value: str
+    below: float | str | None = None
+    above: float | str | None = None
+    refuted_by: str = ""
+
+    def evaluate(self, env: Mapping[str, Any]) -> dict[str, Any]:
+        if (self.below is None) == (self.above is None):
+            raise ClaimError(f"claim {self.name!r}: Bound needs exactly one of below= / above=")
+        v = _seed_values(env, self.value, self.name)
+        ref = self.below if self.below is not None else self.above
+        r = _operand(env, ref, len(v), self.name)
+        diffs = [y - x for x, y in zip(v, r)] if self.below is not None else [x - y for x, y in zip(v, r)]
+        verdict, st = gap_verdict(diffs)
+        check = f"{self.value} {'<' if self.below is not None else '>'} {ref} (per seed)"
+        return _result(self, verdict, {self.value: v, str(ref): r}, st, check)
+
+
+@dataclass(frozen=True)
+class Near:
+    """A per-seed rate is within tol of a reference value (Within against a constant)."""
+    name: str
+    statement: str
+    value: str
+    ref: float | str
+    tol: float
+    refuted_by: str = ""
+
+    def evaluate(self, env: Mapping[str, Any]) -> dict[str, Any]:
+        out = Within(self.name, self.statement, self.value, self.ref, self.tol, self.refuted_by).evaluate(env)
+        out["check"] = f"{self.value} within {self.tol:g} of {self.ref} (per seed)"
+        return out
 
 
 def flatten(metrics: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
@@ -117,19 +296,15 @@ def _eval(node: ast.AST, env: Mapping[str, Any], name: str) -> Any:
     raise ClaimError(f"claim {name!r}: unsupported expression {ast.unparse(node)!r}")
 
 
-def evaluate_claims(claims: list[Claim], metrics: Mapping[str, Any]) -> list[dict[str, Any]]:
-    """Verdicts in the metrics.json schema: name, statement, check, holds, values."""
+AnyClaim = Claim | Better | Within | Bound | Near
+
+
+def evaluate_claims(claims: list[AnyClaim], metrics: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """Verdicts in the metrics.json schema: name, statement, check, holds, verdict, values
+    (per-seed lists for the seed-aware shapes, with their stats), refuted_by."""
     env = flatten(metrics)
-    results = []
-    for claim in claims:
-        tree = _parse(claim.check, claim.name)
-        holds = bool(_eval(tree, env, claim.name))
-        values = {}
-        for key in _dotted_names(tree):
-            value = env[key]
-            values[key] = float(value) if not isinstance(value, bool) else value
-            if isinstance(values[key], float) and not math.isfinite(values[key]):
-                holds = False
-        results.append({"name": claim.name, "statement": claim.statement, "check": claim.check,
-                        "holds": holds, "values": values})
-    return results
+    names = [c.name for c in claims]
+    dup = sorted({n for n in names if names.count(n) > 1})
+    if dup:
+        raise ClaimError(f"claim {dup[0]!r}: declared twice")
+    return [claim.evaluate(env) for claim in claims]

@@ -14,16 +14,42 @@ raises :class:`ConfigError` with one line naming the key, before any work is don
 from __future__ import annotations
 
 import copy
+import math
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Annotated, Any, TypeVar
 
 import yaml
-from pydantic import BaseModel, ConfigDict, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from stages.common.paths import ROOT
 
 PROFILES = ("smoke", "default", "full")
 STAGES = ("prepare", "train", "evaluate", "report")
+TOP_LEVEL_KEYS = ("profile", "papers", "schedules")
+
+# Shared field types: use them in every stage Config.
+Seed = Annotated[int, Field(ge=0, lt=2**32)]            # a seed: [0, 2^32)
+Seeds = Annotated[list[Seed], Field(min_length=1)]       # distinct seeds (checked by unique_items)
+PositiveInt = Annotated[int, Field(gt=0)]
+Probability = Annotated[float, Field(ge=0.0, le=1.0)]
+Fraction = Annotated[float, Field(gt=0.0, lt=1.0)]       # open interval (0, 1)
+MaybeInf = Annotated[float, Field(allow_inf_nan=True)]   # the only float type that may be ±inf/NaN
+
+
+def unique_items(values: list[Any], key: str) -> list[Any]:
+    """For a field_validator: entries that must be distinct (seeds, regimes, sizes)."""
+    seen = set()
+    for v in values:
+        h = repr(v)
+        if h in seen:
+            raise ValueError(f"duplicate entry {v!r} in {key}")
+        seen.add(h)
+    return values
+
+
+def at_most(limit: int | float, what: str = "use the full profile on a bigger machine"):
+    """Field(le=...) with a message that says what to do instead of running for hours."""
+    return Field(le=limit, description=f"upper bound {limit}: {what}")
 
 
 class ConfigError(ValueError):
@@ -33,7 +59,41 @@ class ConfigError(ValueError):
 class StageConfig(BaseModel):
     """Base of every stage config: unknown keys and wrong types are errors, values are frozen."""
 
-    model_config = ConfigDict(extra="forbid", strict=True, frozen=True)
+    model_config = ConfigDict(extra="forbid", strict=True, frozen=True, allow_inf_nan=False)
+
+
+class _StrictLoader(yaml.SafeLoader):
+    """SafeLoader that refuses duplicate mapping keys (YAML's default: the last one silently wins)."""
+
+
+def _mapping_no_duplicates(loader: _StrictLoader, node: yaml.MappingNode, deep: bool = False):
+    seen: dict[Any, int] = {}
+    for key_node, _ in node.value:
+        key = loader.construct_object(key_node, deep=deep)
+        try:
+            hash(key)
+        except TypeError:
+            continue
+        if key in seen:
+            raise yaml.constructor.ConstructorError(
+                None, None, f"duplicate key {key!r} (first at line {seen[key] + 1})", key_node.start_mark)
+        seen[key] = key_node.start_mark.line
+    return loader.construct_mapping(node, deep=deep)
+
+
+_StrictLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _mapping_no_duplicates)
+
+
+def load_yaml(path: Path) -> Any:
+    """Strict YAML: duplicate keys and syntax errors are one line, file:line:col, what."""
+    try:
+        return yaml.load(Path(path).read_text(), Loader=_StrictLoader)  # noqa: S506 (SafeLoader subclass)
+    except yaml.MarkedYAMLError as err:
+        mark = err.problem_mark
+        where = f"{path}:{mark.line + 1}:{mark.column + 1}" if mark is not None else str(path)
+        raise ConfigError(f"{where}: {err.problem}") from None
+    except yaml.YAMLError as err:
+        raise ConfigError(f"{path}: not valid YAML ({str(err).splitlines()[0]})") from None
 
 
 C = TypeVar("C", bound=StageConfig)
@@ -44,11 +104,14 @@ def read_params(path: Path | None = None) -> dict[str, Any]:
     if not path.exists():
         raise ConfigError(f"{path}: params file not found")
     try:
-        data = yaml.safe_load(path.read_text()) or {}
-    except yaml.YAMLError as err:
-        raise ConfigError(f"{path}: not valid YAML ({err})") from None
+        data = load_yaml(path) or {}
+    except UnicodeDecodeError:
+        raise ConfigError(f"{path}: not UTF-8 text") from None
     if not isinstance(data, dict) or not isinstance(data.get("papers"), dict):
         raise ConfigError(f"{path}: expected a mapping with a 'papers' mapping of slug -> stages")
+    unknown = [k for k in data if k not in TOP_LEVEL_KEYS]
+    if unknown:
+        raise ConfigError(f"{unknown[0]}: unknown top-level key in params.yaml (keys: {', '.join(TOP_LEVEL_KEYS)})")
     return data
 
 
@@ -105,17 +168,27 @@ def stage_block(params: dict[str, Any], slug: str, stage: str, profile: str) -> 
     return block
 
 
+def _short(value: Any, limit: int = 60) -> str:
+    text = repr(value)
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
 def format_validation_error(err: ValidationError, where: str) -> str:
+    """One line: the first problem, naming the key and the value (never the whole block)."""
     lines = []
     for item in err.errors():
         key = ".".join(str(p) for p in item["loc"])
-        msg = item["msg"]
+        msg = item["msg"].removeprefix("Value error, ")
         if item["type"] == "extra_forbidden":
             msg = "unknown key"
+        if item["type"] == "finite_number":
+            msg = "must be a finite number"
         got = item.get("input")
-        detail = "" if item["type"] in ("extra_forbidden", "missing") else f" (got {got!r})"
+        detail = "" if item["type"] in ("extra_forbidden", "missing") or isinstance(got, dict) \
+            else f" (got {_short(got)})"
         lines.append(f"{where}.{key}: {msg}{detail}" if key else f"{where}: {msg}{detail}")
-    return "; ".join(lines)
+    more = f" (+{len(lines) - 1} more)" if len(lines) > 1 else ""
+    return lines[0] + more
 
 
 def validate(model: type[C], block: dict[str, Any], where: str) -> C:
@@ -127,7 +200,14 @@ def validate(model: type[C], block: dict[str, Any], where: str) -> C:
 
 def load_stage_config(slug: str, stage: str, model: type[C], profile: str | None = None,
                       params_path: Path | None = None) -> C:
+    """Validate papers.<slug>.<stage> under every profile (a bad key under `full` fails even when
+    smoke runs), then return the active profile's config."""
     params = read_params(params_path)
     prof = active_profile(params, profile)
-    block = stage_block(params, slug, stage, prof)
-    return validate(model, block, f"papers.{slug}.{stage}")
+    where = f"papers.{slug}.{stage}"
+    configs = {}
+    for name in PROFILES:
+        block = stage_block(params, slug, stage, name)
+        label = where if name == "default" else f"{where} (profile {name})"
+        configs[name] = validate(model, block, label)
+    return configs[prof]

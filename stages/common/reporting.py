@@ -4,11 +4,20 @@
     rep.section("Setup", "...markdown...")
     rep.table("Results", frame)                  # polars DataFrame -> markdown + wandb.Table
     rep.figure("acc_vs_step", fig, "caption")    # matplotlib Figure -> figures/acc_vs_step.png
-    rep.plot("acc_vs_step", frame)               # plots/acc_vs_step.csv for `dvc plots show`
+    rep.plot("acc_vs_step", frame, x="step", y=["AB", "none"], title="held-out accuracy")
+                                                 # plots/acc_vs_step.csv + its x/y spec for `dvc plots show`
     rep.finish(CLAIMS, metrics)                  # verdicts + metrics.json + report.md
 
-metrics.json schema: {"claims": [{"name", "statement", "check", "holds", "values"}],
-"runtime_s": {"prepare", "train", "evaluate", "report"}, "profile": str, "metrics": {...}}.
+Outputs in reports/<slug>/:
+- metrics.json: {"slug", "profile", "command", "claims": [{"name", "statement", "check", "holds",
+  "verdict", "values", "refuted_by", ("stats")}], "kernels": {name: {"backend", "calls",
+  "parity_max_abs_err", "parity_backend", "slice"}}, "runtime_s": {stage: s}, "metrics": {...}}
+- dvc_metrics.json: flat scalars for `dvc metrics show/diff` (claim.<name> = 1/0, claim.<name>.verdict
+  as 1 holds / 0 inconclusive / -1 fails, and every scalar a claim reads; per-seed lists as their mean)
+- plots/<name>.csv and plots/_specs.json (x, y, title per CSV; `python -m stages dvcplots` turns the
+  specs into dvc.yaml's top-level `plots:`), figures/<name>.png
+- report.md. Timings (runtime_s) appear only in metrics.json and report.md, which are not DVC-hashed
+  outputs: DVC hashes dvc_metrics.json, plots/ and figures/, which are byte-identical across reruns.
 """
 from __future__ import annotations
 
@@ -21,8 +30,39 @@ matplotlib.use("Agg")
 
 import polars as pl  # noqa: E402
 
-from stages.common.claims import Claim, evaluate_claims  # noqa: E402
-from stages.common.paths import atomic_write_text, write_json  # noqa: E402
+import math  # noqa: E402
+import os  # noqa: E402
+
+from stages.common.claims import AnyClaim, evaluate_claims  # noqa: E402
+from stages.common.paths import atomic_write_text, stage_dir, write_json  # noqa: E402
+
+VERDICT_CODE = {"holds": 1, "inconclusive": 0, "fails": -1}
+VERDICT_TEXT = {"holds": "holds", "inconclusive": "*inconclusive*", "fails": "**fails**"}
+
+
+def producing_command(slug: str) -> str:
+    """How this report was produced: dvc exp run, dvc repro, or the stage CLI directly."""
+    if os.environ.get("DVC_EXP_NAME") or os.environ.get("DVC_EXP_BASELINE_REV"):
+        return "dvc exp run"
+    if os.environ.get("DVC_ROOT") or os.environ.get("DVC_STAGE"):
+        return f"dvc repro report@{slug}"
+    return f"python -m stages report {slug}"
+
+
+def flat_scalars(verdicts: list[dict[str, Any]]) -> dict[str, float]:
+    """dvc_metrics.json: one scalar per claim verdict and per number a claim reads."""
+    out: dict[str, float] = {}
+    for v in verdicts:
+        out[f"claim.{v['name']}"] = int(v["holds"])
+        out[f"claim.{v['name']}.verdict"] = VERDICT_CODE[v["verdict"]]
+        for key, val in v["values"].items():
+            if isinstance(val, list):
+                val = sum(val) / len(val) if val else float("nan")
+            if isinstance(val, bool):
+                val = int(val)
+            if isinstance(val, (int, float)) and math.isfinite(val):
+                out[f"{v['name']}.{key}"] = round(float(val), 6)
+    return out
 
 
 def markdown_table(frame: pl.DataFrame, float_fmt: str = "{:.4g}") -> str:
@@ -44,6 +84,7 @@ class Report:
         self.claim = claim
         self.parts: list[str] = []
         self.figures: list[str] = []
+        self.plots: dict[str, dict[str, Any]] = {}
         (ctx.out / "figures").mkdir(parents=True, exist_ok=True)
         (ctx.out / "plots").mkdir(parents=True, exist_ok=True)
 
@@ -67,46 +108,69 @@ class Report:
         if self.ctx.tracker is not None:
             self.ctx.tracker.log_image(f"figures/{name}", path)
 
-    def plot(self, name: str, frame: pl.DataFrame) -> None:
+    def plot(self, name: str, frame: pl.DataFrame, x: str | None = None, y: str | list[str] | None = None,
+             title: str = "", template: str = "linear") -> None:
+        """plots/<name>.csv for `dvc plots show`, with its x/y fields (default: first column vs the rest)."""
+        x = x or frame.columns[0]
+        ys = [y] if isinstance(y, str) else list(y or [c for c in frame.columns if c != x])
+        missing = [c for c in [x, *ys] if c not in frame.columns]
+        if missing:
+            raise ValueError(f"report@{self.ctx.slug}: plot {name!r} has no column {missing[0]!r}")
         frame.write_csv(self.ctx.out / "plots" / f"{name}.csv")
+        self.plots[name] = {"x": x, "y": ys, "title": title or name.replace("_", " "), "template": template}
 
-    def finish(self, claims: list[Claim], metrics: dict[str, Any]) -> list[dict[str, Any]]:
+    def finish(self, claims: list[AnyClaim], metrics: dict[str, Any]) -> list[dict[str, Any]]:
+        from kernels.record import describe, merge_records
+
         if not self.figures:
             raise RuntimeError(f"report@{self.ctx.slug}: a report needs at least one figure")
         verdicts = evaluate_claims(claims, metrics)
+        kernels = merge_records(*(stage_dir(self.ctx.slug, s, self.ctx.root) for s in ("train", "evaluate")))
         runtime = self.ctx.upstream_runtimes()
         runtime["report"] = round(self.ctx.elapsed(), 3)
-        doc = {"slug": self.ctx.slug, "profile": self.ctx.profile, "claims": verdicts,
-               "runtime_s": runtime, "metrics": metrics}
+        command = producing_command(self.ctx.slug)
+        doc = {"slug": self.ctx.slug, "profile": self.ctx.profile, "command": command, "claims": verdicts,
+               "kernels": kernels, "runtime_s": runtime, "metrics": metrics}
         write_json(self.ctx.out / "metrics.json", doc)
-        atomic_write_text(self.ctx.out / "report.md", self._markdown(verdicts, runtime))
+        write_json(self.ctx.out / "dvc_metrics.json", flat_scalars(verdicts))
+        write_json(self.ctx.out / "plots" / "_specs.json", self.plots)
+        self.section("Kernel paths", describe(kernels))
+        atomic_write_text(self.ctx.out / "report.md", self._markdown(verdicts, runtime, command))
         if self.ctx.tracker is not None:
             held = sum(v["holds"] for v in verdicts)
             self.ctx.tracker.summary({"claims_held": held, "claims_total": len(verdicts),
-                                      **{f"claim/{v['name']}": int(v["holds"]) for v in verdicts}})
+                                      **{f"claim/{v['name']}": VERDICT_CODE[v["verdict"]] for v in verdicts},
+                                      **{f"metric/{k}": v for k, v in flat_scalars(verdicts).items()}})
         return verdicts
 
-    def _markdown(self, verdicts: list[dict[str, Any]], runtime: dict[str, float]) -> str:
+    def _markdown(self, verdicts: list[dict[str, Any]], runtime: dict[str, float | None], command: str) -> str:
         lines = [f"# {self.title}", "", f"**Paper's claim.** {self.claim.strip()}", "",
-                 f"Profile: `{self.ctx.profile}` — generated by `dvc repro report@{self.ctx.slug}`; "
+                 f"Profile: `{self.ctx.profile}` — generated by `{command}`; "
                  "every number below is read from this run's `metrics.json`.", ""]
-        lines.append("## Verdicts\n")
-        lines.append("| claim | holds | statement | measured |")
-        lines.append("| --- | --- | --- | --- |")
+        held = sum(v["holds"] for v in verdicts)
+        lines.append(f"## Verdicts ({held}/{len(verdicts)} hold)\n")
+        lines.append("| claim | verdict | statement | measured | would have refuted it |")
+        lines.append("| --- | --- | --- | --- | --- |")
         for v in verdicts:
-            vals = ", ".join(f"{k} = {_fmt(x)}" for k, x in v["values"].items())
-            lines.append(f"| {v['name']} | {'yes' if v['holds'] else '**no**'} | {v['statement']} | "
-                         f"{vals} (check: `{v['check']}`) |")
+            vals = "; ".join(f"{k} = {_fmt(x)}" for k, x in v["values"].items())
+            st = v.get("stats") or {}
+            if "mean" in st:
+                vals += f"; mean gap {st['mean']:.4g} ± {2 * st['se']:.2g} (2 s.e.), n = {int(st['n'])}"
+            lines.append(f"| {v['name']} | {VERDICT_TEXT[v['verdict']]} | {v['statement']} | "
+                         f"{vals} (check: `{v['check']}`) | {v.get('refuted_by') or '—'} |")
         lines.append("")
         lines.extend(self.parts)
-        total = sum(runtime.values())
+        known = [s for s in runtime.values() if s is not None]
         lines.append("## Runtime\n")
         lines.append("| " + " | ".join(runtime) + " | total |")
         lines.append("| " + " | ".join("---" for _ in runtime) + " | --- |")
-        lines.append("| " + " | ".join(f"{s:.1f} s" for s in runtime.values()) + f" | {total:.1f} s |")
+        lines.append("| " + " | ".join("restored" if s is None else f"{s:.1f} s" for s in runtime.values())
+                     + f" | {sum(known):.1f} s |")
         lines.append("")
         return "\n".join(lines)
 
 
 def _fmt(x: Any) -> str:
+    if isinstance(x, list):
+        return "[" + ", ".join(_fmt(v) for v in x) + "]"
     return f"{x:.4g}" if isinstance(x, float) else json.dumps(x)

@@ -21,7 +21,13 @@ from stages.common.paths import ROOT, atomic_dir, read_json, stage_dir, write_js
 from stages.common.seeding import seed_everything
 from stages.common.trainer import global_rank, scratch_dir
 
-STAGE_INFO = "_stage.json"
+STAGE_INFO = "_stage.json"  # {slug, stage, profile}: inside the output, so deterministic (no timings)
+
+
+def runtime_file(slug: str, stage: str, root: Path = ROOT) -> Path:
+    """Wall-clock of a stage's last run, kept beside (not inside) its DVC output so that output
+    hashes do not change with machine load: data/<slug>/<stage>.runtime.json."""
+    return stage_dir(slug, "prepare", root).parent / f"{stage}.runtime.json"
 
 
 class MissingInputError(RuntimeError):
@@ -52,13 +58,15 @@ class StageContext:
     def elapsed(self) -> float:
         return time.perf_counter() - self.started
 
-    def upstream_runtimes(self) -> dict[str, float]:
-        """runtime_s of every earlier stage, read from their outputs (as cached by DVC)."""
-        out = {}
+    def upstream_runtimes(self) -> dict[str, float | None]:
+        """runtime_s of every earlier stage that ran here (None when its output was restored from a
+        DVC cache/remote without a local run)."""
+        out: dict[str, float | None] = {}
         for stage in STAGES[: STAGES.index(self.stage)]:
-            info = stage_dir(self.slug, stage, self.root) / STAGE_INFO
-            if info.exists():
-                out[stage] = float(read_json(info)["runtime_s"])
+            if not (stage_dir(self.slug, stage, self.root) / STAGE_INFO).exists():
+                continue
+            info = runtime_file(self.slug, stage, self.root)
+            out[stage] = float(read_json(info)["runtime_s"]) if info.exists() else None
         return out
 
 
@@ -111,8 +119,10 @@ def run_stage(slug: str, stage: str, profile: str | None = None, root: Path = RO
             module.run(cfg, ctx)
             runtime = time.perf_counter() - started
             tracker.summary({"runtime_s": runtime})
-        write_json(tmp / STAGE_INFO, {"slug": slug, "stage": stage, "profile": prof,
-                                      "runtime_s": round(runtime, 3)})
+        write_json(tmp / STAGE_INFO, {"slug": slug, "stage": stage, "profile": prof})
+    if global_rank() == 0:
+        write_json(runtime_file(slug, stage, root), {"slug": slug, "stage": stage, "profile": prof,
+                                                     "runtime_s": round(runtime, 3)})
     return final
 
 

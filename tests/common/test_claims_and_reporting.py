@@ -1,13 +1,16 @@
-"""Claims-as-data evaluation, the metrics.json schema, and atomic outputs."""
+"""Claims-as-data evaluation (every operator pinned on boundary values), the seed-aware verdict
+helpers on known samples, the metrics.json schema, and atomic outputs."""
 from __future__ import annotations
 
 import json
+import math
 
 import matplotlib.pyplot as plt
 import polars as pl
 import pytest
 
-from stages.common.claims import Claim, ClaimError, evaluate_claims, flatten
+from stages.common.claims import (Better, Bound, Claim, ClaimError, Near, Within, evaluate_claims, flatten,
+                                  gap_verdict)
 from stages.common.paths import atomic_dir
 from stages.common.reporting import Report, markdown_table
 from stages.common.runner import StageContext
@@ -25,23 +28,104 @@ def test_claims_hold_and_fail_on_the_numbers():
               Claim("c", "chained", "0 <= theory.none.acc < theory.AB.acc <= 1 and max(1, 2) == 2 and flag")]
     out = evaluate_claims(claims, METRICS)
     assert [v["holds"] for v in out] == [True, False, True]
+    assert [v["verdict"] for v in out] == ["holds", "fails", "holds"]
     assert out[0]["values"] == {"theory.AB.acc": 0.9, "chance": 0.025, "theory.none.acc": 0.0}
-    assert set(out[0]) == {"name", "statement", "check", "holds", "values"}
+    assert set(out[0]) == {"name", "statement", "check", "holds", "verdict", "values", "refuted_by"}
+
+
+# Each operator on boundary values, with hard-coded expected verdicts (x = 2, y = 3, z = 0).
+@pytest.mark.parametrize("check, expected", [
+    ("x < y", True), ("y < x", False), ("x < x", False), ("x <= x", True), ("y <= x", False),
+    ("x > x", False), ("y > x", True), ("x >= x", True), ("x >= y", False),
+    ("x == 2", True), ("x == y", False), ("x != y", True), ("x != 2", False),
+    ("x < y and z > x", False), ("x < y or z > x", True), ("z > x or x > y", False),
+    ("x < y and y < 4", True), ("not x < y", False), ("not z", True),
+    ("1 < x < y", True), ("1 < y < x", False), ("x < y <= 3", True), ("x < y < 3", False),
+    ("-x < z", True), ("-x > z", False), ("- -x == 2", True),
+    ("y / x == 1.5", True), ("y / x == 1", False), ("x ** y == 8", True), ("y ** x == 8", False),
+    ("y - x == 1", True), ("x - y == 1", False), ("x * y == 6", True), ("x + y == 5", True),
+    ("abs(-x) == 2", True), ("abs(z - x) == -2", False), ("min(x, y) == 2", True), ("max(x, y) == 2", False),
+])
+def test_each_operator_on_boundaries(check, expected):
+    out = evaluate_claims([Claim("c", "s", check)], {"x": 2, "y": 3, "z": 0})
+    assert out[0]["holds"] is expected
+
+
+@pytest.mark.parametrize("value", [math.inf, -math.inf, math.nan])
+def test_non_finite_never_holds(value):
+    out = evaluate_claims([Claim("c", "s", "v < 1 or v >= 1 or v > -1e300")], {"v": value})
+    assert out[0]["holds"] is False and out[0]["verdict"] == "fails"
 
 
 @pytest.mark.parametrize("check, needle", [
     ("theory.XY.acc > 0", "was not measured"),
     ("__import__('os')", "unsupported expression"),
     ("theory.AB.acc >", "not a valid expression"),
+    ("theory.AB.acc // 2 > 0", "unsupported expression"),
 ])
 def test_bad_claims_are_clear_errors(check, needle):
     with pytest.raises(ClaimError, match=needle):
         evaluate_claims([Claim("x", "s", check)], METRICS)
 
 
-def test_nan_metric_never_holds():
-    out = evaluate_claims([Claim("x", "s", "v < 1 or v >= 1")], {"v": float("nan")})
-    assert out[0]["holds"] is False
+def test_duplicate_claim_names_rejected():
+    with pytest.raises(ClaimError, match="declared twice"):
+        evaluate_claims([Claim("x", "s", "flag"), Claim("x", "t", "flag")], METRICS)
+
+
+# --- seed-aware verdicts on known samples ---------------------------------------------------------
+def test_gap_verdict_known_samples():
+    # diffs 1, 2, 3: mean 2, sd 1, se 1/sqrt(3) = 0.577 -> 2 - 1.155 > 0: holds
+    v, st = gap_verdict([1.0, 2.0, 3.0])
+    assert v == "holds" and st["mean"] == pytest.approx(2.0) and st["se"] == pytest.approx(1 / math.sqrt(3))
+    assert gap_verdict([-1.0, -2.0, -3.0])[0] == "fails"
+    # mean 1/3, se = sqrt(((2/3)^2*2 + (4/3)^2)/2/3) = 0.667 -> within noise
+    assert gap_verdict([1.0, 1.0, -1.0])[0] == "inconclusive"
+    # big mean gap from one seed but loses on the majority: never holds
+    assert gap_verdict([30.0, -0.1, -0.1, 31.0, -0.2])[0] == "inconclusive"
+    assert gap_verdict([5.0, 6.0])[0] == "inconclusive"          # fewer than 3 seeds
+    assert gap_verdict([1.0, math.nan, 2.0])[0] == "inconclusive"
+
+
+def test_better_paired_and_direction():
+    m = {"a": [0.50, 0.61, 0.72], "b": [0.40, 0.52, 0.60], "loss": {"a": [1.0, 1.1, 1.2], "b": [1.3, 1.35, 1.5]}}
+    out = evaluate_claims([
+        Better("hi", "a beats b", a="a", b="b"),
+        Better("hi_rev", "b beats a", a="b", b="a"),
+        Better("lo", "a has lower loss", a="loss.a", b="loss.b", higher_is_better=False),
+        Better("margin", "a beats b by 0.5", a="a", b="b", margin=0.5),
+        Better("const", "a above 0.55", a="a", b=0.55),
+    ], m)
+    assert [o["verdict"] for o in out] == ["holds", "fails", "holds", "fails", "inconclusive"]
+    assert out[0]["values"]["a"] == [0.50, 0.61, 0.72] and out[0]["stats"]["n"] == 3.0
+    # paired: a is better than b on every seed by ~0.1 even though the per-arm spread is larger
+    assert out[0]["stats"]["mean"] == pytest.approx(0.10333333, abs=1e-6)
+
+
+def test_within_bound_near():
+    m = {"a": [1.00, 1.01, 0.99, 1.00], "b": [1.0, 1.0, 1.0, 1.0], "far": [2.0, 2.1, 1.9, 2.0],
+         "slope": [0.48, 0.52, 0.50], "rate": [0.94, 0.95, 0.96], "lim": 0.9}
+    out = evaluate_claims([
+        Within("w", "a ~ b", a="a", b="b", delta=0.05),
+        Within("w_far", "far ~ b", a="far", b="b", delta=0.05),
+        Within("w_tight", "a ~ b tightly", a="a", b="b", delta=0.008),
+        Bound("below", "slope < 1", value="slope", below=1.0),
+        Bound("above", "slope > 1", value="slope", above=1.0),
+        Bound("above_metric", "rate above lim", value="rate", above="lim"),
+        Near("near", "rate near 0.95", value="rate", ref=0.95, tol=0.03),
+        Near("not_near", "rate near 0.5", value="rate", ref=0.5, tol=0.03),
+    ], m)
+    assert [o["verdict"] for o in out] == ["holds", "fails", "inconclusive", "holds", "fails", "holds",
+                                           "holds", "fails"]
+
+
+def test_seed_claim_errors():
+    with pytest.raises(ClaimError, match="expected 3"):
+        evaluate_claims([Better("x", "s", a="a", b="b")], {"a": [1.0, 2.0, 3.0], "b": [1.0, 2.0]})
+    with pytest.raises(ClaimError, match="per-seed list"):
+        evaluate_claims([Better("x", "s", a="a", b=0.0)], {"a": "text"})
+    with pytest.raises(ClaimError, match="exactly one"):
+        evaluate_claims([Bound("x", "s", value="a")], {"a": [1.0, 2.0, 3.0]})
 
 
 def test_atomic_dir_leaves_nothing_on_failure(tmp_path):
@@ -69,12 +153,21 @@ def test_report_writes_schema_figures_and_plots(tmp_path):
     fig, ax = plt.subplots()
     ax.plot([0, 1], [0, 1])
     rep.figure("line", fig, "a line")
-    rep.plot("acc", frame)
-    rep.finish([Claim("a", "s", "theory.AB.acc > chance")], METRICS)
+    rep.plot("acc", frame, x="arm", y="acc", title="accuracy per arm")
+    with pytest.raises(ValueError, match="no column 'nope'"):
+        rep.plot("bad", frame, x="arm", y="nope")
+    rep.finish([Claim("a", "s", "theory.AB.acc > chance", refuted_by="AB at chance"),
+                Better("b", "s", a="seeds.x", b="seeds.y")], {**METRICS, "seeds": {"x": [3, 4, 5], "y": [1, 2, 3]}})
     doc = json.loads((out / "metrics.json").read_text())
-    assert doc["claims"][0]["holds"] is True
+    assert doc["claims"][0]["holds"] is True and doc["claims"][1]["verdict"] == "holds"
+    assert doc["kernels"] == {}
     assert set(doc["runtime_s"]) == {"report"}  # no upstream stage ran in this temp root
+    flat = json.loads((out / "dvc_metrics.json").read_text())
+    assert flat["claim.a"] == 1 and flat["claim.b.verdict"] == 1 and flat["b.seeds.x"] == 4.0
+    assert json.loads((out / "plots" / "_specs.json").read_text())["acc"] == {
+        "x": "arm", "y": ["acc"], "title": "accuracy per arm", "template": "linear"}
     assert (out / "figures" / "line.png").stat().st_size > 1000
     assert pl.read_csv(out / "plots" / "acc.csv").equals(frame)
     text = (out / "report.md").read_text()
-    assert "| a | yes |" in text and markdown_table(frame) in text
+    assert "| a | holds |" in text and "AB at chance" in text and markdown_table(frame) in text
+    assert "## Kernel paths" in text

@@ -1,0 +1,40 @@
+"""The one place that picks the compute device.
+
+    from stages.common.device import pick_device
+    device = pick_device(cfg.device)          # cfg.device: Literal["auto", "cpu", "cuda"] = "auto"
+    x = torch.zeros(n, device=device)         # modules then create tensors on their inputs' device
+
+``auto`` is CUDA when available, else CPU; ``cuda`` without a GPU is a clear error. Stage configs
+declare ``device: DeviceName = "auto"``; code below the stage (modules, kernels) never picks a
+device itself: it uses ``x.device`` of its inputs.
+"""
+from __future__ import annotations
+
+from typing import Literal
+
+import torch
+
+DeviceName = Literal["auto", "cpu", "cuda"]
+
+
+class DeviceError(ValueError):
+    """The requested device is not available here."""
+
+
+def pick_device(name: DeviceName = "auto") -> torch.device:
+    if name not in ("auto", "cpu", "cuda"):
+        raise DeviceError(f"device: expected auto, cpu or cuda (got {name!r})")
+    if name == "cpu":
+        return torch.device("cpu")
+    if torch.cuda.is_available():
+        return torch.device("cuda")
+    if name == "cuda":
+        raise DeviceError("device: cuda requested but no CUDA device is available (use auto or cpu)")
+    return torch.device("cpu")
+
+
+def generator(device: torch.device, seed: int) -> torch.Generator:
+    """A seeded torch.Generator on ``device`` (CPU generators cannot drive CUDA sampling)."""
+    g = torch.Generator(device=device)
+    g.manual_seed(int(seed))
+    return g
