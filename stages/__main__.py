@@ -29,9 +29,23 @@ from stages.common.config import PROFILES, STAGES, ConfigError  # noqa: E402
 from stages.common.runner import MissingInputError  # noqa: E402
 
 
+class StageInterrupted(BaseException):
+    """SIGTERM/SIGINT: unwinds the stage so its temporary output dir is removed."""
+
+
+def _on_signal(signum, _frame):
+    import signal
+
+    raise StageInterrupted(signal.Signals(signum).name)
+
+
 def main(argv: list[str] | None = None) -> int:
+    import signal
+
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, _on_signal)
     parser = argparse.ArgumentParser(prog="python -m stages", description=__doc__.splitlines()[0])
-    parser.add_argument("stage", help=f"one of {', '.join(STAGES)}, or summary / readme")
+    parser.add_argument("stage", help=f"one of {', '.join(STAGES)}, or summary / readme / dvcplots / claims")
     parser.add_argument("slug", nargs="?", help="registered paper slug")
     parser.add_argument("--profile", choices=PROFILES, default=None,
                         help="override params.yaml's top-level `profile`")
@@ -47,8 +61,20 @@ def main(argv: list[str] | None = None) -> int:
 
             update_readme()
             return 0
+        if args.stage == "dvcplots":
+            from stages.common.summary import update_dvc_plots
+
+            print(f"dvc.yaml: {update_dvc_plots()} plot entries")
+            return 0
+        if args.stage == "claims":
+            from stages.common.config import registered_papers
+            from stages.common.summary import claims_line
+
+            for slug in ([args.slug] if args.slug else registered_papers()):
+                print(claims_line(slug))
+            return 0
         if args.stage not in STAGES:
-            raise ConfigError(f"stage: unknown stage {args.stage!r} (stages: {', '.join(STAGES)}, summary, readme)")
+            raise ConfigError(f"stage: unknown stage {args.stage!r} (stages: {', '.join(STAGES)}, summary, readme, dvcplots, claims)")
         if not args.slug:
             raise ConfigError(f"slug: `{args.stage}` needs a paper slug")
         _kernel_environment()
@@ -60,6 +86,10 @@ def main(argv: list[str] | None = None) -> int:
     except (ConfigError, MissingInputError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
+    except StageInterrupted as sig:
+        what = f"{args.stage}@{args.slug}" if args.slug else args.stage
+        print(f"{what}: interrupted by {sig}; nothing was written (temporary output removed)", file=sys.stderr)
+        return 130 if str(sig) == "SIGINT" else 143
 
 
 if __name__ == "__main__":

@@ -202,11 +202,16 @@ def load_stage_config(slug: str, stage: str, model: type[C], profile: str | None
                       params_path: Path | None = None) -> C:
     """Validate papers.<slug>.<stage> under every profile (a bad key under `full` fails even when
     smoke runs), then return the active profile's config."""
-    params = read_params(params_path)
+    return validate_all_profiles(read_params(params_path), slug, stage, model, profile)
+
+
+def validate_all_profiles(params: dict[str, Any], slug: str, stage: str, model: type[C],
+                          profile: str | None = None) -> C:
+    """load_stage_config on an already-read params mapping."""
     prof = active_profile(params, profile)
     where = f"papers.{slug}.{stage}"
     configs = {}
-    for name in PROFILES:
+    for name in ("default", *(p for p in PROFILES if p != "default")):  # the base block's errors first
         block = stage_block(params, slug, stage, name)
         label = where if name == "default" else f"{where} (profile {name})"
         configs[name] = validate(model, block, label)

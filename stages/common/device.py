@@ -14,10 +14,12 @@ from typing import Literal
 
 import torch
 
+from stages.common.config import ConfigError
+
 DeviceName = Literal["auto", "cpu", "cuda"]
 
 
-class DeviceError(ValueError):
+class DeviceError(ConfigError):
     """The requested device is not available here."""
 
 

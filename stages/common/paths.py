@@ -17,6 +17,37 @@ from typing import Any, Iterator
 ROOT = Path(os.environ.get("PAPERS_ROOT", Path(__file__).resolve().parents[2]))
 
 
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def remove_stale_temps(final: Path) -> list[Path]:
+    """Temp dirs ``.<name>.tmp-<pid>-*`` left beside ``final`` by a process that no longer runs
+    (SIGKILL, power loss): the next run of the stage removes them."""
+    removed = []
+    for tmp in Path(final).parent.glob(f".{Path(final).name}.tmp-*"):
+        try:
+            pid = int(tmp.name.rsplit(".tmp-", 1)[1].split("-", 1)[0])
+        except (IndexError, ValueError):
+            continue
+        if pid != os.getpid() and not _pid_alive(pid):
+            shutil.rmtree(tmp, ignore_errors=True)
+            removed.append(tmp)
+    return removed
+
+
 def stage_dir(slug: str, stage: str, root: Path = ROOT) -> Path:
     """The declared DVC output directory of ``<stage>@<slug>``."""
     if stage == "report":
@@ -29,7 +60,9 @@ def atomic_dir(final: Path) -> Iterator[Path]:
     """Yield an empty temp dir next to ``final``; on success it replaces ``final`` in one rename."""
     final = Path(final)
     final.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{final.name}.tmp-", dir=final.parent))
+    remove_stale_temps(final)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{final.name}.tmp-{os.getpid()}-", dir=final.parent))
+    os.chmod(tmp, 0o777 & ~_umask())  # mkdtemp makes 0700; outputs get normal permissions
     try:
         yield tmp
     except BaseException:
@@ -52,6 +85,7 @@ def atomic_write_text(path: Path, text: str) -> None:
     try:
         with os.fdopen(fd, "w") as fh:
             fh.write(text)
+        os.chmod(tmp, 0o666 & ~_umask())  # mkstemp makes 0600
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
