@@ -37,7 +37,8 @@ ui: $(STAMP)
 
 ## Upload the offline W&B runs under wandb/ (needs `wandb login`).
 wandb-sync: $(STAMP)
-	$(BIN)/wandb sync --sync-all wandb/
+	@ls -d wandb/offline-run-* >/dev/null 2>&1 || { echo "no offline W&B runs under wandb/ (run make repro first)"; exit 0; }
+	$(BIN)/wandb sync --yes wandb/offline-run-*
 
 bench: $(STAMP)
 	$(BIN)/python -m kernels.bench

@@ -54,8 +54,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--remote", default=None)
     parser.add_argument("--papers", nargs="*", default=None, help="a subset (then no summary)")
     args = parser.parse_args(argv)
-    from flows.paper_flow import check_configured_api
-    from flows.serve import ServeError
+    from flows.api import ServeError, check_configured_api
 
     try:
         check_configured_api()

@@ -29,6 +29,7 @@ from prefect.artifacts import create_markdown_artifact, create_table_artifact
 from prefect.cache_policies import NO_CACHE
 
 from flows import remote as dvc_remote
+from flows.api import ServeError, check_configured_api
 from flows.proc import ROOT, CommandFailed, dvc, run_streaming
 
 STAGES = ("prepare", "train", "evaluate", "report")
@@ -81,11 +82,41 @@ def repro_stage(stage: str, slug: str, root: str, sync: bool = False,
         dvc_remote.push(Path(root), [target], logger)
     info = {}
     if slug:
-        from stages.common.paths import stage_dir
+        from stages.common.runner import runtime_file
 
-        info_path = stage_dir(slug, stage, Path(root)) / "_stage.json"
+        info_path = runtime_file(slug, stage, Path(root))
         info = json.loads(info_path.read_text()) if info_path.exists() else {}
     return {"stage": stage, "dvc": dvc_status(out, target), "runtime_s": info.get("runtime_s")}
+
+
+def embed_figures(markdown: str, report_dir: Path) -> str:
+    """report.md with its relative ``figures/*.png`` links inlined as data URIs, so the figures
+    render inside the Prefect UI's markdown artifact (which has no access to the checkout)."""
+    import base64
+    import re as _re
+
+    def inline(match: "_re.Match[str]") -> str:
+        path = report_dir / match.group(2)
+        if not path.is_file():
+            return match.group(0)
+        data = base64.b64encode(path.read_bytes()).decode()
+        return f"![{match.group(1)}](data:image/png;base64,{data})"
+
+    return _re.sub(r"!\[([^\]]*)\]\((figures/[^)\s]+\.png)\)", inline, markdown)
+
+
+def claims_rows(metrics: dict[str, Any]) -> list[dict[str, Any]]:
+    """One short row per claim: verdict first, the numbers in words, no raw JSON."""
+    rows = []
+    for c in metrics.get("claims", []):
+        verdict = c.get("verdict") or ("holds" if c["holds"] else "fails")
+        measured = "; ".join(
+            f"{k} = " + (", ".join(f"{x:.3g}" for x in v) if isinstance(v, list) else
+                         f"{v:.4g}" if isinstance(v, float) else str(v))
+            for k, v in c.get("values", {}).items())
+        rows.append({"kind": "claim", "name": c["name"], "verdict": verdict, "statement": c["statement"],
+                     "measured": measured, "runtime_s": None})
+    return rows
 
 
 @task(name="dvc-pull", cache_policy=NO_CACHE, persist_result=False)
@@ -101,16 +132,17 @@ def pull_task(slug: str, root: str) -> str:
 def publish(slug: str, root: str, stages: list[dict[str, Any]]) -> dict[str, Any]:
     """report.md -> markdown artifact; claims + runtimes -> table artifact."""
     report_dir = Path(root) / "reports" / slug
-    md = (report_dir / "report.md").read_text()
+    md = embed_figures((report_dir / "report.md").read_text(), report_dir)
     create_markdown_artifact(md, key=artifact_key(slug, "report"), description=f"{slug}: report.md")
     metrics = json.loads((report_dir / "metrics.json").read_text())
-    rows = [{"kind": "claim", "name": c["name"], "holds": bool(c["holds"]), "statement": c["statement"],
-             "values": json.dumps(c.get("values", {}), sort_keys=True)} for c in metrics.get("claims", [])]
-    rows += [{"kind": "stage", "name": s["stage"], "holds": None, "statement": f"dvc: {s['dvc']}",
-              "values": json.dumps({"runtime_s": s["runtime_s"]})} for s in stages]
+    rows = claims_rows(metrics)
+    rows += [{"kind": "stage", "name": s["stage"], "verdict": f"dvc: {s['dvc']}", "statement": "",
+              "measured": "" if s["runtime_s"] is None else f"runtime {s['runtime_s']:.1f} s",
+              "runtime_s": s["runtime_s"]} for s in stages]
     create_table_artifact(rows, key=artifact_key(slug, "claims"),
-                          description=f"{slug}: claims (verdict and numbers) and stage runtimes")
-    return {"claims": {c["name"]: bool(c["holds"]) for c in metrics.get("claims", [])}}
+                          description=f"{slug}: claims (verdict and numbers) and what DVC did with each stage")
+    return {"claims": {c["name"]: c.get("verdict") or ("holds" if c["holds"] else "fails")
+                       for c in metrics.get("claims", [])}}
 
 
 def _has_default_remote(root: Path) -> bool:
@@ -147,21 +179,19 @@ def paper_flow(slug: str, remote: str | None = None, sync: bool | None = None, r
     logger.info("paper %s in %s (DVC remote sync: %s)", slug, checkout, sync)
     if sync:
         pull_task(slug, str(checkout))
-    results = [repro_stage(stage, slug, str(checkout), sync=sync, timeout_s=stage_timeout_s) for stage in STAGES]
+    results, upstream = [], []
+    for stage in STAGES:  # each stage waits for the previous one: the run graph shows the chain
+        state = repro_stage(stage, slug, str(checkout), sync=sync, timeout_s=stage_timeout_s,
+                            wait_for=upstream, return_state=True)
+        results.append(state.result())
+        upstream = [state]
     for r in results:
         logger.info("%s@%s: dvc %s (runtime_s %s)", r["stage"], slug, r["dvc"], r["runtime_s"])
-    published = publish(slug, str(checkout), results)
+    published = publish(slug, str(checkout), results, wait_for=upstream)
+    from stages.common.summary import claims_line
+
+    logger.info(claims_line(slug, checkout))
     return {"slug": slug, "stages": {r["stage"]: r["dvc"] for r in results}, **published}
-
-
-def check_configured_api() -> None:
-    """With PREFECT_API_URL set, it must answer (else one line naming it); unset = ephemeral API."""
-    from prefect.settings import PREFECT_API_URL
-
-    from flows.serve import check_api
-
-    if PREFECT_API_URL.value():
-        check_api()
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -170,7 +200,6 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--remote", default=None, help="DVC remote folder/URL to pull from and push to")
     parser.add_argument("--no-sync", action="store_true", help="do not pull/push even if a remote is configured")
     args = parser.parse_args(argv)
-    from flows.serve import ServeError
     from stages.common.config import ConfigError
 
     try:

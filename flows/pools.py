@@ -118,7 +118,7 @@ def main(argv: list[str] | None = None) -> int:
     s.add_argument("--queue", default=None)
     s.add_argument("--remote", default=None)
     args = parser.parse_args(argv)
-    from flows.serve import ServeError, check_api
+    from flows.api import ServeError, check_api
 
     try:
         check_api()

@@ -57,6 +57,8 @@ def run_streaming(cmd: Sequence[str], cwd: Path, logger: logging.Logger | loggin
                             stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, text=True,
                             errors="replace", start_new_session=True)
 
+    throttle = ProgressThrottle()
+
     def pump() -> None:
         assert proc.stdout is not None
         for line in proc.stdout:  # universal newlines: '\r' from progress bars splits lines too
@@ -64,7 +66,7 @@ def run_streaming(cmd: Sequence[str], cwd: Path, logger: logging.Logger | loggin
             if not line:
                 continue
             tail.append(line)
-            if logger is not None:
+            if logger is not None and throttle.keep(line):
                 logger.info(line)
 
     reader = threading.Thread(target=pump, daemon=True)
@@ -81,6 +83,29 @@ def run_streaming(cmd: Sequence[str], cwd: Path, logger: logging.Logger | loggin
     if returncode != 0:
         raise CommandFailed(what, returncode, "\n".join(tail))
     return "\n".join(tail)
+
+
+class ProgressThrottle:
+    """Progress-bar refreshes (tqdm / Lightning / rich: a percentage or an 'n/N' counter with a rate)
+    reach the log at most every ``every_s`` seconds and always at 100%; other lines pass through."""
+
+    _BAR = __import__("re").compile(r"(\d{1,3}%\|)|(\d+/\d+ \[)|(it/s\]|s/it\])")
+
+    def __init__(self, every_s: float = 15.0, clock=None):
+        import time
+
+        self.every_s = every_s
+        self.clock = clock or time.monotonic
+        self.last = -float("inf")
+
+    def keep(self, line: str) -> bool:
+        if not self._BAR.search(line):
+            return True
+        now = self.clock()
+        if "100%" in line or now - self.last >= self.every_s:
+            self.last = now
+            return True
+        return False
 
 
 def _kill_group(proc: subprocess.Popen) -> None:

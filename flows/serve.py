@@ -24,13 +24,10 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
+from flows.api import ServeError, check_api, wait_healthy  # noqa: F401 (re-exported)
 from flows.proc import ROOT
 
 SERVER_START_TIMEOUT_S = 180.0
-
-
-class ServeError(RuntimeError):
-    """Bad schedule, unreachable API or a server that did not start (the message names it)."""
 
 
 def schedules_for(params: dict[str, Any], slugs: list[str], cli_cron: str | None) -> dict[str, str | None]:
@@ -92,22 +89,6 @@ def free_port(preferred: int | None = None) -> int:
         return sock.getsockname()[1]
 
 
-def wait_healthy(api_url: str, timeout: float, proc: subprocess.Popen | None = None) -> None:
-    deadline = time.monotonic() + timeout
-    last = ""
-    while time.monotonic() < deadline:
-        if proc is not None and proc.poll() is not None:
-            raise ServeError(f"prefect server exited with {proc.returncode} before answering at {api_url}")
-        try:
-            with urllib.request.urlopen(f"{api_url}/health", timeout=5) as resp:
-                if resp.status == 200:
-                    return
-        except OSError as err:
-            last = str(err)
-        time.sleep(0.5)
-    raise ServeError(f"Prefect API {api_url}: no answer within {timeout:.0f} s ({last})")
-
-
 def start_server(port: int | None = None, log_path: Path | None = None, home: Path | None = None,
                  timeout: float = SERVER_START_TIMEOUT_S,
                  extra_env: dict[str, str] | None = None) -> tuple[subprocess.Popen, str]:
@@ -145,18 +126,6 @@ def stop_server(proc: subprocess.Popen) -> None:
             proc.wait()
         except ProcessLookupError:
             pass
-
-
-def check_api(timeout: float = 5.0) -> str:
-    """The configured PREFECT_API_URL must answer (fail fast, naming it)."""
-    from prefect.settings import PREFECT_API_URL
-
-    api = PREFECT_API_URL.value()
-    if not api:
-        raise ServeError("PREFECT_API_URL is not set: start a server (`make ui`, or `prefect server start`) "
-                         "and `prefect config set PREFECT_API_URL=http://127.0.0.1:4200/api`")
-    wait_healthy(api.rstrip("/"), timeout)
-    return api
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -31,10 +31,41 @@ def _project() -> str:
     return PROJECT
 
 
+def logged_keys(slug: str, root: Path = ROOT) -> dict[str, list[str]]:
+    """History and media keys the paper's stage runs logged (wandb/keys/<slug>.<stage>.json, written
+    by stages.common.tracking); figures under reports/<slug>/figures count as media keys too."""
+    history: set[str] = set()
+    media: set[str] = set()
+    for path in sorted((Path(root) / "wandb" / "keys").glob(f"{slug}.*.json")):
+        data = json.loads(path.read_text())
+        history.update(data.get("history", []))
+        media.update(data.get("media", []))
+    media.update(f"figures/{p.stem}" for p in (Path(root) / "reports" / slug / "figures").glob("*.png"))
+    return {"history": sorted(history), "media": sorted(media)}
+
+
+def _curve_panels(wr, history: list[str]) -> list:
+    """One line plot per key prefix (``train/*``, ``val/*``, ...), each over that prefix's keys."""
+    groups: dict[str, list[str]] = {}
+    for key in history:
+        if key in ("epoch", "trainer/global_step", "runtime_s"):
+            continue
+        prefix = key.split("/", 1)[0] if "/" in key else key.split("_", 1)[0]
+        groups.setdefault(prefix, []).append(key)
+    return [wr.LinePlot(title=f"{prefix} curves", x="Step", y=keys[:12]) for prefix, keys in sorted(groups.items())]
+
+
 def build_report(slug: str, root: Path = ROOT, entity: str | None = None, project: str | None = None):
     """The ``wandb_workspaces.reports.v2.Report`` for ``slug`` (built offline; nothing is sent)."""
     import wandb_workspaces.reports.v2 as wr
 
+    params = Path(root) / "params.yaml"
+    if params.exists():
+        from stages.common.config import read_params
+
+        registered = list(read_params(params)["papers"])
+        if slug not in registered:
+            raise PublishError(f"papers.{slug}: unknown paper (registered: {', '.join(registered)})")
     report_dir = Path(root) / "reports" / slug
     md_path, metrics_path = report_dir / "report.md", report_dir / "metrics.json"
     if not md_path.exists():
@@ -43,18 +74,23 @@ def build_report(slug: str, root: Path = ROOT, entity: str | None = None, projec
     metrics = json.loads(metrics_path.read_text()) if metrics_path.exists() else {}
     claims = metrics.get("claims", [])
     title = next((line.lstrip("# ").strip() for line in text.splitlines() if line.startswith("# ")), slug)
-    verdicts = ", ".join(f"{c['name']}: {'holds' if c['holds'] else 'does not hold'}" for c in claims)
+    verdicts = ", ".join(f"{c['name']}: {c.get('verdict') or ('holds' if c['holds'] else 'does not hold')}"
+                         for c in claims)
+    keys = logged_keys(slug, root)
     project = project or _project()
     entity = entity or os.environ.get("WANDB_ENTITY", "")  # "" = the API key's default entity
 
     runs = wr.Runset(entity=entity, project=project, name=f"{slug} runs",
                      filters=f"Group = '{slug}'", groupby=["JobType"])  # one group per stage
-    grid = wr.PanelGrid(runsets=[runs], panels=[
-        wr.BarPlot(title="runtime per stage (s)", metrics=[wr.SummaryMetric("runtime_s")],
-                   groupby="JobType"),
-        wr.LinePlot(title="training curves", x="Step", metric_regex="^(train|val)[/_].*"),
-        wr.RunComparer(diff_only=True),
-    ])
+    panels = [wr.BarPlot(title="runtime per stage (s)", metrics=[wr.SummaryMetric("runtime_s")], groupby="JobType"),
+              wr.BarPlot(title="claim verdicts (1 holds, 0 inconclusive, -1 fails)",
+                         metrics=[wr.SummaryMetric(f"claim/{c['name']}") for c in claims] or
+                         [wr.SummaryMetric("claims_held")]),
+              *_curve_panels(wr, keys["history"])]
+    if keys["media"]:
+        panels.append(wr.MediaBrowser(title="figures", media_keys=keys["media"], num_columns=2))
+    panels.append(wr.RunComparer(diff_only=True))
+    grid = wr.PanelGrid(runsets=[runs], panels=panels)
     blocks = [
         wr.H1(title),
         wr.P(f"Paper pipeline `{slug}` — claims: {verdicts or 'none reported'}."),
@@ -93,8 +129,13 @@ def publish(report) -> str:
 
 
 def outline(report) -> dict:
-    return {"title": report.title, "project": report.project,
-            "blocks": [type(b).__name__ for b in report.blocks]}
+    blocks = []
+    for b in report.blocks:
+        entry: dict = {"block": type(b).__name__}
+        if hasattr(b, "panels"):
+            entry["panels"] = [f"{type(p).__name__}: {getattr(p, 'title', None) or ''}".rstrip(": ") for p in b.panels]
+        blocks.append(entry)
+    return {"title": report.title, "project": report.project, "blocks": blocks}
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -12,7 +12,7 @@ import os
 import shutil
 import tempfile
 
-os.environ["TRITON_INTERPRET"] = "1"
+os.environ.setdefault("TRITON_INTERPRET", "1")  # a GPU run may set 0 (tests/common/test_gpu_smoke.py)
 os.environ.setdefault("WANDB_MODE", "disabled")
 os.environ["WANDB_SILENT"] = "true"
 if "PREFECT_HOME" not in os.environ:

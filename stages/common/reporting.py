@@ -56,6 +56,11 @@ def flat_scalars(verdicts: list[dict[str, Any]]) -> dict[str, float]:
         out[f"claim.{v['name']}"] = int(v["holds"])
         out[f"claim.{v['name']}.verdict"] = VERDICT_CODE[v["verdict"]]
         for key, val in v["values"].items():
+            try:
+                float(key)
+                continue  # a constant operand of the check (e.g. a threshold), not a measurement
+            except ValueError:
+                pass
             if isinstance(val, list):
                 val = sum(val) / len(val) if val else float("nan")
             if isinstance(val, bool):

@@ -22,11 +22,17 @@ def wandb_mode() -> str:
     return mode
 
 
+KEYS_DIR = "keys"  # wandb/keys/<slug>.<stage>.json: the history keys a stage logged (for report panels)
+
+
 class Tracker:
-    """Thin wrapper around a wandb run (or nothing, when disabled)."""
+    """Thin wrapper around a wandb run (or nothing, when disabled). Per-step curves go to history
+    (``log``); final numbers go to the run summary (``summary``), not one-point charts."""
 
     def __init__(self, run: Any = None):
         self.run = run
+        self.history_keys: set[str] = set()
+        self.media_keys: set[str] = set()
 
     @property
     def enabled(self) -> bool:
@@ -34,7 +40,17 @@ class Tracker:
 
     def log(self, data: dict[str, Any], step: int | None = None) -> None:
         if self.run is not None:
+            self.history_keys.update(k for k, v in data.items() if isinstance(v, (int, float)))
             self.run.log(data, step=step)
+
+    def record_keys(self, path: Path) -> None:
+        """Write the keys this run logged (history curves, images) for flows.wandb_report."""
+        import json
+
+        if self.run is None:
+            return
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps({"history": sorted(self.history_keys), "media": sorted(self.media_keys)}))
 
     def summary(self, data: dict[str, Any]) -> None:
         if self.run is not None:
@@ -54,6 +70,7 @@ class Tracker:
             return
         import wandb
 
+        self.media_keys.add(key)
         self.run.log({key: wandb.Image(str(path))})
 
     def lightning_logger(self):
@@ -85,8 +102,11 @@ def stage_run(slug: str, stage: str, config: dict[str, Any], profile: str,
                      dir=str(root), mode=mode, reinit="finish_previous",
                      settings=wandb.Settings(silent=True, console="off", x_disable_stats=True))
     ok = False
+    tracker = Tracker(run)
     try:
-        yield Tracker(run)
+        yield tracker
         ok = True
     finally:
+        if ok:
+            tracker.record_keys(root / "wandb" / KEYS_DIR / f"{slug}.{stage}.json")
         run.finish(exit_code=0 if ok else 1)

@@ -2,6 +2,7 @@
 reruns exactly train/evaluate/report."""
 from __future__ import annotations
 
+import json
 import re
 import subprocess
 
@@ -38,8 +39,26 @@ def test_repro_cache_and_partial_rerun(tmp_path):
     second = repro(root, "report@reversal_curse")
     assert ran(second) == set() and skipped(second) == set(STAGES)
 
+    # results where DVC users look: metrics show reads the flat scalars, plots are declared
+    shown = subprocess.run(["dvc", "metrics", "show", "--json"], cwd=root, env=tool_env(),
+                           capture_output=True, text=True, check=True).stdout
+    (workspace,) = json.loads(shown).values()  # DVC keys the workspace as "" (older versions: "workspace")
+    flat = workspace["data"]["reports/reversal_curse/dvc_metrics.json"]["data"]
+    verdicts = json.loads((root / "reports/reversal_curse/metrics.json").read_text())["claims"]
+    assert {k: v for k, v in flat.items() if k.startswith("claim.") and not k.endswith(".verdict")} == \
+        {f"claim.{c['name']}": int(c["holds"]) for c in verdicts}
+
+    # byte-identical outputs: a forced rerun of prepare gives the same hash, so train stays cached
+    lock_before = (root / "dvc.lock").read_text()
+    forced = repro(root, "-f", "-s", "prepare@reversal_curse")
+    assert ran(forced) == {"prepare@reversal_curse"}
+    assert (root / "dvc.lock").read_text() == lock_before
+    after = repro(root, "report@reversal_curse")
+    assert ran(after) == set(), after
+
     params = yaml.safe_load((root / "params.yaml").read_text())
-    params["papers"]["reversal_curse"]["train"]["theory"]["lr"] = 0.5
+    smoke = params["papers"]["reversal_curse"]["train"]["profiles"]["smoke"]
+    smoke["transformer"]["steps"] = smoke["transformer"]["steps"] + 7  # a change that reaches train's outputs
     (root / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
     third = repro(root, "report@reversal_curse")
     assert ran(third) == {"train@reversal_curse", "evaluate@reversal_curse", "report@reversal_curse"}

@@ -36,22 +36,31 @@ def test_paper_flow_runs_stages_and_publishes_artifacts(prefect_harness, smoke_f
     result = state.result()
     assert result["stages"] == {s: "ran" for s in STAGES}  # DVC's own "Running stage" lines
     metrics = json.loads((paper_repo / "reports" / SLUG / "metrics.json").read_text())
-    assert result["claims"] == {c["name"]: c["holds"] for c in metrics["claims"]}
+    assert result["claims"] == {c["name"]: c["verdict"] for c in metrics["claims"]}
 
     run_id = state.state_details.flow_run_id
     arts = read_artifacts(run_id)
     report = arts[artifact_key(SLUG, "report")]
     assert report.type == "markdown"
-    assert report.data == (paper_repo / "reports" / SLUG / "report.md").read_text()
+    md = (paper_repo / "reports" / SLUG / "report.md").read_text()
+    assert "](figures/" in md and "](figures/" not in report.data  # figures inlined: they render in the UI
+    assert report.data.count("](data:image/png;base64,") == md.count("](figures/")
+    assert report.data.split("## Runtime")[0].replace("](data:image/png;base64,", "](") .count("## Verdicts") == 1
     table = arts[artifact_key(SLUG, "claims")]
     assert table.type == "table"
     rows = json.loads(table.data) if isinstance(table.data, str) else table.data
     claim_rows = {r["name"]: r for r in rows if r["kind"] == "claim"}
-    assert {n: r["holds"] for n, r in claim_rows.items()} == result["claims"]
-    stage_rows = {r["name"]: json.loads(r["values"])["runtime_s"] for r in rows if r["kind"] == "stage"}
+    assert {n: r["verdict"] for n, r in claim_rows.items()} == result["claims"]
+    assert all("{" not in r["measured"] for r in rows)  # numbers in words, not raw JSON
+    stage_rows = {r["name"]: r["runtime_s"] for r in rows if r["kind"] == "stage"}
     assert stage_rows == {s: metrics["runtime_s"][s] for s in STAGES if s != "report"} | {"report": stage_rows["report"]}
-    assert [t.name for t in sorted(task_runs(run_id), key=lambda t: t.expected_start_time)][:4] == \
-        [f"{s}@{SLUG}" for s in STAGES]
+    runs = task_runs(run_id)
+    assert [t.name for t in sorted(runs, key=lambda t: t.expected_start_time)][:4] == [f"{s}@{SLUG}" for s in STAGES]
+    by_id = {t.id: t.name for t in runs}
+    edges = {t.name: sorted(by_id.get(i.id, "?") for ins in t.task_inputs.values() for i in ins
+                            if getattr(i, "input_type", "") == "task_run") for t in runs}
+    for prev, nxt in zip(STAGES, STAGES[1:]):  # the run graph shows prepare -> train -> evaluate -> report
+        assert f"{prev}@{SLUG}" in edges[f"{nxt}@{SLUG}"], edges
 
     # a second run: DVC's lock file says nothing changed, so no stage reruns
     again = paper_flow(SLUG, root=str(paper_repo), sync=False, return_state=True)

@@ -44,7 +44,7 @@ def pool(cluster, repo_template):
 
 
 def claims(rows) -> dict:
-    return {r["name"]: (r["holds"], r["values"]) for r in rows if r["kind"] == "claim"}
+    return {r["name"]: (r["verdict"], r["measured"]) for r in rows if r["kind"] == "claim"}
 
 
 def test_two_workers_share_stages_through_the_remote(pool, tmp_path):
@@ -66,8 +66,8 @@ def test_two_workers_share_stages_through_the_remote(pool, tmp_path):
     after = stage_rows(table)
     for stage in CACHED:
         assert after[stage]["dvc"] == "restored", after  # DVC: "is cached - skipping run, checking out outputs"
-        # the restored _stage.json is the one a first run wrote: its measured runtime, not a new one
-        assert after[stage]["runtime_s"] in {b[stage]["runtime_s"] for b in before if b[stage]["dvc"] == "ran"}
+        # restored, not recomputed: this worker measured no runtime for it (timings live beside outputs)
+        assert after[stage]["runtime_s"] is None, after
     assert claims(table) == claims(tables[0])
     assert set(remote_run_cache_cmds(remote)) == {cmd(s) for s in CACHED}
 

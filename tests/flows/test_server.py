@@ -59,5 +59,5 @@ def test_served_deployment_runs_through_the_api(cluster, smoke_flow, tmp_path):
     stages = {r["name"]: r["statement"] for r in rows if r["kind"] == "stage"}
     assert stages == {s: "dvc: unchanged" for s in STAGES}
     metrics = json.loads((repo / "reports" / SLUG / "metrics.json").read_text())
-    assert {r["name"]: r["holds"] for r in rows if r["kind"] == "claim"} == \
-        {c["name"]: c["holds"] for c in metrics["claims"]}
+    assert {r["name"]: r["verdict"] for r in rows if r["kind"] == "claim"} == \
+        {c["name"]: c["verdict"] for c in metrics["claims"]}

@@ -14,8 +14,15 @@ def report_root(tmp_path):
     rep.mkdir(parents=True)
     (rep / "report.md").write_text("# Toy paper: a claim\n\nSome text with a table.\n")
     (rep / "metrics.json").write_text(json.dumps({"claims": [
-        {"name": "c1", "statement": "s", "holds": True, "values": {"x": 1.0}},
-        {"name": "c2", "statement": "t", "holds": False, "values": {"y": 2.0}}]}))
+        {"name": "c1", "statement": "s", "holds": True, "verdict": "holds", "values": {"x": 1.0}},
+        {"name": "c2", "statement": "t", "holds": False, "verdict": "inconclusive", "values": {"y": 2.0}}]}))
+    (rep / "figures").mkdir()
+    (rep / "figures" / "curve.png").write_bytes(b"png")
+    keys = tmp_path / "wandb" / "keys"
+    keys.mkdir(parents=True)
+    (keys / "toy_paper.train.json").write_text(json.dumps({"history": ["train/loss", "val/acc", "train/lr"],
+                                                           "media": []}))
+    (keys / "other_paper.train.json").write_text(json.dumps({"history": ["zzz/never"], "media": []}))
     return tmp_path
 
 
@@ -28,12 +35,16 @@ def test_report_has_title_text_and_runs_grouped_by_stage(report_root):
     kinds = [type(b) for b in report.blocks]
     assert kinds == [wr.H1, wr.P, wr.MarkdownBlock, wr.H2, wr.PanelGrid]
     assert report.blocks[2].text == (report_root / "reports/toy_paper/report.md").read_text()
-    assert "c1: holds" in str(report.blocks[1].text) and "c2: does not hold" in str(report.blocks[1].text)
+    assert "c1: holds" in str(report.blocks[1].text) and "c2: inconclusive" in str(report.blocks[1].text)
     grid = report.blocks[-1]
     (runset,) = grid.runsets
     assert runset.filters == "Group = 'toy_paper'" and runset.groupby == ["JobType"]
     assert runset.project == "proj" and runset.entity == "me"
-    assert {type(p) for p in grid.panels} == {wr.BarPlot, wr.LinePlot, wr.RunComparer}
+    assert {type(p) for p in grid.panels} == {wr.BarPlot, wr.LinePlot, wr.MediaBrowser, wr.RunComparer}
+    lines = {p.title: p.y for p in grid.panels if isinstance(p, wr.LinePlot)}
+    assert lines == {"train curves": ["train/loss", "train/lr"], "val curves": ["val/acc"]}  # this paper's keys only
+    (media,) = [p for p in grid.panels if isinstance(p, wr.MediaBrowser)]
+    assert media.media_keys == ["figures/curve"]
 
 
 def test_missing_report_is_a_clear_error(tmp_path):
@@ -64,4 +75,12 @@ def test_dry_run_prints_outline(report_root, monkeypatch, capsys):
                         lambda slug, entity=None, _b=wandb_report.build_report: _b(slug, report_root, entity or "e", "p"))
     assert wandb_report.main(["toy_paper", "--dry-run"]) == 0
     outline = json.loads(capsys.readouterr().out)
-    assert outline["blocks"][-1] == "PanelGrid" and outline["title"].startswith("toy_paper")
+    assert outline["blocks"][-1]["block"] == "PanelGrid" and outline["title"].startswith("toy_paper")
+    assert "LinePlot: train curves" in outline["blocks"][-1]["panels"]
+    assert "MediaBrowser: figures" in outline["blocks"][-1]["panels"]
+
+
+def test_unknown_paper(report_root):
+    (report_root / "params.yaml").write_text("profile: default\npapers:\n  toy_paper: {}\n")
+    with pytest.raises(wandb_report.PublishError, match="papers.nope: unknown paper"):
+        wandb_report.build_report("nope", root=report_root, entity="e", project="p")
