@@ -11,7 +11,7 @@ export DVC_NO_ANALYTICS := 1
 export PREFECT_SERVER_ANALYTICS_ENABLED := false
 PYTEST_ARGS ?=
 
-.PHONY: install repro test ui wandb-sync bench contract
+.PHONY: install repro test ui wandb-sync bench contract plots mutants
 
 $(STAMP): requirements.lock pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -26,6 +26,15 @@ repro: $(STAMP)
 	test -d .dvc || $(BIN)/dvc init -q
 	PATH=$(abspath $(BIN)):$$PATH $(BIN)/dvc repro
 	PATH=$(abspath $(BIN)):$$PATH $(BIN)/python -m stages readme
+	PATH=$(abspath $(BIN)):$$PATH $(BIN)/python -m stages claims
+
+## Every paper's plots as one offline HTML page (dvc_plots/index.html; DVC's own needs a CDN).
+plots: $(STAMP)
+	PATH=$(abspath $(BIN)):$$PATH $(BIN)/python -m stages plots
+
+## Mutation testing of the core method modules (slow; not part of CI): kill rate per module.
+mutants: $(STAMP)
+	PATH=$(abspath $(BIN)):$$PATH $(BIN)/python -m tests.mutation
 
 ## The whole test suite (what CI runs).
 test: $(STAMP)

@@ -119,20 +119,45 @@ def cauchy_apply(z, d, org, tau, a, X, transpose: bool = True, backend: Backend 
     return cauchy_apply_reference(z, d, org, tau, a, X, transpose)
 
 
-def random_factor(m: int, c: int, device: str = "cpu", seed: int | None = None):
-    """A genuine orthogonal Cauchy factor: the rank-one eigen-update of diag(d) + rho z z^T."""
+def _secular_roots(d, z2, rho, iters: int = 80):
+    """Roots of 1/rho + sum_i z2_i / (d_i - lam) = 0 by bisection (numpy, vectorized over roots),
+    each as (origin pole, offset) with the nearer pole as origin; the kernel's own test inputs, so
+    that kernels/ never imports from stages/."""
     import numpy as np
 
-    from stages.l2g_net.gft import _column_scales, _gu_eisenstat_z, solve_secular
+    m = d.size
+    upper = np.append(d[1:], d[-1] + rho * z2.sum())
+    gap = upper - d
+    f = lambda lam_minus_d0, d0: 1.0 / rho + (z2[:, None] / ((d[:, None] - d0[None, :]) - lam_minus_d0[None, :])).sum(0)  # noqa: E731
+    right = np.zeros(m, dtype=bool)
+    right[:-1] = f(0.5 * gap[:-1], d[:-1]) < 0            # root in the upper half: origin d_{j+1}
+    origin = np.where(right, np.minimum(np.arange(m) + 1, m - 1), np.arange(m))
+    lo = np.where(right, -0.5 * gap, 0.0)
+    hi = np.where(right, 0.0, np.where(np.arange(m) == m - 1, gap, 0.5 * gap))
+    for _ in range(iters):
+        mid = 0.5 * (lo + hi)
+        neg = f(mid, d[origin]) < 0
+        lo, hi = np.where(neg, mid, lo), np.where(neg, hi, mid)
+    return origin, 0.5 * (lo + hi)
+
+
+def random_factor(m: int, c: int, device: str | torch.device = "cpu", seed: int | None = None):
+    """A genuine orthogonal Cauchy factor: the rank-one eigen-update of diag(d) + rho z z^T, with
+    Gu-Eisenstat z^ (z^_i^2 = prod_j (lam~_j - d_i) / (rho prod_{j!=i} (d_j - d_i))) and unit columns."""
+    import numpy as np
 
     rng = np.random.default_rng(seed)
     d = np.sort(rng.uniform(0.0, 10.0, m)) + np.arange(m) * 1e-3
     z = rng.normal(size=m)
     z /= np.linalg.norm(z)
     rho = float(rng.uniform(0.5, 3.0))
-    origin, tau = solve_secular(d, z, rho)
-    zhat = _gu_eisenstat_z(d, z, rho, origin, tau)
-    a = _column_scales(d, zhat, origin, tau)
+    origin, tau = _secular_roots(d, z * z, rho)
+    delta = (d[:, None] - d[origin][None, :]) - tau[None, :]          # d_i - lam~_j
+    jj = np.arange(m)
+    den = np.where(jj[None, :] < jj[:, None], d[None, :] - d[:, None], d[np.minimum(jj + 1, m - 1)][None, :] - d[:, None])
+    den[:, m - 1] = rho
+    zhat = np.copysign(np.sqrt(np.prod(-delta / den, axis=1)), z)
+    a = 1.0 / np.sqrt(((zhat[:, None] / delta) ** 2).sum(axis=0))
     to = lambda v: torch.tensor(v, dtype=torch.float64, device=device)  # noqa: E731
     X = torch.tensor(rng.normal(size=(m, c)), dtype=torch.float64, device=device)
     return to(zhat), to(d), to(d[origin]), to(tau), to(a), X

@@ -33,22 +33,20 @@ MODES = ("exists", "forall")
 
 def guarded_quantify_reference(rel: torch.Tensor, phi: torch.Tensor, dom: torch.Tensor,
                                mode: str = "exists") -> torch.Tensor:
-    """Plain torch boolean ops: unpack, AND, reduce over y, repack."""
+    """Plain torch integer ops, one x row at a time: bit x of out = (Rel[g, w, x] AND φ[c, w]) != 0.
+
+    Memory O(G * C * W) (the (G, C, W, D, D) boolean tensor is never built), so the CPU stages can
+    run it on whole enumeration levels; tests pin it to plain Python loops."""
     G, W, D = rel.shape
-    C = phi.shape[0]
-    ys = torch.arange(D, device=rel.device, dtype=torch.int32)
-    rel_bits = ((rel[..., None] >> ys) & 1).bool()                    # (G, W, Dx, Dy)
-    phi_bits = ((phi[..., None] >> ys) & 1).bool()                    # (C, W, Dy)
     if mode == "forall":
-        dom_bits = ((dom[:, None] >> ys) & 1).bool()                  # (W, Dy)
-        phi_bits = ~phi_bits & dom_bits                               # ¬φ inside the domain
-    hit = (rel_bits[:, None] & phi_bits[None, :, :, None, :]).any(-1)  # (G, C, W, Dx)
+        phi = ~phi & dom[None, :]                                     # ¬φ inside the domain
+    out = torch.zeros(G, phi.shape[0], W, dtype=torch.int32, device=rel.device)
+    for x in range(D):
+        hit = (rel[:, None, :, x] & phi[None, :, :]) != 0             # (G, C, W): OR_y Rel ∧ φ
+        out |= hit.to(torch.int32) << x
     if mode == "forall":
-        hit = ~hit
-    in_dom = ((dom[:, None] >> ys) & 1).bool()                         # (W, Dx)
-    hit = hit & in_dom
-    weights = (torch.ones((), dtype=torch.int64, device=rel.device) << ys.long())
-    return (hit.long() * weights).sum(-1).to(torch.int32)             # (G, C, W)
+        out = ~out
+    return out & dom[None, None, :]
 
 
 if triton is not None:

@@ -45,7 +45,7 @@ def main(argv: list[str] | None = None) -> int:
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, _on_signal)
     parser = argparse.ArgumentParser(prog="python -m stages", description=__doc__.splitlines()[0])
-    parser.add_argument("stage", help=f"one of {', '.join(STAGES)}, or summary / readme / dvcplots / claims")
+    parser.add_argument("stage", help=f"one of {', '.join(STAGES)}, or summary / readme / dvcplots / plots / claims")
     parser.add_argument("slug", nargs="?", help="registered paper slug")
     parser.add_argument("--profile", choices=PROFILES, default=None,
                         help="override params.yaml's top-level `profile`")
@@ -66,6 +66,11 @@ def main(argv: list[str] | None = None) -> int:
 
             print(f"dvc.yaml: {update_dvc_plots()} plot entries")
             return 0
+        if args.stage == "plots":
+            from stages.common.plots_html import write_plots_html
+
+            print(f"DVC plots (offline HTML): {write_plots_html()}")
+            return 0
         if args.stage == "claims":
             from stages.common.config import registered_papers
             from stages.common.summary import claims_line
@@ -74,7 +79,7 @@ def main(argv: list[str] | None = None) -> int:
                 print(claims_line(slug))
             return 0
         if args.stage not in STAGES:
-            raise ConfigError(f"stage: unknown stage {args.stage!r} (stages: {', '.join(STAGES)}, summary, readme, dvcplots, claims)")
+            raise ConfigError(f"stage: unknown stage {args.stage!r} (stages: {', '.join(STAGES)}, summary, readme, dvcplots, plots, claims)")
         if not args.slug:
             raise ConfigError(f"slug: `{args.stage}` needs a paper slug")
         _kernel_environment()

@@ -9,8 +9,12 @@ Negation swaps the must/may planes (Kleene); and/or act plane-wise; guarded quan
 ``∃y (G(x,y) ∧ U(y))`` and ``∀y (¬G(x,y) ∨ U(y))`` go through the batched Triton kernel
 ``kernels.quantifier_eval.guarded_quantify`` (the forall rows read the swapped plane of G).
 
-``compile_unary(f)`` evaluates any formula in this guarded fragment (what the solvers emit and the
-generator's gold templates use) through the kernel; other shapes raise :class:`NotGuarded`.
+Guards are a literal over (x, y) (the original fragment), a pair of literals (:class:`Conj`, e.g.
+(R x y) ∧ (S y x), (S x y) ∧ ¬(= x y)) or a nested guard mentioning x again (:class:`Back`,
+L(x,y) ∧ ∃z (A(y,z) ∧ B(z,x))); each is a relation matrix per world, so the same kernel evaluates it.
+``compile_unary(f)`` evaluates any formula whose quantifier bodies mention the outer variable only
+through such a guard (what the solvers emit and the generator's gold templates use) through the
+kernel; other shapes raise :class:`NotGuarded`.
 """
 from __future__ import annotations
 
@@ -20,6 +24,7 @@ import numpy as np
 import torch
 
 from kernels.quantifier_eval import guarded_quantify
+from stages.common.device import pick_device
 from stages.induction.formula import And, Atom, Formula, Not, Or, Quant, free_vars
 from stages.induction.instances import World
 
@@ -36,12 +41,12 @@ class Guard:
     backward: bool     # (R y x) instead of (R x y)
     negated: bool
 
-    def literal(self, outer: str, inner: str) -> Formula:
+    def literal(self, outer: str, inner: str, spare: str = "z") -> Formula:
         args = (inner, outer) if self.backward else (outer, inner)
         atom = Atom(self.pred, args)
         return Not(atom) if self.negated else atom
 
-    def complement_literal(self, outer: str, inner: str) -> Formula:
+    def complement_literal(self, outer: str, inner: str, spare: str = "z") -> Formula:
         return Guard(self.pred, self.backward, not self.negated).literal(outer, inner)
 
     @property
@@ -53,9 +58,65 @@ class Guard:
         return 4 - int(self.negated)
 
 
-ENUM_GUARDS = tuple(Guard(p, b, n) for p in ("R", "S") for n in (False, True) for b in (False, True)) + (
+@dataclass(frozen=True)
+class Conj:
+    """A compound guard L1(x,y) ∧ L2(x,y) of two literal guards (outside the one-literal fragment):
+    e.g. (R x y) ∧ (S y x) (mutual edge) or (S x y) ∧ ¬(= x y) (a successor other than x)."""
+
+    parts: tuple[Guard, Guard]
+
+    def literal(self, outer: str, inner: str, spare: str = "z") -> Formula:
+        return And(tuple(p.literal(outer, inner) for p in self.parts))
+
+    def complement_literal(self, outer: str, inner: str, spare: str = "z") -> Formula:
+        return Or(tuple(p.complement_literal(outer, inner) for p in self.parts))
+
+    @property
+    def size(self) -> int:
+        return 1 + sum(p.size for p in self.parts)
+
+    @property
+    def complement_size(self) -> int:
+        return 1 + sum(p.complement_size for p in self.parts)
+
+
+@dataclass(frozen=True)
+class Back:
+    """A nested guard that mentions x again: L(x,y) ∧ ∃z (A(y,z) ∧ B(z,x)) (a 3-cycle through x)."""
+
+    lit: Guard
+    a: str          # R or S: A(y, z)
+    b: str          # R or S: B(z, x)
+
+    def _path(self, outer: str, inner: str, spare: str) -> Formula:
+        return Quant("exists", spare, And((Atom(self.a, (inner, spare)), Atom(self.b, (spare, outer)))))
+
+    def literal(self, outer: str, inner: str, spare: str = "z") -> Formula:
+        return And((self.lit.literal(outer, inner), self._path(outer, inner, spare)))
+
+    def complement_literal(self, outer: str, inner: str, spare: str = "z") -> Formula:
+        return Or((self.lit.complement_literal(outer, inner), Not(self._path(outer, inner, spare))))
+
+    @property
+    def size(self) -> int:
+        return 1 + self.lit.size + 9
+
+    @property
+    def complement_size(self) -> int:
+        return 1 + self.lit.complement_size + 10
+
+
+LITERAL_GUARDS = tuple(Guard(p, b, n) for p in ("R", "S") for n in (False, True) for b in (False, True)) + (
     Guard("=", False, True),)
+# compound guards: two literals over different atoms (R/S forward/backward, x != y)
+CONJ_GUARDS = tuple(Conj((g1, g2)) for i, g1 in enumerate(LITERAL_GUARDS) for g2 in LITERAL_GUARDS[i + 1:]
+                     if (g1.pred, g1.backward) != (g2.pred, g2.backward))
+BACK_GUARDS = tuple(Back(Guard(p, bw, False), a, b) for p in ("R", "S") for bw in (False, True)
+                    for a in ("R", "S") for b in ("R", "S"))
+OLD_FRAGMENT = LITERAL_GUARDS                      # the one-literal guards of the original grammar
+ENUM_GUARDS = LITERAL_GUARDS + CONJ_GUARDS + BACK_GUARDS
 ALL_GUARDS = ENUM_GUARDS + (Guard("=", False, False),)
+AnyGuard = Guard | Conj | Back
 
 
 def pack(bits: np.ndarray) -> np.ndarray:
@@ -74,7 +135,8 @@ class BitContext:
         self.worlds = worlds
         # the kernel runs where the tensors live: CUDA when available (Triton), else CPU (reference,
         # or the Triton interpreter under TRITON_INTERPRET=1)
-        self.device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
+        self.device = torch.device(device) if device is not None else pick_device("auto")
+        self.calls = 0                                # quantifier-kernel calls (for KernelRecord)
         self.W = len(worlds)
         self.three_valued = three_valued
         self.backend = backend
@@ -107,13 +169,8 @@ class BitContext:
                     cols.append(pack(arr))
             self.atoms[name] = np.array(cols, dtype=np.int32)
         # guard rows: (Wtot, Dmax) per guard, exists-mode; forall-mode reads the swapped plane
-        self.guard_rows: dict[Guard, np.ndarray] = {}
-        for g in ALL_GUARDS:
-            rows = np.zeros((self.Wtot, self.Dmax), dtype=np.int32)
-            for p, plane in enumerate(planes):
-                for k, (w, a) in enumerate(zip(worlds, plane)):
-                    rows[p * self.W + k, : w.domain] = pack(self._guard_matrix(g, w, a, p, planes, k))
-            self.guard_rows[g] = rows
+        self._planes = planes
+        self.guard_rows: dict = {}
         self._dom_t = torch.from_numpy(self.dom).to(self.device)
         self.true_rows = np.zeros((self.Wtot, self.Dmax), dtype=np.int32)
         for j in range(self.Wtot):
@@ -123,8 +180,24 @@ class BitContext:
         self._compiled: dict = {}
         self._plans: dict = {}
 
-    def _guard_matrix(self, g: Guard, w: World, a: dict, p: int, planes, k: int) -> np.ndarray:
+    def rows_of(self, g) -> np.ndarray:
+        """(Wtot, Dmax) int32 rows of the guard's relation matrix, per plane and world (cached)."""
+        if g not in self.guard_rows:
+            rows = np.zeros((self.Wtot, self.Dmax), dtype=np.int32)
+            for p, plane in enumerate(self._planes):
+                for k, (w, a) in enumerate(zip(self.worlds, plane)):
+                    rows[p * self.W + k, : w.domain] = pack(self._guard_matrix(g, w, a, p, self._planes, k))
+            self.guard_rows[g] = rows
+        return self.guard_rows[g]
+
+    def _guard_matrix(self, g, w: World, a: dict, p: int, planes, k: int) -> np.ndarray:
         D = w.domain
+        if isinstance(g, Conj):
+            m1, m2 = (self._guard_matrix(q, w, a, p, planes, k) for q in g.parts)
+            return m1 & m2
+        if isinstance(g, Back):                      # M[x, y] = L(x, y) ∧ (A @ B)[y, x]  (monotone in A, B)
+            path = (a[g.a].astype(np.int32) @ a[g.b].astype(np.int32)) > 0
+            return self._guard_matrix(g.lit, w, a, p, planes, k) & path.T
         if g.pred == "=":
             m = np.eye(D, dtype=bool)
             return ~m if g.negated else m
@@ -143,7 +216,7 @@ class BitContext:
         """(G, Wtot, Dmax) rows for the kernel; guards=None is the always-true guard."""
         key = (tuple(guards) if guards is not None else None, mode)
         if key not in self._rel_cache:
-            rows = np.stack([self.true_rows] if guards is None else [self.guard_rows[g] for g in guards])
+            rows = np.stack([self.true_rows] if guards is None else [self.rows_of(g) for g in guards])
             if mode == "forall" and self.three_valued:
                 rows = rows[:, self.perm]            # ∀y(G→U): must uses G's may rows and vice versa
             self._rel_cache[key] = torch.from_numpy(np.ascontiguousarray(rows)).to(self.device)
@@ -152,12 +225,13 @@ class BitContext:
     def quantify(self, guards: list[Guard] | None, phi: np.ndarray, mode: str) -> np.ndarray:
         """(G, C, Wtot): ∃y (G ∧ φ(y)) or ∀y (¬G ∨ φ(y)) for every guard and candidate."""
         phi_t = torch.from_numpy(np.ascontiguousarray(phi)).to(self.device)
+        self.calls += 1
         out = guarded_quantify(self.rel(guards, mode), phi_t, self._dom_t, mode, backend=self.backend)
         return out.cpu().numpy()
 
     def guard_only(self, g: Guard, mode: str) -> np.ndarray:
         """(Wtot,): ∃y G(x,y) or ∀y G(x,y) (plane-wise; both monotone in G)."""
-        rows = self.guard_rows[g]
+        rows = self.rows_of(g)
         if mode == "exists":
             bits = rows != 0
         else:
@@ -203,18 +277,18 @@ class BitContext:
             plan = ("unguarded", None, f.body, y)
         elif (g0 := as_guard(f.body, var, y)) is not None:
             plan = ("guard_only", g0, None, y)
+        elif (g0 := match_guard(_flat(f.body, And), var, y, False)) is not None:
+            plan = ("guard_only", g0, None, y)       # ∃y (L1 ∧ L2) etc.: compound guard only
         else:
-            parts = f.body.children if isinstance(f.body, And if f.kind == "exists" else Or) else ()
-            guards = [(i, g) for i, c in enumerate(parts) if (g := as_guard(c, var, y)) is not None]
-            if len(guards) != 1:
-                raise NotGuarded(f"quantifier over {y} is not guarded by one literal in {var}, {y}")
-            i, g = guards[0]
-            rest = [c for j, c in enumerate(parts) if j != i]
-            if any(var in free_vars(c) for c in rest):
-                raise NotGuarded(f"body of the quantifier over {y} mixes {var} outside its guard")
-            if f.kind == "forall":                   # ∀y (¬G ∨ U): the literal is the complement of G
-                g = Guard(g.pred, g.backward, not g.negated)
-            rest_f = rest[0] if len(rest) == 1 else (And if f.kind == "exists" else Or)(tuple(rest))
+            cls = And if f.kind == "exists" else Or
+            parts = _flat(f.body, cls)
+            mention = [c for c in parts if var in free_vars(c)]
+            rest = [c for c in parts if var not in free_vars(c)]
+            g = match_guard(mention, var, y, f.kind == "forall") if mention and rest else None
+            if g is None:
+                raise NotGuarded(f"quantifier over {y} is not guarded by a literal, a pair of literals or a "
+                                 f"back path in {var}, {y}")
+            rest_f = rest[0] if len(rest) == 1 else cls(tuple(rest))
             plan = ("guarded", g, rest_f, y)
         self._plans[key] = (f, plan)
         return plan
@@ -273,4 +347,45 @@ def as_guard(f: Formula, outer: str, inner: str) -> Guard | None:
         return Guard(atom.pred, False, neg)
     if atom.args == (inner, outer):
         return Guard(atom.pred, atom.pred != "=", neg)
+    return None
+
+
+def _flat(f: Formula, cls) -> list[Formula]:
+    """Children of nested cls (And/Or) nodes, flattened; [f] when f is not a cls node."""
+    if not isinstance(f, cls):
+        return [f]
+    return [d for c in f.children for d in _flat(c, cls)]
+
+
+def _as_path(f: Formula, outer: str, inner: str) -> tuple[str, str] | None:
+    """∃z (A(inner, z) ∧ B(z, outer)) -> (A, B), else None."""
+    if not (isinstance(f, Quant) and f.kind == "exists" and isinstance(f.body, And) and len(f.body.children) == 2):
+        return None
+    z = f.var
+    a, b = f.body.children
+    if (isinstance(a, Atom) and isinstance(b, Atom) and a.pred in ("R", "S") and b.pred in ("R", "S")
+            and a.args == (inner, z) and b.args == (z, outer) and z not in (outer, inner)):
+        return a.pred, b.pred
+    return None
+
+
+def match_guard(items: list[Formula], outer: str, inner: str, complemented: bool):
+    """The guard whose conjuncts (exists) -- or whose complements' disjuncts (forall) -- are items."""
+    lits, paths = [], []
+    for c in items:
+        path = _as_path(c.child if complemented and isinstance(c, Not) else (None if complemented else c),
+                        outer, inner) if (not complemented or isinstance(c, Not)) else None
+        if path is not None:
+            paths.append(path)
+            continue
+        g = as_guard(c, outer, inner)
+        if g is None:
+            return None
+        lits.append(Guard(g.pred, g.backward, not g.negated) if complemented else g)
+    if not paths and len(lits) == 1:
+        return lits[0]
+    if not paths and len(lits) == 2 and (lits[0].pred, lits[0].backward) != (lits[1].pred, lits[1].backward):
+        return Conj((lits[0], lits[1]))
+    if len(paths) == 1 and len(lits) == 1:
+        return Back(lits[0], *paths[0])
     return None

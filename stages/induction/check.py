@@ -60,12 +60,18 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--predictions", required=True, type=Path, help="predictions JSONL (id, formula, ...)")
     ap.add_argument("--out", type=Path, default=None, help="per-instance results (default: <predictions>.check.jsonl)")
     args = ap.parse_args(argv)
+    out = args.out or args.predictions.with_suffix(".check.jsonl")
+    from stages.induction.solve import check_out_path
+
+    problem = check_out_path(out, [args.instances, args.predictions])
+    if problem:
+        print(f"error: {problem}", file=sys.stderr)
+        return 2
     try:
         results = check_files(args.instances, args.predictions)
     except InstanceError as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
-    out = args.out or args.predictions.with_suffix(".check.jsonl")
     out.write_text("".join(json.dumps(r) + "\n" for r in results))
     per = defaultdict(lambda: [0, 0])
     for r in results:

@@ -1,18 +1,26 @@
 """Synthesizer (A): bottom-up enumeration by AST size with observational-equivalence pruning.
 
-    res = synthesize(instance, timeout_s=1.0, max_size=20)      # SolveResult(formula, size, seconds, ...)
+    res = synthesize(instance, max_generated=200_000, max_size=22)   # SolveResult(formula, size, status, ...)
 
 ALGO (bottom-up enumerative synthesis with observational equivalence, as in the card):
   bank[n] = every unary formula φ(x) of AST size n built from smaller banks by
       atoms (P x) (Q x) (R x x) (S x x) · (not φ) · (and φ ψ) · (or φ ψ) ·
       (exists y (and G(x,y) U(y))) · (forall y (or ¬G(x,y) U(y))) · (exists/forall y G(x,y)) ·
-      (exists/forall y U(y)),   G ∈ {R,S} × {x→y, y→x} × {+,¬} ∪ {x≠y};
+      (exists/forall y U(y)),   G a guard: a literal L ∈ {R,S} × {x→y, y→x} × {+,¬} ∪ {x≠y} (the
+      original one-literal fragment), a pair L1 ∧ L2 over different atoms (e.g. (R x y) ∧ (S y x),
+      (S x y) ∧ ¬(= x y)), or a nested guard mentioning x again, L ∧ ∃z (A(y,z) ∧ B(z,x));
   each φ is represented by its signature: bitmasks of φ over ALL training objects (every world,
   every plane); a new φ whose signature was already seen is dropped (observational equivalence:
   any formula built from it would behave exactly like one built from the earlier, smaller one).
   The quantifier productions of a whole bank level are evaluated in one batched kernel call
-  (kernels.quantifier_eval). Search stops at the first valid signature, at the time budget or at
-  the size budget.
+  (kernels.quantifier_eval). Search stops at the first valid signature, at the formula-count
+  budget (max_generated formulas generated, counted before pruning -- a count, so the same inputs
+  give the same result on any machine), at the size budget (max_size, inclusive) or at the bank
+  cap. A wall-clock safety net (safety_timeout_s) exists only against runaway inputs; when it
+  fires the status says so ("safety_timeout") and callers report it per instance.
+  The cost of every production equals the AST size of the formula it builds (formulas are
+  returned exactly as built, binary and/or, not flattened), so the first valid formula found has
+  the minimum AST size within this grammar (FULLOBS/CI; EC see below).
 Regimes: FULLOBS — signature == labels; CI — YES worlds equal, every NO world differs; EC — the
 Kleene bounds (must/may planes) must admit the labels; a candidate is accepted at once when, in
 every world, one of the sampled completions matches (a concrete witness), otherwise z3 decides
@@ -22,13 +30,14 @@ can drop a formula that differs only on unsampled completions (completeness, not
 """
 from __future__ import annotations
 
+import math
 import time
 from dataclasses import dataclass
 
 import numpy as np
 
-from stages.induction.bitset import ENUM_GUARDS, BitContext, Guard, pack
-from stages.induction.formula import And, Atom, Formula, Not, Or, Quant, flatten, size
+from stages.induction.bitset import ENUM_GUARDS, BitContext, pack
+from stages.induction.formula import And, Atom, Formula, Not, Or, Quant, size
 from stages.induction.instances import Instance
 from stages.induction.semantics import world_explainable
 
@@ -57,61 +66,88 @@ class SolveResult:
     formula: Formula | None
     size: int | None
     seconds: float
-    status: str            # found | timeout | size_limit | bank_limit
+    status: str            # found | budget | size_limit | bank_limit | safety_timeout
     bank: int              # formulas kept after pruning
     generated: int         # formulas generated before pruning
     z3_calls: int = 0
     productions: tuple[int, ...] = ()   # ranked productions used by the found formula
+    kernel_calls: int = 0                # quantifier-kernel calls made by this search
 
 
 class Bank:
-    """All kept formulas by size: signatures, productions, and AST reconstruction."""
+    """All kept formulas by size: signatures, productions, and AST reconstruction.
+
+    Deduplication is exact: a 64-bit hash of each signature row finds candidates, and a new row is
+    dropped only when its full signature equals a kept one (hash collisions keep both)."""
 
     def __init__(self, ctx: BitContext, max_bank: int = 400_000):
         self.ctx = ctx
         self.max_bank = max_bank
         self.levels: dict[int, np.ndarray] = {}      # size -> global ids
-        self.sigs: list[np.ndarray] = []             # chunks of (N, Wtot)
-        self.prods: list[np.ndarray] = []            # chunks of (N, 3): op, a, b
-        self.seen: set[int] = set()
+        self._sig = np.zeros((1024, ctx.Wtot), np.int32)
+        self._prod = np.zeros((1024, 3), np.int64)
+        self.by_hash: dict[int, int | list[int]] = {}   # hash -> first global id (list on collision)
         self.count = 0
         self.generated = 0
-        self._sig_cat: np.ndarray | None = None
-        self._prod_cat: np.ndarray | None = None
+        self.collisions = 0
 
     # ----------------------------------------------------------------- storage
+    def _known(self, h: int, row: np.ndarray) -> bool:
+        hit = self.by_hash.get(h)
+        ids = [hit] if isinstance(hit, int) else hit
+        return any(np.array_equal(self._sig[i], row) for i in ids)
+
     def add(self, sig: np.ndarray, prod: np.ndarray) -> np.ndarray:
         """Keep rows whose signature is new; returns the kept rows' positions in the batch."""
         self.generated += len(sig)
-        if len(sig) == 0:
+        if len(sig) == 0 or self.full():
             return np.zeros(0, dtype=np.int64)
         h = row_hash(sig)
         _, first = np.unique(h, return_index=True)
         first.sort()
-        keep = [i for i, v in zip(first.tolist(), h[first].tolist()) if v not in self.seen]
+        # rows sharing a hash with an earlier row of the batch: keep those whose signature differs
+        dup = np.setdiff1d(np.arange(len(sig)), first, assume_unique=True)
+        keep: list[int] = []
+        batch_first: dict[int, list[int]] = {}
+        for i in first.tolist():
+            batch_first[int(h[i])] = [i]
+        for i in dup.tolist():
+            group = batch_first[int(h[i])]
+            if all(not np.array_equal(sig[i], sig[j]) for j in group):
+                group.append(i)
+                self.collisions += 1
+        cand = sorted(i for g in batch_first.values() for i in g)
+        for i in cand:
+            hv = int(h[i])
+            if hv in self.by_hash and self._known(hv, sig[i]):
+                continue
+            if hv in self.by_hash:
+                self.collisions += 1
+            keep.append(i)
         keep = np.array(keep[: max(0, self.max_bank - self.count)], dtype=np.int64)
         if keep.size:
-            self.seen.update(h[keep].tolist())
-            self.sigs.append(sig[keep])
-            self.prods.append(prod[keep])
-            self.count += keep.size
-            self._sig_cat = self._prod_cat = None
+            n0, n1 = self.count, self.count + keep.size
+            while n1 > len(self._sig):
+                self._sig = np.concatenate([self._sig, np.zeros_like(self._sig)])
+                self._prod = np.concatenate([self._prod, np.zeros_like(self._prod)])
+            self._sig[n0:n1] = sig[keep]
+            self._prod[n0:n1] = prod[keep]
+            for gid, i in zip(range(n0, n1), keep.tolist()):
+                hv = int(h[i])
+                old = self.by_hash.get(hv)
+                self.by_hash[hv] = gid if old is None else ([old] if isinstance(old, int) else old) + [gid]
+            self.count = n1
         return keep
 
     def full(self) -> bool:
         return self.count >= self.max_bank
 
     def _cat(self):
-        if self._sig_cat is None:
-            self._sig_cat = np.concatenate(self.sigs) if self.sigs else np.zeros((0, self.ctx.Wtot), np.int32)
-            self._prod_cat = np.concatenate(self.prods) if self.prods else np.zeros((0, 3), np.int64)
-            self.sigs, self.prods = [self._sig_cat], [self._prod_cat]
-        return self._sig_cat, self._prod_cat
+        return self._sig[: self.count], self._prod[: self.count]
 
     def level_sigs(self, n: int) -> tuple[np.ndarray, np.ndarray]:
         ids = self.levels.get(n, np.zeros(0, dtype=np.int64))
-        sig, _ = self._cat()
-        return ids, sig[ids]
+        return ids, self._sig[ids]
 
     # ----------------------------------------------------------------- AST
     def ast(self, gid: int, var: str = "x", depth: int = 0) -> Formula:
@@ -125,20 +161,21 @@ class Bank:
         if op in (AND, OR):
             kids = (self.ast(a, var, depth), self.ast(b, var, depth))
             return And(kids) if op == AND else Or(kids)
-        y = bound_name(depth)
+        y, spare = bound_name(depth), bound_name(depth + 1)
         kind = "exists" if op in (EX_G, EX_U, EX_GO) else "forall"
         if op in (EX_G, FA_G):
             g = ENUM_GUARDS[a]
             body_u = self.ast(b, y, depth + 1)
             if op == EX_G:
-                return Quant(kind, y, And((g.literal(var, y), body_u)))
-            return Quant(kind, y, Or((g.complement_literal(var, y), body_u)))
+                return Quant(kind, y, And((g.literal(var, y, spare), body_u)))
+            return Quant(kind, y, Or((g.complement_literal(var, y, spare), body_u)))
         if op in (EX_U, FA_U):
             return Quant(kind, y, self.ast(a, y, depth + 1))
-        return Quant(kind, y, ENUM_GUARDS[a].literal(var, y))
+        return Quant(kind, y, ENUM_GUARDS[a].literal(var, y, spare))
 
     def formula(self, gid: int) -> Formula:
-        return flatten(self.ast(gid))
+        """The formula exactly as enumerated (binary and/or): its AST size is its enumeration cost."""
+        return self.ast(gid)
 
     def usage(self, gid: int) -> tuple[int, ...]:
         """Sorted ranked-production indices used by the formula gid (for training a ranker)."""
@@ -178,10 +215,29 @@ def production_index(op: int, a: int) -> int | None:
     return None
 
 
-def grow(bank: Bank, n: int, deadline: float, chunk: int = 100_000, penalty: np.ndarray | None = None):
+@dataclass
+class Budget:
+    """The search budget: a count of generated formulas; the wall-clock deadline is a safety net."""
+
+    max_generated: int = 200_000
+    deadline: float = math.inf
+    safety_fired: bool = False
+
+    def exhausted(self, bank: "Bank") -> bool:
+        if bank.generated >= self.max_generated:
+            return True
+        if time.perf_counter() > self.deadline:
+            self.safety_fired = True
+            return True
+        return False
+
+
+def grow(bank: Bank, n: int, budget: Budget, chunk: int = 100_000, penalty: np.ndarray | None = None,
+         cells: int = 4_000_000):
     """Generate cost-n formulas into the bank; yields (kept global ids, their signatures) per batch.
 
-    The cost of a formula is its AST size plus, with a learned ranker, an integer penalty per use of
+    The cost of a formula is its AST size (exactly: every production's cost is the AST size of what
+    it builds) plus, with a learned ranker, an integer penalty per use of
     each ranked production (penalty[production_index]); without penalties, cost == AST size.
     """
     ctx = bank.ctx
@@ -219,7 +275,7 @@ def grow(bank: Bank, n: int, deadline: float, chunk: int = 100_000, penalty: np.
             continue
         step = max(1, chunk // max(1, len(ib)))
         for r0 in range(0, len(ia), step):
-            if time.perf_counter() > deadline or bank.full():
+            if budget.exhausted(bank) or bank.full():
                 return
             ra = np.arange(r0, min(len(ia), r0 + step))
             pa, pb = np.meshgrid(ra, np.arange(len(ib)), indexing="ij")
@@ -240,13 +296,14 @@ def grow(bank: Bank, n: int, deadline: float, chunk: int = 100_000, penalty: np.
             iu, su = bank.level_sigs(body_size)
             if not iu.size:
                 continue
-            for r0 in range(0, len(iu), chunk):
-                if time.perf_counter() > deadline or bank.full():
+            step = max(1, min(chunk, cells // (len(gis) * ctx.Wtot)))     # bounded (G, C, Wtot) output
+            for r0 in range(0, len(iu), step):
+                if budget.exhausted(bank) or bank.full():
                     return
-                out = ctx.quantify([ENUM_GUARDS[g] for g in gis], su[r0: r0 + chunk], mode)   # (G, C, Wtot)
+                out = ctx.quantify([ENUM_GUARDS[g] for g in gis], su[r0: r0 + step], mode)   # (G, C, Wtot)
                 G, C, _ = out.shape
                 gg = np.repeat(np.array(gis), C)
-                uu = np.tile(iu[r0: r0 + chunk], G)
+                uu = np.tile(iu[r0: r0 + step], G)
                 yield emit(out.reshape(G * C, -1), _prod(op, gg, uu))
     # unguarded quantifiers ∃y U(y), ∀y U(y)
     iu, su = bank.level_sigs(n - 2)
@@ -285,7 +342,7 @@ class Goal:
         must, may = sig[:, :W], sig[:, W: 2 * W]
         return ((must & ~t) == 0).all(1) & ((t & ~may) == 0).all(1)
 
-    def confirm(self, bank: Bank, gid: int, sig_row: np.ndarray, deadline: float) -> Formula | None:
+    def confirm(self, bank: Bank, gid: int, sig_row: np.ndarray, budget: Budget) -> Formula | None:
         f = bank.formula(gid)
         if self.inst.regime != "ec":
             return f
@@ -295,55 +352,54 @@ class Goal:
         for k, w in enumerate(self.inst.worlds):
             if witnessed[k]:
                 continue
-            if time.perf_counter() > deadline:
-                return None
             self.z3_calls += 1
             if not world_explainable(f, w):
                 return None
         return f
 
 
-def make_context(inst: Instance, completions: int = 8, seed: int = 0, backend: str = "auto") -> BitContext:
+def make_context(inst: Instance, completions: int = 8, seed: int = 0, backend: str = "auto",
+                 device=None) -> BitContext:
     return BitContext(inst.worlds, completions=completions if inst.regime == "ec" else 0, seed=seed,
-                      three_valued=inst.regime == "ec", backend=backend)
+                      three_valued=inst.regime == "ec", backend=backend, device=device)
 
 
-def synthesize(inst: Instance, timeout_s: float = 1.0, max_size: int = 20, completions: int = 8,
+def synthesize(inst: Instance, max_generated: int = 200_000, max_size: int = 22, completions: int = 8,
                max_bank: int = 400_000, seed: int = 0, backend: str = "auto",
-               penalty: np.ndarray | None = None) -> SolveResult:
-    """Enumerate by AST size (or by size + ranker penalties, up to max_size + the largest penalty
-    budget) until a valid formula is found or a budget runs out."""
+               penalty: np.ndarray | None = None, safety_timeout_s: float = 600.0, device=None) -> SolveResult:
+    """Enumerate by AST size (or by size + ranker penalties, up to max_size + 3 x the largest
+    penalty) until a valid formula is found or a budget runs out. max_size is inclusive."""
     t0 = time.perf_counter()
-    deadline = t0 + timeout_s
-    ctx = make_context(inst, completions, seed, backend)
+    budget = Budget(max_generated, t0 + safety_timeout_s)
+    ctx = make_context(inst, completions, seed, backend, device)
     bank = Bank(ctx, max_bank)
     goal = Goal(inst, ctx)
     status = "size_limit"
     max_cost = max_size + (int(np.max(penalty)) * 3 if penalty is not None else 0)
     for n in range(2, max_cost + 1):
-        for ids, sig in grow(bank, n, deadline, penalty=penalty):
+        for ids, sig in grow(bank, n, budget, penalty=penalty):
             if not len(ids):
                 continue
             for pos in np.flatnonzero(goal.candidates(sig)):
-                f = goal.confirm(bank, int(ids[pos]), sig[pos], deadline)
+                f = goal.confirm(bank, int(ids[pos]), sig[pos], budget)
                 if f is not None:
                     return SolveResult(f, size(f), time.perf_counter() - t0, "found", bank.count,
-                                       bank.generated, goal.z3_calls, bank.usage(int(ids[pos])))
-                if time.perf_counter() > deadline:
-                    break
-        if time.perf_counter() > deadline:
-            status = "timeout"
+                                       bank.generated, goal.z3_calls, bank.usage(int(ids[pos])), ctx.calls)
+        if budget.exhausted(bank):
+            status = "safety_timeout" if budget.safety_fired else "budget"
             break
         if bank.full():
             status = "bank_limit"
             break
-    return SolveResult(None, None, time.perf_counter() - t0, status, bank.count, bank.generated, goal.z3_calls)
+    return SolveResult(None, None, time.perf_counter() - t0, status, bank.count, bank.generated, goal.z3_calls,
+                       (), ctx.calls)
 
 
-def feature_bank(ctx: BitContext, max_size: int, deadline: float = float("inf")) -> Bank:
+def feature_bank(ctx: BitContext, max_size: int, max_generated: int = 10**9) -> Bank:
     """All observationally distinct unary formulas up to max_size (the bloated fitter's vocabulary)."""
     bank = Bank(ctx)
+    budget = Budget(max_generated)
     for n in range(2, max_size + 1):
-        for _ in grow(bank, n, deadline):
+        for _ in grow(bank, n, budget):
             pass
     return bank

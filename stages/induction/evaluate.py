@@ -1,11 +1,15 @@
-"""evaluate: validity per regime, size vs gold, budgeted validity, held-out accuracy, difficulty by depth.
+"""evaluate: validity per regime, size vs gold, budgeted validity (in formula counts), held-out
+accuracy against the bloated fitter and a constant majority classifier, inside vs outside the old
+grammar fragment, and difficulty by depth.
 
 Validity is decided exactly by stages.induction.check (numpy evaluation; EC with z3). Held-out
 accuracy -- the hot loop -- evaluates every predicted formula on its instance's fresh, fully
 observed held-out worlds through the bit-packed evaluator whose quantifiers run in the batched
-Triton kernel (kernels.quantifier_eval); each result is cross-checked against the numpy evaluator
-and disagreements are counted (expected 0).
-Outputs: results.csv (one row per instance x solver) and metrics.json.
+kernel (kernels.quantifier_eval, backend from KernelRecord); each result is cross-checked against
+the numpy evaluator and disagreements are counted (expected 0). The enumerator's predictions with
+status "fallback" (no compact formula within budget) are counted apart, never as solved.
+Outputs: results.csv (one row per instance x solver), kernels.json and metrics.json -- no
+wall-clock values, so the same params give the same metrics.
 """
 from __future__ import annotations
 
@@ -18,42 +22,49 @@ import torch
 from pydantic import Field, field_validator
 from tqdm import tqdm
 
-from stages.common.config import StageConfig
+from kernels.quantifier_eval import guarded_quantify
+from kernels.record import KernelRecord
+from stages.common.config import Seed, StageConfig, unique_items
+from stages.common.device import DeviceName, pick_device
 from stages.common.paths import write_json
 from stages.common.runner import StageContext
-from stages.induction.bitset import BitContext, NotGuarded, unpack
+from stages.induction.bitset import LITERAL_GUARDS, BitContext, NotGuarded, unpack
 from stages.induction.check import check_formula
 from stages.induction.formula import parse
-from stages.induction.instances import load_instances, load_predictions, parse_instance
+from stages.induction.instances import load_instances, parse_instance
 from stages.induction.semantics import evaluate as np_evaluate
 
 SOLVERS = ("enum", "bloated")
 
 
 class Config(StageConfig):
-    budgets_s: list[float] = Field(default_factory=lambda: [0.01, 0.03, 0.1, 0.3, 1.0],
-                                   description="time budgets for the budgeted-validity curve (s)")
-    seed: int = 0
+    budgets_generated: list[int] = Field(default_factory=lambda: [100, 1_000, 10_000, 100_000, 200_000],
+                                         min_length=1, max_length=32,
+                                         description="formula-count budgets for the budgeted-validity curve")
+    seed: Seed = 0
+    device: DeviceName = "auto"
 
-    @field_validator("budgets_s")
+    @field_validator("budgets_generated")
     @classmethod
-    def _budgets(cls, v: list[float]) -> list[float]:
-        if not v or any(b <= 0 for b in v) or sorted(v) != v:
-            raise ValueError(f"expected a non-empty increasing list of positive seconds (got {v})")
+    def _budgets(cls, v: list[int]) -> list[int]:
+        unique_items(v, "budgets_generated")
+        if any(b < 1 or b > 10**9 for b in v) or sorted(v) != v:
+            raise ValueError(f"expected an increasing list of counts in 1..1e9 (got {v})")
         return v
 
 
-def heldout_scores(formula_text: str, worlds) -> tuple[float, float, int, bool]:
+def heldout_scores(formula_text: str, worlds, rec: KernelRecord, device) -> tuple[float, float, int, bool]:
     """(object accuracy, exact-world rate, evaluator disagreements, used kernel path)."""
     f = parse(formula_text)
-    ctx = BitContext(worlds)
+    ctx = BitContext(worlds, backend=rec.backend, device=device)
     try:
-        sig = ctx.compile_many([f])[0]                              # (W,) via the Triton kernel
+        sig = ctx.compile_many([f])[0]                              # (W,) via the quantifier kernel
         preds = [unpack(sig[k: k + 1], w.domain)[0] for k, w in enumerate(worlds)]
         kernel = True
     except NotGuarded:
         preds = [np_evaluate(f, w) for w in worlds]
         kernel = False
+    rec.count("quantifier_eval", ctx.calls)
     mismatches = sum(int((p != np_evaluate(f, w)).sum()) for p, w in zip(preds, worlds)) if kernel else 0
     correct = sum(int((p == w.labels).sum()) for p, w in zip(preds, worlds))
     total = sum(w.domain for w in worlds)
@@ -62,38 +73,61 @@ def heldout_scores(formula_text: str, worlds) -> tuple[float, float, int, bool]:
 
 
 def _rate(xs) -> float:
-    xs = list(xs)
+    xs = [x for x in list(xs) if x is not None and not (isinstance(x, float) and math.isnan(x))]
     return float(np.mean(xs)) if xs else float("nan")
+
+
+def _median(s: pl.Series) -> float:
+    s = s.drop_nulls()
+    return float(s.median()) if len(s) else float("nan")
+
+
+def _load_preds(path) -> dict[str, dict]:
+    return {d["id"]: d for d in map(json.loads, path.read_text().splitlines())}
 
 
 def run(cfg: Config, ctx: StageContext) -> None:
     torch.set_num_threads(1)
+    device = pick_device(cfg.device)
+    rec = KernelRecord(device)
     prep, train = ctx.input("prepare"), ctx.input("train")
     insts = load_instances(prep / "instances.jsonl")
     metas = {m["id"]: m for m in map(json.loads, (prep / "heldout.jsonl").read_text().splitlines())}
     logs = {x["id"]: x for x in map(json.loads, (train / "search_log.jsonl").read_text().splitlines())}
-    preds = {s: load_predictions(train / f"predictions_{s}.jsonl", insts) for s in SOLVERS}
+    preds = {s: _load_preds(train / f"predictions_{s}.jsonl") for s in SOLVERS}
     rows, mismatches, fallbacks = [], 0, 0
+    parity_done = False
     for inst in tqdm(insts, desc="evaluate@induction"):
         meta = metas[inst.id]
         held = [parse_instance({"id": inst.id, "regime": "fullobs", "worlds": [w]}).worlds[0]
                 for w in meta["heldout"]]
+        if not parity_done:                  # Triton path vs reference on this stage's real inputs
+            hctx = BitContext(held, device=device)
+            phi = torch.from_numpy(np.stack([hctx.atoms["P"], hctx.atoms["Q"], hctx.neg(hctx.atoms["P"])])).to(device)
+            rec.parity("quantifier_eval", guarded_quantify, hctx.rel(list(LITERAL_GUARDS), "exists"), phi,
+                       hctx._dom_t, "forall",
+                       slice=f"the 9 literal guards x 3 unary formulas on the held-out worlds of {inst.id} (forall)")
+            parity_done = True
         train_labels = np.concatenate([w.labels for w in inst.worlds if w.kind == "yes"])
         majority = bool(train_labels.mean() >= 0.5)          # reference: a constant classifier
         majority_acc = float(np.mean(np.concatenate([w.labels for w in held]) == majority))
+        log = logs[inst.id]
         for solver in SOLVERS:
             pred = preds[solver][inst.id]
-            res = check_formula(inst, pred.formula)
+            res = check_formula(inst, pred["formula"])
             acc = exact = float("nan")
-            if pred.formula is not None and res["size"] is not None:
-                acc, exact, mm, kernel = heldout_scores(pred.formula, held)
+            if pred["formula"] is not None and res["size"] is not None:
+                acc, exact, mm, kernel = heldout_scores(pred["formula"], held, rec, device)
                 mismatches += mm
                 fallbacks += int(not kernel)
-            log = logs[inst.id]
-            rows.append({"id": inst.id, "regime": inst.regime, "template": meta["template"], "depth": meta["depth"],
-                         "solver": solver, "valid": bool(res["valid"]), "size": res["size"],
-                         "gold_size": meta["gold_size"], "seconds": float(pred.seconds or 0.0),
+            status = pred.get("status", "solved" if pred["formula"] is not None else "none")
+            rows.append({"id": inst.id, "seed": meta.get("seed", 0), "regime": inst.regime,
+                         "template": meta["template"], "fragment": meta.get("fragment", "inside"),
+                         "depth": meta["depth"], "solver": solver, "status": status,
+                         "valid": bool(res["valid"]), "solved": bool(res["valid"]) and status == "solved",
+                         "size": res["size"], "gold_size": meta["gold_size"],
                          "generated": int(log["enum_generated"]) if solver == "enum" else None,
+                         "safety_net": bool(log.get("safety_net_fired", False)) if solver == "enum" else None,
                          "heldout_acc": acc, "heldout_exact": exact, "majority_acc": majority_acc,
                          "error": res["error"]})
     df = pl.DataFrame(rows, infer_schema_length=None)
@@ -102,26 +136,28 @@ def run(cfg: Config, ctx: StageContext) -> None:
     if (train / "guided_log.jsonl").exists():
         metrics["guided"] = guided_metrics(insts, train, logs, ctx)
     write_json(ctx.out / "metrics.json", metrics)
+    rec.save(ctx.out)
     if ctx.tracker:
-        ctx.tracker.summary({"enum_valid": metrics["enum"]["all"]["valid_rate"],
+        ctx.tracker.summary({"enum_solved": metrics["enum"]["all"]["valid_rate"],
                              "bloated_valid": metrics["bloated"]["all"]["valid_rate"]})
 
 
 def guided_metrics(insts, train, logs, ctx) -> dict:
-    """(C) ranker-guided vs plain enumeration on the ranker's held-out split (same budgets)."""
+    """(C) ranker-guided vs plain enumeration on the ranker's held-out split (same count budgets)."""
     glog = [json.loads(x) for x in (train / "guided_log.jsonl").read_text().splitlines()]
     by_id = {i.id: i for i in insts}
-    preds = {json.loads(x)["id"]: json.loads(x) for x in (train / "predictions_guided.jsonl").read_text().splitlines()}
-    plain = {p.id: p for p in load_predictions(train / "predictions_enum.jsonl", insts).values()}
+    preds = _load_preds(train / "predictions_guided.jsonl")
+    plain = _load_preds(train / "predictions_enum.jsonl")
     rows = []
     for g in glog:
         inst = by_id[g["id"]]
+        p = plain[g["id"]]
+        plain_ok = p.get("status") == "solved" and bool(check_formula(inst, p["formula"])["valid"])
         rows.append({"id": g["id"], "regime": inst.regime,
                      "guided_valid": bool(check_formula(inst, preds[g["id"]]["formula"])["valid"]),
-                     "plain_valid": bool(check_formula(inst, plain[g["id"]].formula)["valid"]),
+                     "plain_valid": plain_ok,
                      "guided_generated": g["generated"], "plain_generated": logs[g["id"]]["enum_generated"],
-                     "guided_seconds": g["seconds"], "plain_seconds": logs[g["id"]]["enum_seconds"],
-                     "guided_size": preds[g["id"]]["size"], "plain_size": plain[g["id"]].size})
+                     "guided_size": preds[g["id"]]["size"], "plain_size": p["size"] if plain_ok else None})
     df = pl.DataFrame(rows, infer_schema_length=None)
     df.write_csv(ctx.out / "guided.csv")
     both = df.filter(pl.col("guided_valid") & pl.col("plain_valid"))
@@ -130,51 +166,78 @@ def guided_metrics(insts, train, logs, ctx) -> dict:
             "guided_median_generated": float(df["guided_generated"].median()),
             "plain_median_generated": float(df["plain_generated"].median()),
             "mean_log10_effort_ratio": float(ratio.mean()), "frac_less_effort": _rate(ratio < 0),
-            "guided_median_size": float(both["guided_size"].median()) if both.height else float("nan"),
-            "plain_median_size": float(both["plain_size"].median()) if both.height else float("nan")}
+            "guided_median_size": _median(both["guided_size"]) if both.height else float("nan"),
+            "plain_median_size": _median(both["plain_size"]) if both.height else float("nan")}
+
+
+def _block(r: pl.DataFrame, enum: bool) -> dict:
+    ok = r.filter(pl.col("solved") if enum else pl.col("valid"))
+    return {"n": r.height, "valid_rate": ok.height / r.height if r.height else float("nan"),
+            "fallback_rate": _rate((r["status"] == "fallback").to_list()) if enum else 0.0,
+            "fallback_valid_rate": _rate(((r["status"] == "fallback") & r["valid"]).to_list()) if enum else 0.0,
+            "median_size": _median(ok["size"]) if ok.height else float("nan"),
+            "median_size_over_gold": _median(ok["size"] / ok["gold_size"]) if ok.height else float("nan"),
+            "heldout_acc_valid": _rate(ok["heldout_acc"].to_list())}
 
 
 def summarize(df: pl.DataFrame, cfg: Config, mismatches: int, fallbacks: int) -> dict:
-    out: dict = {"n_instances": df.filter(pl.col("solver") == "enum").height}
+    e = df.filter(pl.col("solver") == "enum")
+    out: dict = {"n_instances": e.height, "seeds": sorted(e["seed"].unique().to_list()),
+                 "safety_net_fired": int(e["safety_net"].sum())}
     for solver in SOLVERS:
         d = df.filter(pl.col("solver") == solver)
-        block = {}
-        for regime in ["fullobs", "ci", "ec", "all"]:
-            r = d if regime == "all" else d.filter(pl.col("regime") == regime)
-            if r.height == 0:
-                continue
-            v = r.filter(pl.col("valid"))
-            block[regime] = {"n": r.height, "valid_rate": _rate(r["valid"]),
-                             "median_size": float(v["size"].median()) if v.height else float("nan"),
-                             "median_size_over_gold": float((v["size"] / v["gold_size"]).median()) if v.height else float("nan"),
-                             "heldout_acc_valid": _rate(v["heldout_acc"].drop_nans())}
-        out[solver] = block
-    # budgeted validity of the enumerator: valid and found within b seconds
-    e = df.filter(pl.col("solver") == "enum")
+        out[solver] = {reg: _block(d if reg == "all" else d.filter(pl.col("regime") == reg), solver == "enum")
+                       for reg in ["fullobs", "ci", "ec", "all"]
+                       if reg == "all" or d.filter(pl.col("regime") == reg).height}
+    # budgeted validity of the enumerator: solved with at most b formulas generated (a count)
     out["budgeted"] = {}
     for regime in ["fullobs", "ci", "ec"]:
         r = e.filter(pl.col("regime") == regime)
         if r.height:
-            out["budgeted"][regime] = {f"b{b:g}": _rate((r["valid"] & (r["seconds"] <= b)).to_list()) for b in cfg.budgets_s}
-    # compact vs bloated on instances where BOTH are training-valid (paired)
-    wide = (e.select("id", pl.col("valid").alias("ev"), pl.col("heldout_acc").alias("ea"), pl.col("heldout_exact").alias("ex"),
-                     pl.col("size").alias("es"), pl.col("majority_acc").alias("ma"))
+            out["budgeted"][regime] = {f"g{b}": _rate((r["solved"] & (r["generated"] <= b)).to_list())
+                                       for b in cfg.budgets_generated}
+    # compact vs bloated vs majority on instances where BOTH formulas are training-valid (paired)
+    wide = (e.select("id", "seed", pl.col("solved").alias("ev"), pl.col("heldout_acc").alias("ea"),
+                     pl.col("heldout_exact").alias("ex"), pl.col("size").alias("es"), pl.col("majority_acc").alias("ma"))
             .join(df.filter(pl.col("solver") == "bloated").select("id", pl.col("valid").alias("bv"),
-                  pl.col("heldout_acc").alias("ba"), pl.col("heldout_exact").alias("bx"), pl.col("size").alias("bs")), on="id"))
+                  pl.col("heldout_acc").alias("ba"), pl.col("heldout_exact").alias("bx"), pl.col("size").alias("bs")),
+                  on="id"))
     both = wide.filter(pl.col("ev") & pl.col("bv"))
+    per_seed: dict[str, list] = {"seed": [], "n": [], "compact_acc": [], "bloated_acc": [], "majority_acc": [],
+                                 "best_baseline_acc": []}
+    for seed in out["seeds"]:
+        s = both.filter(pl.col("seed") == seed)
+        ca, ba, ma = _rate(s["ea"]), _rate(s["ba"]), _rate(s["ma"])
+        per_seed["seed"].append(int(seed))
+        per_seed["n"].append(s.height)
+        per_seed["compact_acc"].append(ca)
+        per_seed["bloated_acc"].append(ba)
+        per_seed["majority_acc"].append(ma)
+        per_seed["best_baseline_acc"].append(max(ba, ma) if s.height else float("nan"))
     out["heldout"] = {"n_pairs": both.height, "compact_acc": _rate(both["ea"]), "bloated_acc": _rate(both["ba"]),
                       "compact_exact": _rate(both["ex"]), "bloated_exact": _rate(both["bx"]),
-                      "compact_median_size": float(both["es"].median()) if both.height else float("nan"),
-                      "bloated_median_size": float(both["bs"].median()) if both.height else float("nan"),
-                      "majority_acc": _rate(both["ma"]), "acc_gap": _rate(both["ea"]) - _rate(both["ba"])}
+                      "compact_median_size": _median(both["es"]) if both.height else float("nan"),
+                      "bloated_median_size": _median(both["bs"]) if both.height else float("nan"),
+                      "majority_acc": _rate(both["ma"]), "acc_gap": _rate(both["ea"]) - _rate(both["ba"]),
+                      "bloated_minus_majority": _rate(both["ba"]) - _rate(both["ma"]),
+                      "per_seed": per_seed}
+    # inside vs outside the original one-literal-guard fragment
+    out["fragment"] = {}
+    for frag in ("inside", "outside"):
+        r = e.filter(pl.col("fragment") == frag)
+        if r.height:
+            ok = r.filter(pl.col("solved"))
+            out["fragment"][frag] = {"n": r.height, "solve_rate": ok.height / r.height,
+                                     "fallback_rate": _rate((r["status"] == "fallback").to_list()),
+                                     "median_size_over_gold": _median(ok["size"] / ok["gold_size"]) if ok.height else float("nan"),
+                                     "heldout_acc_solved": _rate(ok["heldout_acc"].to_list())}
     # difficulty by template depth (enumeration): solve rate within the budget and search effort
     diff = {}
-    for depth in sorted(e["depth"].unique().to_list()):
-        r = e.filter(pl.col("depth") == depth)
-        diff[f"depth_{depth}"] = {"n": r.height, "solve_rate": _rate(r["valid"]),
-                                  "median_generated": float(r["generated"].median()),
-                                  "median_seconds": float(r["seconds"].median())}
     depths = sorted(e["depth"].unique().to_list())
+    for depth in depths:
+        r = e.filter(pl.col("depth") == depth)
+        diff[f"depth_{depth}"] = {"n": r.height, "solve_rate": _rate(r["solved"].to_list()),
+                                  "median_generated": float(r["generated"].median())}
     lo, hi = diff[f"depth_{depths[0]}"], diff[f"depth_{depths[-1]}"]
     diff["shallowest"], diff["deepest"] = depths[0], depths[-1]
     diff["solve_rate_shallow"], diff["solve_rate_deep"] = lo["solve_rate"], hi["solve_rate"]

@@ -4,7 +4,8 @@
 
 A hidden concept T is a gold formula from one of the TEMPLATES (depth = quantifier nesting,
 0..3; ∀∃ nesting, R/S in both directions, equality), with its predicates and relation directions
-drawn at random. Worlds: domain 5..8, each unary atom true with prob. p_unary, each binary atom
+drawn at random. Five templates lie outside the one-literal-guard fragment of the original
+grammar (OUTSIDE_OLD_FRAGMENT: mutual edges, x != y with a successor, a 3-cycle back to x). Worlds: domain 5..8, each unary atom true with prob. p_unary, each binary atom
 with prob. p_edge; labels = the gold formula's value.
 - FULLOBS: 4 fully observed worlds.
 - CI: 6 YES worlds (labels = T) + 2 NO worlds whose labels are T with 1-2 objects flipped.
@@ -36,7 +37,16 @@ TEMPLATES = {
     "some_all": "(exists y (and {B1xy} (forall z (or (not {B2yz}) ({U1} z)))))",
     "chain3": "(exists y (and {B1xy} (exists z (and {B2yz} (exists w (and {B3zw} ({U1} w)))))))",
     "all_some_all": "(forall y (or (not {B1xy}) (exists z (and {B2yz} (forall w (or (not {B3zw}) ({U1} w)))))))",
+    # outside the one-literal-guard fragment: the quantifier body mentions x twice, or uses equality
+    "mutual": "(exists y (and ({RA} x y) ({RB} y x)))",
+    "mutual_succ": "(exists y (and ({RA} x y) ({RB} y x) ({U1} y)))",
+    "other_succ": "(exists y (and ({RA} x y) (not (= x y)) ({U1} y)))",
+    "all_other_succ": "(forall y (or (not ({RA} x y)) (= x y) ({U1} y)))",
+    "triangle": "(exists y (and ({RA} x y) (exists z (and ({RB} y z) ({RC} z x)))))",
 }
+# which templates the original grammar (one literal guard per quantifier) could express
+OUTSIDE_OLD_FRAGMENT = ("mutual", "mutual_succ", "other_succ", "all_other_succ", "triangle")
+FRAGMENT = {t: ("outside" if t in OUTSIDE_OLD_FRAGMENT else "inside") for t in TEMPLATES}
 
 
 @dataclass(frozen=True)
@@ -56,6 +66,7 @@ class GenSpec:
     heldout_worlds: int = 4
     min_minority: float = 0.15      # training labels: each class at least this fraction
     seed: int = 0
+    id_prefix: str = ""
 
 
 def instantiate(template: str, rng: np.random.Generator) -> str:
@@ -66,6 +77,8 @@ def instantiate(template: str, rng: np.random.Generator) -> str:
         args = (a, b) if rng.random() < 0.5 else (b, a)
         subs[f"B{k}{a}{b}"] = f"({pred} {args[0]} {args[1]})"
     subs["B1x"] = f"{rng.choice(['R', 'S'])} x x"
+    for k in ("RA", "RB", "RC"):
+        subs[k] = str(rng.choice(["R", "S"]))
     return template.format(**subs)
 
 
@@ -123,7 +136,8 @@ def make_instance(iid: str, regime: str, template: str, rng: np.random.Generator
             continue
         heldout = [labelled(random_world(rng, spec), gold) for _ in range(spec.heldout_worlds)]
         inst = Instance(iid, regime, worlds, gold_text)
-        meta = {"id": iid, "regime": regime, "template": template, "depth": quantifier_depth(gold),
+        meta = {"id": iid, "regime": regime, "template": template, "fragment": FRAGMENT[template],
+                "seed": spec.seed, "depth": quantifier_depth(gold),
                 "gold_size": size(gold), "heldout": [w.to_json("fullobs") for w in heldout]}
         return inst, meta
     raise RuntimeError(f"{iid}: template {template!r} gave no balanced instance in {tries} tries")
@@ -131,7 +145,7 @@ def make_instance(iid: str, regime: str, template: str, rng: np.random.Generator
 
 def generate(spec: GenSpec) -> tuple[list[Instance], list[dict]]:
     rng = np.random.default_rng(spec.seed)
-    prefix = {"fullobs": "fo", "ci": "ci", "ec": "ec"}
+    prefix = {"fullobs": f"{spec.id_prefix}fo", "ci": f"{spec.id_prefix}ci", "ec": f"{spec.id_prefix}ec"}
     insts, metas = [], []
     for regime in spec.regimes:
         k = 0

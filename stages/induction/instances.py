@@ -192,9 +192,17 @@ def parse_instance(obj: Any, path: str = "<instances>", line: int = 1) -> Instan
 
 def _json_lines(path: Path):
     try:
-        text = Path(path).read_text()
+        raw_bytes = Path(path).read_bytes()
     except OSError as err:
         raise InstanceError(f"{path}: cannot read ({err.strerror})") from None
+    if b"\x00" in raw_bytes:
+        raise InstanceError(f"{path}: binary file (NUL byte at offset {raw_bytes.index(0)}), expected JSON lines")
+    try:
+        text = raw_bytes.decode("utf-8")
+    except UnicodeDecodeError as err:
+        line = raw_bytes[: err.start].count(b"\n") + 1
+        raise InstanceError(f"{path}:{line}: not UTF-8 text (byte 0x{raw_bytes[err.start]:02x} at offset "
+                            f"{err.start})") from None
     for line_no, raw in enumerate(text.splitlines(), start=1):
         if not raw.strip():
             continue

@@ -1,17 +1,23 @@
 """Solve instances: one formula per instance, by enumeration, the bloated fitter, or both.
 
     python -m stages.induction.solve --instances IN.jsonl --out OUT.jsonl [--timeout S]
-        [--solver portfolio|enum|bloated] [--max-size N]
+        [--solver portfolio|enum|bloated] [--max-size N] [--max-generated N] [--max-bank N]
 
-Writes one line per instance: {"id", "formula": s-expr | null, "size", "seconds"}.
-portfolio (default): bottom-up enumeration within the time budget; if it finds nothing, the
-bloated fitter (valid on the training worlds whenever the objects' types separate).
-A malformed instance file stops with one line naming the file line, instance id and field (exit 2).
+Writes one line per instance: {"id", "formula": s-expr | null, "size", "seconds", "status"} with
+status "solved" (enumeration found a compact formula), "fallback" (the bloated fitter's formula,
+used when enumeration found none within budget) or "none". Lines are written as each instance is
+solved, so an interrupted run keeps what it finished.
+portfolio (default): bottom-up enumeration within the formula-count budget (--max-generated, a
+count, so results do not depend on machine speed); if it finds nothing, the bloated fitter.
+--timeout is only a wall-clock safety net per instance (finite, > 0).
+Bad input (a malformed or non-UTF-8 instance file, --out equal to the input or a directory, a
+non-finite --timeout) stops with one line and exit code 2, before any work.
 """
 from __future__ import annotations
 
 import argparse
 import json
+import math
 import sys
 from pathlib import Path
 
@@ -25,37 +31,76 @@ from stages.induction.instances import Instance, InstanceError, load_instances
 SOLVERS = ("portfolio", "enum", "bloated")
 
 
-def solve_instance(inst: Instance, solver: str = "portfolio", timeout_s: float = 2.0, max_size: int = 20,
-                   seed: int = 0, completions: int = 8) -> tuple[SolveResult, str]:
+def solve_instance(inst: Instance, solver: str = "portfolio", timeout_s: float = 60.0, max_size: int = 22,
+                   seed: int = 0, completions: int = 8, max_generated: int = 200_000,
+                   max_bank: int = 400_000) -> tuple[SolveResult, str]:
+    """(result, status) with status solved | fallback | none."""
     if solver not in SOLVERS:
         raise ValueError(f"solver: expected one of {', '.join(SOLVERS)} (got {solver!r})")
     if solver in ("enum", "portfolio"):
-        res = synthesize(inst, timeout_s=timeout_s, max_size=max_size, seed=seed, completions=completions)
-        if res.formula is not None or solver == "enum":
-            return res, "enum"
+        res = synthesize(inst, max_generated=max_generated, max_size=max_size, seed=seed, completions=completions,
+                         safety_timeout_s=timeout_s, max_bank=max_bank)
+        if res.formula is not None:
+            return res, "solved"
+        if solver == "enum":
+            return res, "none"
         spent = res.seconds
-        res = fit_bloated(inst)
+        res = fit_bloated(inst, seed=seed)
         res.seconds += spent
-        return res, "bloated"
-    return fit_bloated(inst), "bloated"
+        return res, "fallback" if res.formula is not None else "none"
+    res = fit_bloated(inst, seed=seed)
+    return res, "solved" if res.formula is not None else "none"
 
 
-def prediction_line(inst: Instance, res: SolveResult) -> dict:
+def prediction_line(inst: Instance, res: SolveResult, status: str | None = None) -> dict:
+    if status is None:
+        status = "solved" if res.formula is not None else "none"
     return {"id": inst.id, "formula": to_sexpr(res.formula) if res.formula is not None else None,
-            "size": res.size, "seconds": round(res.seconds, 4)}
+            "size": res.size, "seconds": round(res.seconds, 4), "status": status}
+
+
+def check_out_path(out: Path, inputs: list[Path]) -> str | None:
+    """A one-line problem with --out, or None: a directory, or the same file as an input."""
+    if out.is_dir():
+        return f"--out {out} is a directory (expected a file path)"
+    for p in inputs:
+        try:
+            same = out.resolve() == p.resolve()
+        except OSError:
+            same = False
+        if same:
+            return f"--out {out} is the same file as the input {p} (it would be overwritten)"
+    return None
 
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m stages.induction.solve", description=__doc__.splitlines()[0])
     ap.add_argument("--instances", required=True, type=Path)
     ap.add_argument("--out", required=True, type=Path)
-    ap.add_argument("--timeout", type=float, default=2.0, help="enumeration budget per instance, seconds")
+    ap.add_argument("--timeout", type=float, default=60.0, help="wall-clock safety net per instance, seconds")
     ap.add_argument("--solver", choices=SOLVERS, default="portfolio")
-    ap.add_argument("--max-size", type=int, default=20, help="enumeration size budget (AST size)")
-    ap.add_argument("--seed", type=int, default=0, help="seed of the EC completion samples")
+    ap.add_argument("--max-size", type=int, default=22, help="enumeration size budget (AST size, inclusive)")
+    ap.add_argument("--max-generated", type=int, default=200_000,
+                    help="enumeration budget per instance: formulas generated (a count)")
+    ap.add_argument("--max-bank", type=int, default=400_000,
+                    help="cap on formulas kept after pruning (a count; raise it with --max-generated for deep concepts)")
+    ap.add_argument("--seed", type=int, default=0, help="seed of the EC completion samples and tree tie-breaks")
     args = ap.parse_args(argv)
-    if args.timeout <= 0 or args.max_size < 2:
-        print("error: --timeout must be > 0 and --max-size >= 2", file=sys.stderr)
+    if not math.isfinite(args.timeout) or args.timeout <= 0:
+        print(f"error: --timeout must be a finite number > 0 (got {args.timeout})", file=sys.stderr)
+        return 2
+    if args.max_size < 2 or args.max_size > 60:
+        print(f"error: --max-size must be in 2..60 (got {args.max_size})", file=sys.stderr)
+        return 2
+    if args.max_generated < 1 or args.max_generated > 10**9:
+        print(f"error: --max-generated must be in 1..1000000000 (got {args.max_generated})", file=sys.stderr)
+        return 2
+    if args.max_bank < 100 or args.max_bank > 10**8:
+        print(f"error: --max-bank must be in 100..100000000 (got {args.max_bank})", file=sys.stderr)
+        return 2
+    problem = check_out_path(args.out, [args.instances])
+    if problem:
+        print(f"error: {problem}", file=sys.stderr)
         return 2
     try:
         insts = load_instances(args.instances)
@@ -65,16 +110,22 @@ def main(argv: list[str] | None = None) -> int:
     import torch
 
     torch.set_num_threads(1)
-    lines = []
-    for inst in tqdm(insts, desc="solve", file=sys.stderr):
-        res, _ = solve_instance(inst, args.solver, args.timeout, args.max_size, args.seed)
-        lines.append(json.dumps(prediction_line(inst, res)) + "\n")
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text("".join(lines))
-    solved = sum(json.loads(s)["formula"] is not None for s in lines)
+    solved = 0
+    with args.out.open("w") as fh:                 # incremental: each line flushed when solved
+        for inst in tqdm(insts, desc="solve", file=sys.stderr):
+            res, status = solve_instance(inst, args.solver, args.timeout, args.max_size, args.seed,
+                                         max_generated=args.max_generated, max_bank=args.max_bank)
+            fh.write(json.dumps(prediction_line(inst, res, status)) + "\n")
+            fh.flush()
+            solved += res.formula is not None
     print(f"solve: {solved}/{len(insts)} instances got a formula -> {args.out}", file=sys.stderr)
     return 0
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    try:
+        sys.exit(main())
+    except KeyboardInterrupt:
+        print("solve: interrupted; the lines written so far are kept", file=sys.stderr)
+        sys.exit(130)

@@ -1,12 +1,17 @@
 """train: run the symbolic synthesizers over every generated instance.
 
-(A) bottom-up enumeration by AST size with observational-equivalence pruning, budgeted by time
-    (timeout_s per instance) and AST size (max_size) -- stages.induction.enumerate;
-(B) the bloated characteristic-type DNF fitter -- stages.induction.bloated.
+(A) bottom-up enumeration by AST size with observational-equivalence pruning, budgeted by a
+    count of generated formulas (max_generated per instance) and AST size (max_size, which must be
+    >= the largest gold size: checked before any work); a wall-clock safety net
+    (safety_timeout_s) is reported per instance when it fires -- stages.induction.enumerate;
+(B) the bloated fitter: a depth-unbounded decision tree over a feature bank, as a DNF --
+    stages.induction.bloated.
 (C) optional: a neural production ranker (LightningModule, stages.induction.ranker) trained on
     the productions used by (A)'s solutions on a seeded training split of the instances, then
     used to guide enumeration (size + learned penalties) on the held-out split.
-Writes predictions_enum.jsonl / predictions_bloated.jsonl in the `solve` output format,
+Writes predictions_enum.jsonl / predictions_bloated.jsonl in the `solve` output format (plus
+"status": "solved" | "fallback" | "none" -- an unsolved enumeration line carries the bloated
+formula marked "fallback"),
 search_log.jsonl (status, seconds, formulas kept/generated, z3 calls) for the evaluation, and
 for (C) ranker.pt, predictions_guided.jsonl and guided_log.jsonl (held-out split only).
 """
@@ -20,58 +25,81 @@ from pydantic import Field
 from torch.utils.data import DataLoader, TensorDataset
 from tqdm import tqdm
 
-from stages.common.config import StageConfig
+from kernels.record import KernelRecord
+from stages.common.config import ConfigError, PositiveInt, Seed, StageConfig
+from stages.common.device import DeviceName, pick_device
 from stages.common.paths import write_json
 from stages.common.runner import StageContext
 from stages.common.trainer import TrainerConfig, make_trainer
 from stages.induction.bloated import fit_bloated
 from stages.induction.enumerate import synthesize
+from stages.induction.formula import parse, size
 from stages.induction.instances import load_instances
 from stages.induction.solve import prediction_line
 
 
 class Config(StageConfig):
-    seed: int = 0
-    timeout_s: float = Field(1.0, gt=0, le=600, description="enumeration budget per instance (s)")
-    max_size: int = Field(20, ge=2, le=60, description="enumeration AST-size budget")
+    seed: Seed = 0
+    max_generated: PositiveInt = Field(200_000, ge=100, le=50_000_000,
+                                       description="enumeration budget per instance: formulas generated (a count)")
+    safety_timeout_s: float = Field(120.0, gt=0, le=3600, description="wall-clock safety net per instance (s)")
+    max_size: int = Field(22, ge=2, le=60, description="enumeration AST-size budget (inclusive)")
     completions: int = Field(8, ge=1, le=256, description="EC: sampled completions per world")
-    max_bank: int = Field(400_000, ge=100, description="cap on formulas kept by the enumerator")
+    max_bank: int = Field(400_000, ge=100, le=20_000_000, description="cap on formulas kept by the enumerator")
     bloat_max_feature_size: int = Field(12, ge=6, le=20, description="largest extra feature for the bloated fitter")
     ranker: bool = Field(True, description="train the optional neural production ranker (C)")
     ranker_train_frac: float = Field(0.5, gt=0, lt=1, description="instances whose solutions train the ranker")
     ranker_max_penalty: int = Field(3, ge=0, le=10)
-    ranker_batch_size: int = Field(16, ge=1)
-    ranker_lr: float = Field(1e-2, gt=0)
+    ranker_batch_size: int = Field(16, ge=1, le=4096)
+    ranker_lr: float = Field(1e-2, gt=0, le=1.0)
+    device: DeviceName = "auto"
     trainer: TrainerConfig = TrainerConfig(max_epochs=60, log_every_n_steps=5)
 
 
 def run(cfg: Config, ctx: StageContext) -> None:
     torch.set_num_threads(1)
+    device = pick_device(cfg.device)
+    rec = KernelRecord(device)
     insts = load_instances(ctx.input("prepare") / "instances.jsonl")
+    largest = max(size(parse(i.gold)) for i in insts if i.gold)
+    if cfg.max_size < largest:
+        raise ConfigError(f"papers.induction.train.max_size: {cfg.max_size} is below the largest gold formula size "
+                          f"{largest}; raise it to >= {largest} so the size cap never decides a result")
     enum_lines, bloat_lines, log = [], [], []
     for inst in tqdm(insts, desc="train@induction (synthesize)"):
-        e = synthesize(inst, timeout_s=cfg.timeout_s, max_size=cfg.max_size, completions=cfg.completions,
-                       max_bank=cfg.max_bank, seed=cfg.seed)
-        b = fit_bloated(inst, max_feature_size=cfg.bloat_max_feature_size)
-        enum_lines.append(prediction_line(inst, e))
-        bloat_lines.append(prediction_line(inst, b))
-        log.append({"id": inst.id, "enum_productions": list(e.productions), "enum_status": e.status, "enum_seconds": e.seconds, "enum_bank": e.bank,
-                    "enum_generated": e.generated, "enum_z3_calls": e.z3_calls, "bloated_status": b.status,
-                    "bloated_seconds": b.seconds, "bloated_features": b.bank, "bloated_types": b.generated})
+        e = synthesize(inst, max_generated=cfg.max_generated, max_size=cfg.max_size, completions=cfg.completions,
+                       max_bank=cfg.max_bank, seed=cfg.seed, safety_timeout_s=cfg.safety_timeout_s,
+                       backend=rec.backend, device=device)
+        b = fit_bloated(inst, max_feature_size=cfg.bloat_max_feature_size, seed=cfg.seed, backend=rec.backend)
+        rec.count("quantifier_eval", e.kernel_calls)
+        if e.formula is not None:
+            enum_lines.append(prediction_line(inst, e, "solved"))
+        else:                                 # no compact formula within budget: the fallback, marked
+            fb = prediction_line(inst, b, "fallback" if b.formula is not None else "none")
+            fb["seconds"] = round(e.seconds + b.seconds, 4)
+            enum_lines.append(fb)
+        bloat_lines.append(prediction_line(inst, b, "solved" if b.formula is not None else "none"))
+        log.append({"id": inst.id, "enum_productions": list(e.productions), "enum_status": e.status,
+                    "enum_seconds": e.seconds, "enum_bank": e.bank, "enum_generated": e.generated,
+                    "enum_z3_calls": e.z3_calls, "safety_net_fired": e.status == "safety_timeout",
+                    "bloated_status": b.status, "bloated_seconds": b.seconds, "bloated_features": b.bank,
+                    "bloated_terms": b.generated})
         if ctx.tracker:
-            ctx.tracker.log({"enum_found": int(e.formula is not None), "enum_seconds": e.seconds,
-                             "enum_generated": e.generated})
+            ctx.tracker.log({"enum_found": int(e.formula is not None), "enum_generated": e.generated})
     for name, lines in (("predictions_enum.jsonl", enum_lines), ("predictions_bloated.jsonl", bloat_lines),
                         ("search_log.jsonl", log)):
         (ctx.out / name).write_text("".join(json.dumps(x) + "\n" for x in lines))
-    summary = {"n_instances": len(insts), "enum_found": sum(x["formula"] is not None for x in enum_lines),
-               "bloated_found": sum(x["formula"] is not None for x in bloat_lines)}
+    summary = {"n_instances": len(insts), "enum_solved": sum(x["status"] == "solved" for x in enum_lines),
+               "enum_fallback": sum(x["status"] == "fallback" for x in enum_lines),
+               "bloated_found": sum(x["formula"] is not None for x in bloat_lines),
+               "safety_net_fired": sum(x["safety_net_fired"] for x in log)}
     if cfg.ranker:
-        summary["ranker"] = train_ranker_and_guide(cfg, ctx, insts, log)
+        summary["ranker"] = train_ranker_and_guide(cfg, ctx, insts, log, rec, device)
     write_json(ctx.out / "summary.json", summary)
+    rec.save(ctx.out)
 
 
-def train_ranker_and_guide(cfg: Config, ctx: StageContext, insts, log) -> dict:
+def train_ranker_and_guide(cfg: Config, ctx: StageContext, insts, log, rec: KernelRecord, device) -> dict:
     """(C): fit the production ranker on the training split's solutions; guide the other split."""
     from stages.induction.ranker import ProductionRanker, penalties, production_features, usage_vector
 
@@ -84,17 +112,23 @@ def train_ranker_and_guide(cfg: Config, ctx: StageContext, insts, log) -> dict:
         return {"trained": False, "reason": f"{len(solved)} solved training instances"}
     data = TensorDataset(torch.from_numpy(feats[solved]),
                          torch.from_numpy(np.stack([usage_vector(tuple(log[i]["enum_productions"])) for i in solved])))
+    import lightning as L
+
+    L.seed_everything(cfg.seed, workers=True, verbose=False)     # same params -> same ranker, same guidance
     model = ProductionRanker(lr=cfg.ranker_lr)
     trainer = make_trainer(cfg.trainer, ctx.tracker)
-    trainer.fit(model, DataLoader(data, batch_size=cfg.ranker_batch_size, shuffle=True))
+    gen = torch.Generator().manual_seed(cfg.seed)
+    trainer.fit(model, DataLoader(data, batch_size=cfg.ranker_batch_size, shuffle=True, generator=gen))
     torch.save(model.state_dict(), ctx.out / "ranker.pt")
     lines, glog = [], []
     for i in tqdm(test_idx, desc="train@induction (ranker-guided enumeration)"):
         inst = insts[i]
         pen = penalties(model.probabilities(feats[i]), cfg.ranker_max_penalty)
-        g = synthesize(inst, timeout_s=cfg.timeout_s, max_size=cfg.max_size, completions=cfg.completions,
-                       max_bank=cfg.max_bank, seed=cfg.seed, penalty=pen)
-        lines.append(prediction_line(inst, g))
+        g = synthesize(inst, max_generated=cfg.max_generated, max_size=cfg.max_size, completions=cfg.completions,
+                       max_bank=cfg.max_bank, seed=cfg.seed, penalty=pen, safety_timeout_s=cfg.safety_timeout_s,
+                       backend=rec.backend, device=device)
+        rec.count("quantifier_eval", g.kernel_calls)
+        lines.append(prediction_line(inst, g, "solved" if g.formula is not None else "none"))
         glog.append({"id": inst.id, "status": g.status, "seconds": g.seconds, "generated": g.generated,
                      "penalty": pen.tolist()})
     (ctx.out / "predictions_guided.jsonl").write_text("".join(json.dumps(x) + "\n" for x in lines))

@@ -19,6 +19,12 @@ The method (card: papers/l2g_net.md):
      kept as O(n) numbers each, never as an n x n matrix; ``transform``/``inverse`` apply the chain.
 Rotations and Cauchy factors are applied to the z vectors of all later cut edges as soon as they
 are found ("propagated to later updates"), so every update sees the exact current basis.
+
+Partitioning: ``partition`` (used when ``parts`` is None) splits only where the cut is small and
+reports every refused split in ``Factorization.partition_info``; ``Factorization.fallback`` names
+the fallback (a part left to one dense eigh). ``bisection_parts`` forces k parts (the paper's
+recursive bisection) and ``sparsify_cut`` is the paper's effective-resistance cut sparsification
+(the factorization is then exact for the sparsified Laplacian, not for L).
 """
 from __future__ import annotations
 
@@ -44,8 +50,12 @@ class GraphInputError(ValueError):
 def _check_laplacian(L) -> sp.csr_matrix:
     """Validate L and return it as a float64 CSR matrix (symmetric, finite, weights >= 0)."""
     if sp.issparse(L):
+        if np.iscomplexobj(L.data):
+            raise GraphInputError(f"L: complex matrix (dtype {L.dtype}); a graph Laplacian is real")
         M = sp.csr_matrix(L, dtype=np.float64) if L.dtype != np.float64 else sp.csr_matrix(L)
     else:
+        if np.iscomplexobj(L):
+            raise GraphInputError(f"L: complex matrix (dtype {np.asarray(L).dtype}); a graph Laplacian is real")
         try:
             arr = np.asarray(L, dtype=np.float64)
         except (TypeError, ValueError) as err:
@@ -151,18 +161,28 @@ def _sweep_cut(A: sp.csr_matrix, fiedler: np.ndarray, min_size: int) -> tuple[np
     return mask, int(round(cut[k]))
 
 
-def partition(L, min_part_size: int = 48, max_cut_fraction: float = 1 / 48) -> list[np.ndarray]:
-    """Parts for the factorization: connected components, split recursively by spectral bisection.
+def _check_partitioner_args(min_part_size, max_cut_fraction) -> None:
+    if isinstance(min_part_size, bool) or not isinstance(min_part_size, (int, np.integer)) or min_part_size <= 0:
+        raise GraphInputError(f"min_part_size: must be a positive integer (got {min_part_size!r})")
+    if not isinstance(max_cut_fraction, (int, float)) or not np.isfinite(max_cut_fraction) or max_cut_fraction <= 0:
+        raise GraphInputError(f"max_cut_fraction: must be a finite number > 0 (got {max_cut_fraction!r})")
 
-    A part of s nodes is split (sweep cut of its Fiedler vector) only when both halves keep at
-    least ``min_part_size`` nodes and the cut has at most ``max_cut_fraction * s`` edges: each cut
-    edge costs one O(s^2) rank-one update, each split saves ~3/4 of an O(s^3) eigendecomposition.
-    """
-    M = _check_laplacian(L)
+
+def _adjacency(M: sp.csr_matrix) -> sp.csr_matrix:
     A = -(M - sp.diags(M.diagonal()))
     A.eliminate_zeros()
-    A = sp.csr_matrix(A)
+    return sp.csr_matrix(A)
+
+
+def partition_with_info(L, min_part_size: int = 48, max_cut_fraction: float = 1 / 48) -> tuple[list[np.ndarray], dict]:
+    """``partition`` plus what it refused: ``info["refused"]`` lists every split it declined (part
+    size, cut edges of the best sweep cut, the limit) and ``info["fallback"]`` names the fallback
+    when a refusal left a part to one dense eigh (None when no split was refused)."""
+    _check_partitioner_args(min_part_size, max_cut_fraction)
+    M = _check_laplacian(L)
+    A = _adjacency(M)
     parts: list[np.ndarray] = []
+    refused: list[dict] = []
     stack = [np.arange(M.shape[0])]
     while stack:
         nodes = stack.pop()
@@ -179,8 +199,127 @@ def partition(L, min_part_size: int = 48, max_cut_fraction: float = 1 / 48) -> l
             stack.extend([nodes[mask], nodes[~mask]])
         else:
             parts.append(nodes)
+            refused.append({"size": int(nodes.size), "cut_edges": int(ncut),
+                            "limit": float(max_cut_fraction * nodes.size)})
     parts.sort(key=lambda p: int(p.min()))
-    return parts
+    fallback = None
+    if refused:
+        big = max(r["size"] for r in refused)
+        kind = "single_dense_eigh" if len(parts) == 1 else "dense_eigh_on_refused_parts"
+        fallback = (f"{kind}: the partitioner refused {len(refused)} split(s) (best sweep cut "
+                    f"{min(r['cut_edges'] for r in refused)} edges > max_cut_fraction x part size); "
+                    f"the largest unsplit part ({big} nodes) is solved by one dense eigh")
+    return parts, {"method": "spectral_bisection", "refused": refused, "fallback": fallback}
+
+
+def partition(L, min_part_size: int = 48, max_cut_fraction: float = 1 / 48) -> list[np.ndarray]:
+    """Parts for the factorization: connected components, split recursively by spectral bisection.
+
+    A part of s nodes is split (sweep cut of its Fiedler vector) only when both halves keep at
+    least ``min_part_size`` nodes and the cut has at most ``max_cut_fraction * s`` edges: each cut
+    edge costs one O(s^2) rank-one update, each split saves ~3/4 of an O(s^3) eigendecomposition.
+    Refused splits are reported by ``partition_with_info``.
+    """
+    return partition_with_info(L, min_part_size, max_cut_fraction)[0]
+
+
+def bisection_parts(L, num_parts: int, balance: float = 1 / 3) -> tuple[list[np.ndarray], list[tuple[list[int], list[int]]]]:
+    """Recursive spectral bisection into exactly ``num_parts`` parts whatever the cut (the paper's
+    METIS recursive bisection, here by Fiedler sweep cuts with both halves >= ``balance`` x size).
+
+    Returns (parts, splits): splits[k] = (part ids on one side, part ids on the other) of the k-th
+    bisection, so every cut edge crosses exactly one split (used by ``sparsify_cut``).
+    """
+    M = _check_laplacian(L)
+    n = M.shape[0]
+    if isinstance(num_parts, bool) or not isinstance(num_parts, (int, np.integer)) or not 1 <= num_parts <= n:
+        raise GraphInputError(f"num_parts: must be an integer in [1, {n}] (got {num_parts!r})")
+    if not 0 < balance <= 0.5:
+        raise GraphInputError(f"balance: must be in (0, 0.5] (got {balance!r})")
+    A = _adjacency(M)
+    groups: list[np.ndarray] = [np.arange(n)]
+    members: list[list[int]] = [[0]]   # leaf ids under each current group (leaves = final parts)
+    tree: list[tuple[int, int]] = []   # (group a, group b) created by each split
+    history: list[list[int]] = []
+    while len(groups) < num_parts:
+        g = int(np.argmax([x.size for x in groups]))
+        nodes = groups[g]
+        if nodes.size < 2:
+            break
+        sub = A[nodes][:, nodes]
+        mask, _ = _sweep_cut(sub, _fiedler_vector(sub), max(1, int(np.ceil(balance * nodes.size))))
+        groups[g] = nodes[mask]
+        groups.append(nodes[~mask])
+        tree.append((g, len(groups) - 1))
+        history.append(g)
+    # leaves are the final groups; a split (g, h) separates the leaves descending from g after the
+    # split from those descending from h: replay the splits backwards to collect them
+    desc = {i: {i} for i in range(len(groups))}
+    splits_rev = []
+    for g, h in reversed(tree):
+        splits_rev.append((sorted(desc[g]), sorted(desc[h])))
+        desc[g] = desc[g] | desc[h]
+    return groups, list(reversed(splits_rev))
+
+
+def sparsify_cut(L, parts: list, splits: list[tuple[list[int], list[int]]], target_cut: int, seed: int = 0,
+                 n_sketches: int = 16, max_reweight: float = 5.0) -> tuple[sp.csr_matrix, dict]:
+    """# ALGO: effective-resistance cut sparsification (Spielman-Srivastava, as the official code):
+    for each bisection, sample ``target_cut`` of its cut edges with p_e ~ w_e R_e (R_e from JL
+    sketches, CG solves of (L + 1e-4 I)), re-weight each draw by w_e / (target_cut p_e) capped at
+    ``max_reweight`` x w_e, and drop the other cut edges. Returns (L_sparse, info); the factorization
+    of L_sparse is exact for L_sparse, not for L."""
+    from scipy.sparse.linalg import cg
+
+    M = _check_laplacian(L)
+    n = M.shape[0]
+    if isinstance(target_cut, bool) or not isinstance(target_cut, (int, np.integer)) or target_cut <= 0:
+        raise GraphInputError(f"target_cut: must be a positive integer (got {target_cut!r})")
+    plist = _check_parts(parts, n)
+    part_of = np.empty(n, dtype=np.int64)
+    for k, nodes in enumerate(plist):
+        part_of[nodes] = k
+    rng = np.random.default_rng(seed)
+    A = sp.triu(_adjacency(M), k=1).tocoo()
+    rows, cols, w = A.row, A.col, A.data
+    is_cut = part_of[rows] != part_of[cols]
+    lap = sp.diags(np.asarray(_adjacency(M).sum(axis=1)).ravel()) - _adjacency(M)
+    Lreg = sp.csr_matrix(lap + 1e-4 * sp.eye(n))
+    Q = rng.choice([-1.0, 1.0], size=(n, n_sketches)) / np.sqrt(n_sketches)
+    Z = np.column_stack([cg(Lreg, Q[:, k], rtol=1e-3, maxiter=200)[0] for k in range(n_sketches)])
+    side = np.full(len(plist), -1)
+    keep = ~is_cut
+    new_r, new_c, new_w = [], [], []
+    before = int(is_cut.sum())
+    for left, right in splits:
+        side[:] = -1
+        side[left] = 0
+        side[right] = 1
+        sa, sb = side[part_of[rows]], side[part_of[cols]]
+        sel = np.flatnonzero(is_cut & (sa >= 0) & (sb >= 0) & (sa != sb))
+        if sel.size <= target_cut:
+            keep[sel] = True
+            continue
+        R = ((Z[rows[sel]] - Z[cols[sel]]) ** 2).sum(axis=1)
+        imp = np.maximum(w[sel] * R, 1e-300)
+        p = imp / imp.sum()
+        kept: dict[int, float] = {}
+        for e in rng.choice(sel.size, size=target_cut, replace=True, p=p):
+            kept[int(e)] = kept.get(int(e), 0.0) + w[sel[e]] * min(1.0 / (target_cut * p[e]), max_reweight)
+        for e, wt in sorted(kept.items()):
+            new_r.append(rows[sel[e]]), new_c.append(cols[sel[e]]), new_w.append(wt)
+    r = np.concatenate([rows[keep], np.asarray(new_r, dtype=rows.dtype)])
+    c = np.concatenate([cols[keep], np.asarray(new_c, dtype=cols.dtype)])
+    ww = np.concatenate([w[keep], np.asarray(new_w)])
+    W = sp.coo_matrix((ww, (r, c)), shape=(n, n))
+    W = sp.csr_matrix(W + W.T)
+    # keep L's diagonal offset (L - (D - W): zero for a combinatorial Laplacian) so that normalized /
+    # generalized Laplacians keep their self-terms
+    offset = M.diagonal() - np.asarray(_adjacency(M).sum(axis=1)).ravel()
+    Ls = sp.csr_matrix(sp.diags(np.asarray(W.sum(axis=1)).ravel() + offset) - W)
+    after = int((part_of[r] != part_of[c]).sum())
+    return Ls, {"cut_edges_before": before, "cut_edges_after": after, "target_cut": int(target_cut),
+                "splits": len(splits)}
 
 
 def _order_cut_edges(part_of: np.ndarray, sizes: np.ndarray, edges: np.ndarray) -> np.ndarray:
@@ -450,7 +589,16 @@ def rank_one_update(lam: np.ndarray, z: np.ndarray, w: float, later: np.ndarray 
         fac = CauchyFactor(*rot, idx, d, zhat, org, tau, a)
         lam[idx] = org + tau
     if later is not None and later.size:
-        fac.forward(later, cauchy_apply_numpy)
+        # only later z's that are nonzero on the rows this factor touches change (a z of an edge in
+        # another, not yet merged group of parts is exactly zero there): skip the rest
+        touched = np.concatenate([fac.idx, fac.rot_p, fac.rot_j])
+        cols = np.flatnonzero(np.any(later[touched] != 0, axis=0)) if touched.size else np.zeros(0, np.int64)
+        if cols.size == later.shape[1]:
+            fac.forward(later, cauchy_apply_numpy)
+        elif cols.size:
+            sub = later[:, cols]
+            fac.forward(sub, cauchy_apply_numpy)
+            later[:, cols] = sub
     return fac
 
 
@@ -472,6 +620,21 @@ class Factorization:
     order: np.ndarray                   # positions sorted by eigenvalue
     eigenvalues: np.ndarray             # ascending
     timings: dict = field(default_factory=dict)
+    partition_info: dict = field(default_factory=dict)   # partitioner's refusals (see partition_with_info)
+
+    @property
+    def fallback(self) -> str | None:
+        """Names the fallback when the partitioner refused a cut (a part solved by one dense eigh)."""
+        return self.partition_info.get("fallback")
+
+    def chain_matrix(self, cauchy: CauchyFn | None = None) -> np.ndarray:
+        """The (n, n) product P C_K^T G_K^T ... C_1^T G_1^T (local coefficients, position order ->
+        global spectral coefficients): the official code's ``basis_cauchy`` (Eq. 10), formed by
+        applying every factor to the identity (all n columns at once)."""
+        Y = np.eye(self.n)
+        for fac in self.factors:
+            fac.forward(Y, cauchy or cauchy_apply_numpy)
+        return Y[self.order]
 
     def _as_matrix(self, X, what: str) -> tuple[np.ndarray, bool]:
         arr = np.asarray(X, dtype=np.float64)
@@ -530,12 +693,13 @@ def factorize(L, parts=None, *, min_part_size: int = 48, max_cut_fraction: float
     import time
 
     t0 = time.process_time()  # CPU seconds of this process (robust to other jobs on the machine)
+    _check_partitioner_args(min_part_size, max_cut_fraction)
     M = _check_laplacian(L)
     n = M.shape[0]
     if parts is None:
-        parts_list = partition(M, min_part_size=min_part_size, max_cut_fraction=max_cut_fraction)
+        parts_list, info = partition_with_info(M, min_part_size=min_part_size, max_cut_fraction=max_cut_fraction)
     else:
-        parts_list = _check_parts(parts, n)
+        parts_list, info = _check_parts(parts, n), {"method": "given", "refused": [], "fallback": None}
     t1 = time.process_time()
     part_of = np.empty(n, dtype=np.int64)
     local_index = np.empty(n, dtype=np.int64)
@@ -579,4 +743,5 @@ def factorize(L, parts=None, *, min_part_size: int = 48, max_cut_fraction: float
     return Factorization(n=n, parts=parts_list, local_bases=bases, local_eigenvalues=lam0, offsets=offsets,
                          factors=factors, cut_edges=edges, cut_weights=weights, order=order,
                          eigenvalues=lam[order],
-                         timings={"partition_s": t1 - t0, "local_eigh_s": t2 - t1, "updates_s": t3 - t2})
+                         timings={"partition_s": t1 - t0, "local_eigh_s": t2 - t1, "updates_s": t3 - t2},
+                         partition_info=info)

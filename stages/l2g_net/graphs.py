@@ -30,8 +30,11 @@ def join_by_bridges(blocks: list[nx.Graph], bridges: int, rng: np.random.Generat
         a, b = k % nb, (k + 1) % nb
         if a == b:
             break
-        u = int(starts[a] + rng.integers(blocks[a].number_of_nodes()))
-        v = int(starts[b] + rng.integers(blocks[b].number_of_nodes()))
+        for _ in range(1000):  # distinct bridges: every requested bridge is a cut edge
+            u = int(starts[a] + rng.integers(blocks[a].number_of_nodes()))
+            v = int(starts[b] + rng.integers(blocks[b].number_of_nodes()))
+            if not G.has_edge(u, v):
+                break
         G.add_edge(u, v, weight=float(rng.uniform(0.5, 2.0)) if weighted else 1.0)
     return G
 
@@ -88,3 +91,44 @@ def random_parts(n: int, num_parts: int, rng: np.random.Generator) -> list[list[
     """A random partition of the nodes (a stress test: many cut edges, scattered parts)."""
     perm = rng.permutation(n)
     return [p.tolist() for p in np.array_split(perm, min(num_parts, n))]
+
+
+def ba_graph(n: int, m: int, seed: int) -> nx.Graph:
+    """Barabasi-Albert graph (the paper's scaling family), unit weights."""
+    return _weights(nx.barabasi_albert_graph(n, m, seed=seed), None)
+
+
+def grid_graph(n: int) -> nx.Graph:
+    """A square 4-neighbour grid with about n nodes (side = round(sqrt(n))), unit weights."""
+    side = max(2, int(round(np.sqrt(n))))
+    return _weights(nx.convert_node_labels_to_integers(nx.grid_2d_graph(side, side)), None)
+
+
+def minesweeper(side: int, mine_fraction: float, hidden_fraction: float, seed: int) -> dict:
+    """The Minesweeper benchmark of Platonov et al. (2023), generated: a side x side grid where each
+    cell is joined to its 8 neighbours (king moves), ``mine_fraction`` of the cells are mines (the
+    label), node features = one-hot number of neighbouring mines (0..8) plus a 'feature unknown'
+    flag, with the features of ``hidden_fraction`` of the nodes hidden (zeros, flag 1).
+
+    Returns {"graph": nx.Graph, "x": (n, 10) float32, "y": (n,) int64}.
+    """
+    rng = np.random.default_rng(seed)
+    G = nx.Graph()
+    n = side * side
+    G.add_nodes_from(range(n))
+    for r in range(side):
+        for c in range(side):
+            for dr, dc in ((0, 1), (1, -1), (1, 0), (1, 1)):
+                rr, cc = r + dr, c + dc
+                if 0 <= rr < side and 0 <= cc < side:
+                    G.add_edge(r * side + c, rr * side + cc, weight=1.0)
+    y = np.zeros(n, dtype=np.int64)
+    y[rng.choice(n, size=int(round(mine_fraction * n)), replace=False)] = 1
+    A = nx.to_scipy_sparse_array(G, nodelist=range(n), weight=None, format="csr")
+    counts = np.asarray(A @ y).astype(np.int64)                   # neighbouring mines, 0..8
+    x = np.zeros((n, 10), dtype=np.float32)
+    x[np.arange(n), counts] = 1.0
+    hidden = rng.choice(n, size=int(round(hidden_fraction * n)), replace=False)
+    x[hidden] = 0.0
+    x[hidden, 9] = 1.0
+    return {"graph": G, "x": x, "y": y, "counts": counts}

@@ -1,294 +1,292 @@
-"""L2G-Net and its baselines (full-GFT spectral net, ChebNet, GCN) as torch modules + a LightningModule.
+"""L2G-Net (the paper's model, as the official code builds it) and its baselines, + a LightningModule.
 
-Signals are batched as H of shape (n, B, h): n nodes, B graph signals, h channels.
+One graph, node classification (transductive): x (n, features) -> one logit per node.
 
-L2G-Net layer (card):  # ALGO: L2G-Net layer
-    H_loc  = U0^T H * r_loc(lambda0)            local spectral filter on each subgraph's eigenvalues
-    H_glob = P C_K^T G_K^T ... C_1^T G_1^T H_loc   mix through the Cauchy chain (global spectrum)
-    H_filt = U (r_glob(lambda) * H_glob)        global spectral filter, inverse transform
-    H'     = H + sigmoid(gamma) * GELU(H_filt W + b)   gated residual
-with r(.) = B(.) w: cubic B-splines over a log-warped eigenvalue axis, one coefficient vector per
-channel. The full-GFT net is the same layer with a dense eigh basis and no local filter.
+Skeleton shared by every model (Platonov et al.'s heterophily benchmark code, which the official
+L2G-Net training reuses):  x -> Linear -> dropout -> GELU -> [x + s * Module(LayerNorm(x))] x layers
+-> LayerNorm -> Linear(1), with s a learnable residual step.
+
+# ALGO: L2G-Net module (official SGWTModule; Eq. 10 of the paper for the global transform)
+    x_hat_p  = U_p^T x[part p]                      local GFT of each part
+    x_hat_p <- x_hat_p + sigmoid(a_p) * (B_p c_p) (.) x_hat_p     local spline filter bank, gated step
+    g        = C (x_hat_1; ...; x_hat_P)            Cauchy chain C = P C_K^T G_K^T ... (basis_cauchy)
+    g       <- (B c) (.) g                          global spline filter bank on the global spectrum
+    x_f[part p] = U_p (C^T g)[part p]               inverse transform
+    x       <- FF( SiLU(x_f) * sigmoid(b) + x )     sigmoid-gated residual step, feed-forward module
+with B = cubic B-splines on lambda / lambda_max (uniform knots), c (S, 1) learned coefficients and a
+per-channel combinator (1, h). Baselines swap the module: full-GFT (same filters on the dense eigh
+basis, no local stage), ChebNet (K Chebyshev terms), GCN (sym-normalized A + I), GIN ((1+eps) x + A x),
+each followed by the same feed-forward module.
 """
 from __future__ import annotations
 
+import copy
+import math
+
 import lightning as L
 import numpy as np
+import scipy.sparse as sp
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
 from scipy.interpolate import BSpline
+from sklearn.metrics import roc_auc_score
 
-from kernels.cauchy_apply import cauchy_apply
-from stages.l2g_net.gft import Factorization
+DTYPE = torch.float32
 
 
 # --------------------------------------------------------------------------------------------
-# spectral basis functions
+# spectral filter banks
 # --------------------------------------------------------------------------------------------
-def bspline_design(lam: np.ndarray, num_basis: int, lam_max: float) -> np.ndarray:
-    """Cubic B-spline basis (len(lam), num_basis) over u = log1p(lam / eps) / log1p(lam_max / eps)."""
-    eps = 1e-3 * lam_max
-    u = np.clip(np.log1p(np.maximum(lam, 0.0) / eps) / np.log1p(lam_max / eps), 0.0, 1.0)
-    degree = 3
+def bspline_design(lam: np.ndarray, num_basis: int, lam_max: float, degree: int = 3) -> np.ndarray:
+    """B-spline basis (len(lam), num_basis) on u = lam / lam_max in [0, 1], uniform knots (official)."""
+    u = np.clip(np.asarray(lam, float) / max(lam_max, 1e-12), 0.0, 1.0)
     inner = np.linspace(0.0, 1.0, num_basis - degree + 1)
     knots = np.concatenate([[0.0] * degree, inner, [1.0] * degree])
     return BSpline.design_matrix(u, knots, degree, extrapolate=True).toarray()
 
 
-class SplineFilter(nn.Module):
-    """Per-channel spectral response r(lambda) = B(lambda) w, B fixed (n, S), w learned (S, h)."""
+def _init_shape(num_basis: int, mode: str) -> torch.Tensor:
+    x = torch.linspace(0, 1, num_basis)
+    if mode == "high_pass":
+        return x ** 2
+    if mode == "low_pass":
+        return (1 - x) ** 2
+    return torch.exp(-((x - 0.5) ** 2) / 0.1)       # band_pass
 
-    def __init__(self, design: np.ndarray, channels: int):
+
+class SplineBank(nn.Module):
+    """Response r(lambda) = B(lambda) c w: B fixed (m, S), c (S, 1) shape, w (1, h) per channel."""
+
+    def __init__(self, design: np.ndarray, dim: int, init: str):
         super().__init__()
-        self.register_buffer("design", torch.tensor(design, dtype=torch.float64))
-        self.weight = nn.Parameter(torch.ones(design.shape[1], channels, dtype=torch.float64))
+        self.register_buffer("design", torch.tensor(design, dtype=DTYPE))
+        self.coeffs = nn.Parameter(_init_shape(design.shape[1], init)[:, None].to(DTYPE))
+        self.combinator = nn.Parameter(torch.ones(1, dim, dtype=DTYPE))
 
     def forward(self) -> torch.Tensor:
-        return self.design @ self.weight  # (n, h)
+        return self.design @ self.coeffs @ self.combinator   # (m, h)
+
+
+def _logit(p: float) -> float:
+    return math.log(p / (1 - p))
+
+
+class FeedForward(nn.Module):
+    def __init__(self, dim: int, dropout: float, in_mult: int = 1, hidden_mult: int = 1):
+        super().__init__()
+        self.net = nn.Sequential(nn.Linear(dim * in_mult, dim * hidden_mult, dtype=DTYPE), nn.Dropout(dropout),
+                                 nn.GELU(), nn.Linear(dim * hidden_mult, dim, dtype=DTYPE), nn.Dropout(dropout))
+
+    def forward(self, x):
+        return self.net(x)
 
 
 # --------------------------------------------------------------------------------------------
-# the factorized GFT in torch (applies the Cauchy chain through kernels.cauchy_apply)
+# modules
 # --------------------------------------------------------------------------------------------
-class TorchGFT(nn.Module):
-    """U^T and U of a Factorization, applied to (n, c) tensors; differentiable in the signal."""
+class L2GModule(nn.Module):
+    """One L2G-Net step over precomputed spectral tensors (local bases, Cauchy chain matrix)."""
 
-    def __init__(self, fact: Factorization, backend: str = "torch"):
+    def __init__(self, spec: dict, dim: int, num_basis: int, dropout: float,
+                 step_local: float = 0.9, step_global: float = 0.1):
         super().__init__()
-        self.n = fact.n
-        self.backend = backend
-        t = lambda a, dt=torch.float64: torch.as_tensor(np.asarray(a), dtype=dt)  # noqa: E731
-        self.parts = [t(p, torch.long) for p in fact.parts]
-        self.offsets = [int(o) for o in fact.offsets]
-        self.bases = [t(Q) for Q in fact.local_bases]
-        self.factors = []
-        for f in fact.factors:
-            self.factors.append({
-                "rot": list(zip(f.rot_p.tolist(), f.rot_j.tolist(), f.rot_c.tolist(), f.rot_s.tolist())),
-                "idx": t(f.idx, torch.long), "params": [t(v) for v in (f.z, f.d, f.org, f.tau, f.a)]})
-        self.order = t(fact.order, torch.long)
-        self.eigenvalues = fact.eigenvalues.copy()
-        self.local_eigenvalues = fact.local_eigenvalues.copy()  # by position
+        lam_max = float(spec["eigenvalues"].max())
+        self.sizes = [int(len(p)) for p in spec["parts"]]
+        for k, (p, Q, lam) in enumerate(zip(spec["parts"], spec["local_bases"], spec["local_eigenvalues"])):
+            self.register_buffer(f"idx{k}", torch.as_tensor(np.asarray(p), dtype=torch.long))
+            self.register_buffer(f"U{k}", torch.tensor(Q, dtype=DTYPE))
+        self.register_buffer("chain", torch.tensor(spec["chain"], dtype=DTYPE))     # (n, n) basis_cauchy
+        self.local = nn.ModuleList(
+            SplineBank(bspline_design(lam, num_basis, max(float(np.max(lam)), 1e-12)), dim, "band_pass")
+            for lam in spec["local_eigenvalues"])
+        self.glob = SplineBank(bspline_design(spec["eigenvalues"], num_basis, lam_max), dim, "high_pass")
+        self.local_gate = nn.Parameter(torch.full((len(self.sizes),), _logit(step_local), dtype=DTYPE))
+        self.global_gate = nn.Parameter(torch.tensor(_logit(step_global), dtype=DTYPE))
+        self.ff = FeedForward(dim, dropout)
+        self.drop = nn.Dropout(dropout)
 
-    def local_t(self, X: torch.Tensor) -> torch.Tensor:
-        return torch.cat([Q.T @ X[p] for p, Q in zip(self.parts, self.bases)], dim=0)
-
-    def local_inv(self, Y: torch.Tensor) -> torch.Tensor:
-        out = torch.zeros_like(Y)
-        for p, Q, off in zip(self.parts, self.bases, self.offsets):
-            out = out.index_copy(0, p, Q @ Y[off:off + p.numel()])
-        return out
-
-    @staticmethod
-    def _rotate(Y: torch.Tensor, p: int, j: int, c: float, s: float, inverse: bool) -> torch.Tensor:
-        yp, yj = Y[p], Y[j]
-        if inverse:
-            new = torch.stack([c * yp + s * yj, -s * yp + c * yj])
-        else:
-            new = torch.stack([c * yp - s * yj, s * yp + c * yj])
-        return Y.index_copy(0, torch.tensor([p, j]), new)
-
-    def chain_t(self, Y: torch.Tensor) -> torch.Tensor:
-        """Local coefficients (positions) -> global spectral coefficients (ascending eigenvalues)."""
-        for f in self.factors:
-            for p, j, c, s in f["rot"]:
-                Y = self._rotate(Y, p, j, c, s, inverse=False)
-            if f["idx"].numel():
-                Y = Y.index_copy(0, f["idx"], cauchy_apply(*f["params"], Y[f["idx"]], transpose=True,
-                                                           backend=self.backend))
-        return Y[self.order]
-
-    def chain_inv(self, Y: torch.Tensor) -> torch.Tensor:
-        Z = torch.zeros_like(Y).index_copy(0, self.order, Y)
-        for f in reversed(self.factors):
-            if f["idx"].numel():
-                Z = Z.index_copy(0, f["idx"], cauchy_apply(*f["params"], Z[f["idx"]], transpose=False,
-                                                           backend=self.backend))
-            for p, j, c, s in reversed(f["rot"]):
-                Z = self._rotate(Z, p, j, c, s, inverse=True)
-        return Z
-
-    def transform(self, X: torch.Tensor) -> torch.Tensor:
-        return self.chain_t(self.local_t(X))
-
-    def inverse(self, Y: torch.Tensor) -> torch.Tensor:
-        return self.local_inv(self.chain_inv(Y))
+    def forward(self, x: torch.Tensor) -> torch.Tensor:   # x: (n, h)
+        blocks = []
+        for k in range(len(self.sizes)):
+            idx, U = getattr(self, f"idx{k}"), getattr(self, f"U{k}")
+            hat = U.T @ x[idx]                                               # local GFT
+            blocks.append(hat + torch.sigmoid(self.local_gate[k]) * self.local[k]() * hat)
+        g = self.chain @ torch.cat(blocks, dim=0)                            # Cauchy chain -> global spectrum
+        g = self.glob() * g                                                  # global spline filter
+        back = self.chain.T @ g
+        xf = torch.empty_like(x)
+        off = 0
+        for k, m in enumerate(self.sizes):
+            xf = xf.index_copy(0, getattr(self, f"idx{k}"), getattr(self, f"U{k}") @ back[off:off + m])
+            off += m
+        xf = self.drop(xf)
+        return self.ff(F.silu(xf) * torch.sigmoid(self.global_gate) + x)
 
 
-# --------------------------------------------------------------------------------------------
-# layers and models
-# --------------------------------------------------------------------------------------------
-class GatedResidual(nn.Module):
-    def __init__(self, h: int):
+class FullGFTModule(nn.Module):
+    """The same global filter bank on the dense eigh basis (no local stage)."""
+
+    def __init__(self, spec: dict, dim: int, num_basis: int, dropout: float, step_global: float = 0.1):
         super().__init__()
-        self.mix = nn.Linear(h, h, dtype=torch.float64)
-        self.gate = nn.Parameter(torch.zeros(h, dtype=torch.float64))
+        self.register_buffer("U", torch.tensor(spec["U"], dtype=DTYPE))
+        self.glob = SplineBank(bspline_design(spec["lam"], num_basis, float(spec["lam"].max())), dim, "high_pass")
+        self.global_gate = nn.Parameter(torch.tensor(_logit(step_global), dtype=DTYPE))
+        self.ff = FeedForward(dim, dropout)
+        self.drop = nn.Dropout(dropout)
 
-    def forward(self, H: torch.Tensor, filtered: torch.Tensor) -> torch.Tensor:
-        return H + torch.sigmoid(self.gate) * F.gelu(self.mix(filtered))
-
-
-class L2GLayer(nn.Module):
-    def __init__(self, gft: TorchGFT, h: int, num_basis: int, lam_max: float):
-        super().__init__()
-        self.gft = gft
-        self.local = SplineFilter(bspline_design(gft.local_eigenvalues, num_basis, lam_max), h)
-        self.glob = SplineFilter(bspline_design(gft.eigenvalues, num_basis, lam_max), h)
-        self.res = GatedResidual(h)
-
-    def forward(self, H: torch.Tensor) -> torch.Tensor:  # H: (n, B, h)
-        n, B, h = H.shape
-        X = self.gft.local_t(H.reshape(n, B * h)).reshape(n, B, h)
-        X = X * self.local()[:, None, :]                    # local spectral filter (per subgraph)
-        X = self.gft.chain_t(X.reshape(n, B * h)).reshape(n, B, h)   # Cauchy chain -> global spectrum
-        X = X * self.glob()[:, None, :]                     # global spectral filter
-        X = self.gft.inverse(X.reshape(n, B * h)).reshape(n, B, h)   # back to the nodes
-        return self.res(H, X)
-
-
-class FullGFTLayer(nn.Module):
-    """Spectral layer on the dense eigh basis: U (r(lambda) * U^T H)."""
-
-    def __init__(self, U: np.ndarray, lam: np.ndarray, h: int, num_basis: int, lam_max: float):
-        super().__init__()
-        self.register_buffer("U", torch.tensor(U, dtype=torch.float64))
-        self.glob = SplineFilter(bspline_design(lam, num_basis, lam_max), h)
-        self.res = GatedResidual(h)
-
-    def forward(self, H: torch.Tensor) -> torch.Tensor:
-        X = torch.einsum("ji,jbh->ibh", self.U, H) * self.glob()[:, None, :]
-        return self.res(H, torch.einsum("ij,jbh->ibh", self.U, X))
+    def forward(self, x):
+        xf = self.drop(self.U @ (self.glob() * (self.U.T @ x)))
+        return self.ff(F.silu(xf) * torch.sigmoid(self.global_gate) + x)
 
 
 def _sparse(M) -> torch.Tensor:
-    coo = M.tocoo()
-    idx = torch.tensor(np.vstack([coo.row, coo.col]), dtype=torch.long)
-    return torch.sparse_coo_tensor(idx, torch.tensor(coo.data, dtype=torch.float64), coo.shape,
-                                   check_invariants=False).coalesce()
+    coo = sp.coo_matrix(M)
+    idx = torch.as_tensor(np.vstack([coo.row, coo.col]), dtype=torch.long)
+    return torch.sparse_coo_tensor(idx, torch.as_tensor(coo.data, dtype=DTYPE), coo.shape,
+                                   check_invariants=True).coalesce()
 
 
-def _prop(S: torch.Tensor, H: torch.Tensor) -> torch.Tensor:
-    n, B, h = H.shape
-    return torch.sparse.mm(S, H.reshape(n, B * h)).reshape(n, B, h)
+class PropModule(nn.Module):
+    """GCN: FF(A_hat x); GIN: FF((1 + eps) x + A x); ChebNet: FF([T_0(L~) x, ..., T_{K-1}(L~) x])."""
 
-
-class ChebLayer(nn.Module):
-    """ChebConv: sum_k T_k(L~) H W_k, L~ = 2 L / lambda_max - I (K-1 hops)."""
-
-    def __init__(self, L_scaled: torch.Tensor, h_in: int, h_out: int, K: int):
-        super().__init__()
-        self.L = L_scaled
-        self.lin = nn.ModuleList(nn.Linear(h_in, h_out, bias=(k == 0), dtype=torch.float64) for k in range(K))
-
-    def forward(self, H):
-        T_prev, T = H, _prop(self.L, H)
-        out = self.lin[0](T_prev)
-        if len(self.lin) > 1:
-            out = out + self.lin[1](T)
-        for k in range(2, len(self.lin)):
-            T_prev, T = T, 2 * _prop(self.L, T) - T_prev
-            out = out + self.lin[k](T)
-        return out
-
-
-class GCNLayer(nn.Module):
-    """GCN: A^ H W with A^ = D~^-1/2 (A + I) D~^-1/2 (one hop)."""
-
-    def __init__(self, A_hat: torch.Tensor, h_in: int, h_out: int):
-        super().__init__()
-        self.A = A_hat
-        self.lin = nn.Linear(h_in, h_out, dtype=torch.float64)
-
-    def forward(self, H):
-        return self.lin(_prop(self.A, H))
-
-
-class NodeRegressor(nn.Module):
-    """lift -> layers -> readout, for signals X (n, B, in)."""
-
-    def __init__(self, kind: str, hidden: int, layers: list[nn.Module], in_features: int = 1):
+    def __init__(self, kind: str, A: sp.csr_matrix, lam_max: float, dim: int, dropout: float, cheb_k: int):
         super().__init__()
         self.kind = kind
-        self.lift = nn.Linear(in_features, hidden, dtype=torch.float64)
-        self.layers = nn.ModuleList(layers)
-        self.readout = nn.Linear(hidden, 1, dtype=torch.float64)
+        n = A.shape[0]
+        deg = np.asarray(A.sum(axis=1)).ravel()
+        if kind == "gcn":
+            At = A + sp.eye(n)
+            dinv = 1.0 / np.sqrt(np.asarray(At.sum(axis=1)).ravel())
+            self.register_buffer("S", _sparse(sp.diags(dinv) @ At @ sp.diags(dinv)))
+        elif kind == "gin":
+            self.register_buffer("S", _sparse(A))
+            self.eps = nn.Parameter(torch.zeros((), dtype=DTYPE))
+        elif kind == "chebnet":
+            dinv = 1.0 / np.sqrt(np.maximum(deg, 1e-12))
+            Ln = sp.eye(n) - sp.diags(dinv) @ A @ sp.diags(dinv)
+            self.register_buffer("S", _sparse(2.0 * Ln / lam_max - sp.eye(n)))
+        else:
+            raise ValueError(f"model kind: expected gcn, gin or chebnet (got {kind!r})")
+        self.K = cheb_k if kind == "chebnet" else 1
+        self.ff = FeedForward(dim, dropout, in_mult=self.K)
 
-    def forward(self, X: torch.Tensor) -> torch.Tensor:
-        H = self.lift(X)
-        for k, layer in enumerate(self.layers):
-            out = layer(H)
-            if self.kind in ("chebnet", "gcn"):
-                H = F.relu(out) if k < len(self.layers) - 1 else out
-            else:
-                H = out
-        return self.readout(H).squeeze(-1)
+    def forward(self, x):
+        if self.kind == "gcn":
+            return self.ff(torch.sparse.mm(self.S, x))
+        if self.kind == "gin":
+            return self.ff((1 + self.eps) * x + torch.sparse.mm(self.S, x))
+        terms = [x]
+        if self.K > 1:
+            terms.append(torch.sparse.mm(self.S, x))
+        for _ in range(2, self.K):
+            terms.append(2 * torch.sparse.mm(self.S, terms[-1]) - terms[-2])
+        return self.ff(torch.cat(terms, dim=1))
 
 
-def build_model(kind: str, *, fact: Factorization | None, U: np.ndarray | None, lam: np.ndarray | None,
-                L, hidden: int, num_layers: int, num_basis: int, cheb_k: int, backend: str = "torch") -> NodeRegressor:
-    import scipy.sparse as sp
+class Residual(nn.Module):
+    def __init__(self, module: nn.Module, dim: int, step: float = 1.0):
+        super().__init__()
+        self.norm = nn.LayerNorm(dim, dtype=DTYPE)
+        self.module = module
+        self.step = nn.Parameter(torch.tensor(step, dtype=DTYPE))
 
-    lam_max = float(np.max(lam)) if lam is not None else float(fact.eigenvalues.max())
+    def forward(self, x):
+        return x + self.step * self.module(self.norm(x))
+
+
+class NodeClassifier(nn.Module):
+    def __init__(self, in_features: int, dim: int, modules: list[nn.Module], dropout: float):
+        super().__init__()
+        self.inp = nn.Linear(in_features, dim, dtype=DTYPE)
+        self.drop = nn.Dropout(dropout)
+        self.layers = nn.ModuleList(Residual(m, dim) for m in modules)
+        self.out_norm = nn.LayerNorm(dim, dtype=DTYPE)
+        self.out = nn.Linear(dim, 1, dtype=DTYPE)
+
+    def forward(self, x):
+        h = F.gelu(self.drop(self.inp(x)))
+        for layer in self.layers:
+            h = layer(h)
+        return self.out(self.out_norm(h)).squeeze(-1)
+
+
+KINDS = ("l2g", "full_gft", "chebnet", "gcn", "gin")
+
+
+def build_model(kind: str, spec: dict, *, in_features: int, dim: int, num_layers: int, num_basis: int,
+                dropout: float, cheb_k: int) -> NodeClassifier:
+    """spec: parts/local_bases/local_eigenvalues/eigenvalues/chain (l2g), U/lam (full_gft), A (others)."""
     if kind == "l2g":
-        gft = TorchGFT(fact, backend=backend)
-        layers = [L2GLayer(gft, hidden, num_basis, lam_max) for _ in range(num_layers)]
+        mods = [L2GModule(spec, dim, num_basis, dropout) for _ in range(num_layers)]
     elif kind == "full_gft":
-        layers = [FullGFTLayer(U, lam, hidden, num_basis, lam_max) for _ in range(num_layers)]
-    elif kind == "chebnet":
-        n = L.shape[0]
-        Ls = _sparse(2.0 * L / lam_max - sp.eye(n))
-        layers = [ChebLayer(Ls, hidden, hidden, cheb_k) for _ in range(num_layers)]
-    elif kind == "gcn":
-        A = -(L - sp.diags(L.diagonal()))
-        A = A + sp.eye(L.shape[0])
-        dinv = 1.0 / np.sqrt(np.asarray(A.sum(axis=1)).ravel())
-        layers = [GCNLayer(_sparse(sp.diags(dinv) @ A @ sp.diags(dinv)), hidden, hidden) for _ in range(num_layers)]
+        mods = [FullGFTModule(spec, dim, num_basis, dropout) for _ in range(num_layers)]
+    elif kind in ("chebnet", "gcn", "gin"):
+        mods = [PropModule(kind, spec["A"], 2.0, dim, dropout, cheb_k) for _ in range(num_layers)]
     else:
-        raise ValueError(f"model kind: expected l2g, full_gft, chebnet or gcn (got {kind!r})")
-    return NodeRegressor(kind, hidden, layers)
+        raise ValueError(f"model kind: expected one of {', '.join(KINDS)} (got {kind!r})")
+    return NodeClassifier(in_features, dim, mods, dropout)
 
 
 def count_parameters(model: nn.Module) -> int:
     return int(sum(p.numel() for p in model.parameters() if p.requires_grad))
 
 
-class SignalRegression(L.LightningModule):
-    """MSE regression of node targets from node signals; batches of whole-graph signals."""
+def matched_dim(kind: str, target: int, count) -> int:
+    """The hidden width whose parameter count is closest to ``target`` (count(kind, dim) -> params)."""
+    lo, hi = 2, 512                        # the count grows with the width: bisect for the crossing
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        if count(kind, mid) < target:
+            lo = mid
+        else:
+            hi = mid
+    return min((lo, hi), key=lambda d: (abs(count(kind, d) - target), d))
 
-    def __init__(self, model: NodeRegressor, lr: float, weight_decay: float):
+
+def roc_auc(logits: torch.Tensor, y: torch.Tensor) -> float:
+    return float(roc_auc_score(y.detach().cpu().numpy(), logits.detach().float().cpu().numpy()))
+
+
+class NodeTask(L.LightningModule):
+    """Full-graph training step (BCE on the train nodes); keeps the state with the best val ROC AUC."""
+
+    def __init__(self, model: NodeClassifier, x, y, masks: dict, lr: float, weight_decay: float,
+                 spectral_lr_mult: float, eval_every: int):
         super().__init__()
         self.model = model
-        self.lr = lr
-        self.weight_decay = weight_decay
+        self.register_buffer("x", x)
+        self.register_buffer("y", y)
+        for k, m in masks.items():
+            self.register_buffer(f"mask_{k}", m)
+        self.lr, self.wd, self.mult, self.eval_every = lr, weight_decay, spectral_lr_mult, eval_every
+        self.best = {"val_auc": -1.0, "step": -1, "state": None}
         self.history: list[dict] = []
 
-    def forward(self, S: torch.Tensor) -> torch.Tensor:  # S: (B, n) -> (B, n)
-        return self.model(S.T.unsqueeze(-1)).T
-
     def training_step(self, batch, _):
-        S, Y = batch
-        loss = F.mse_loss(self(S), Y)
-        self.log("train_mse", loss, prog_bar=True, on_step=False, on_epoch=True)
+        logits = self.model(self.x)
+        m = self.mask_train
+        loss = F.binary_cross_entropy_with_logits(logits[m], self.y[m].to(logits.dtype))
+        self.log("train_bce", loss, on_step=True, on_epoch=False, batch_size=1)
         return loss
 
-    def validation_step(self, batch, _):
-        S, Y = batch
-        loss = F.mse_loss(self(S), Y)
-        self.log("val_mse", loss, prog_bar=True, on_step=False, on_epoch=True)
-
-    def on_validation_epoch_end(self):
-        val = self.trainer.callback_metrics.get("val_mse")
-        if val is not None:
-            self.history.append({"epoch": int(self.current_epoch), "val_mse": float(val)})
+    def on_train_batch_end(self, outputs, batch, batch_idx):
+        step = int(self.global_step)
+        if step % self.eval_every and step != self.trainer.max_steps:
+            return
+        self.model.eval()
+        with torch.no_grad():
+            logits = self.model(self.x)
+        self.model.train()
+        val = roc_auc(logits[self.mask_val], self.y[self.mask_val])
+        self.history.append({"step": step, "train_bce": float(outputs["loss"]), "val_auc": val})
+        if val > self.best["val_auc"]:
+            self.best = {"val_auc": val, "step": step, "state": copy.deepcopy(self.model.state_dict())}
 
     def configure_optimizers(self):
-        opt = torch.optim.AdamW(self.parameters(), lr=self.lr, weight_decay=self.weight_decay)
-        steps = max(1, self.trainer.estimated_stepping_batches)
-        sched = torch.optim.lr_scheduler.OneCycleLR(opt, max_lr=self.lr, total_steps=int(steps))
-        return {"optimizer": opt, "lr_scheduler": {"scheduler": sched, "interval": "step"}}
-
-
-def r2_score(pred: torch.Tensor, target: torch.Tensor) -> float:
-    return float(1.0 - ((pred - target) ** 2).mean() / ((target - target.mean()) ** 2).mean())
-
+        spectral = [p for n, p in self.model.named_parameters() if n.endswith("coeffs")]
+        other = [p for n, p in self.model.named_parameters() if not n.endswith("coeffs")]
+        groups = [{"params": other, "lr": self.lr}]
+        if spectral:
+            groups.append({"params": spectral, "lr": self.lr * self.mult})
+        return torch.optim.AdamW(groups, lr=self.lr, weight_decay=self.wd)

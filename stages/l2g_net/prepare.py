@@ -1,80 +1,88 @@
-"""prepare: the graphs of Part A (exactness suite, scaling families) and the long-range task of Part B.
+"""prepare: the graphs of Part A (exactness, scaling) and the Minesweeper task of Part B.
 
 Part A
   suite/       graphs that stress exactness: SBM halves, weighted Barabasi-Albert halves, grids
                joined by bridges, disjoint identical copies + stars + complete graphs + isolated
                nodes, weighted multi-component graphs (weights over 6 decades), a hypercube.
-  scaling_n/   ``scaling_blocks`` random blocks of mean degree ``scaling_avg_degree`` joined in a
-               ring by ``scaling_bridges`` bridges, for n in ``scaling_sizes``.
-  scaling_k/   the same family at n = ``cut_n`` for each number of bridges in ``cut_sizes``.
+  scaling/     Barabasi-Albert (m = ``ba_m``) and square-grid graphs for n in ``scaling.sizes``; the
+               number of parts grows with n (evaluate: n / ``part_size`` parts by recursive bisection).
+  scaling_k/   ``cut_blocks`` random blocks of ``cut_n`` nodes in all joined in a ring by k distinct
+               bridges for k in ``cut_sizes``, with the blocks as parts (every bridge is a cut edge).
 Part B
-  task/        one graph of ``task.num_blocks`` dense blocks joined by ``task.bridges`` bridges;
-               node signals s ~ N(0, I) and targets y = exp(-t L) s (heat diffusion at a large time
-               t = ``diffusion_time_over_fiedler`` / lambda_2, so every node's target depends on
-               blocks many hops away), standardized by the training targets' std.
+  task/        Minesweeper (Platonov et al. 2023), generated: side x side king-move grid, 20% mines,
+               features = one-hot count of neighbouring mines + 'unknown' flag, 50% of the nodes'
+               features hidden; the label is 'is a mine'.
 
     python -m stages prepare l2g_net
 """
 from __future__ import annotations
 
+from typing import Literal
+
 import networkx as nx
 import numpy as np
 import scipy.sparse as sp
-from pydantic import Field, model_validator
-from scipy.sparse.linalg import eigsh, expm_multiply
+from pydantic import Field, field_validator, model_validator
 from threadpoolctl import threadpool_limits
 
-from stages.common.config import StageConfig
+from stages.common.config import Fraction, Seed, StageConfig, unique_items
 from stages.common.paths import write_json
 from stages.common.runner import StageContext
-from stages.l2g_net.graphs import exactness_suite, laplacian, sbm_blocks
+from stages.l2g_net.graphs import ba_graph, exactness_suite, grid_graph, laplacian, minesweeper, sbm_blocks
+
+Family = Literal["ba", "grid"]
+
+
+class ScalingConfig(StageConfig):
+    families: list[Family] = Field(default_factory=lambda: ["ba", "grid"], min_length=1)
+    sizes: list[int] = Field(default_factory=lambda: [400, 700, 1000, 1500, 2000, 3000], min_length=6,
+                             description=">= 6 sizes for the fitted exponents")
+    ba_m: int = Field(3, ge=1, le=20, description="edges per new node of the Barabasi-Albert graphs")
+
+    @field_validator("families")
+    @classmethod
+    def _distinct(cls, v):
+        return unique_items(v, "scaling.families")
+
+    @field_validator("sizes")
+    @classmethod
+    def _sizes(cls, v):
+        if any(x < 32 for x in v) or any(x > 20000 for x in v) or sorted(set(v)) != list(v):
+            raise ValueError(f"must be strictly increasing sizes in [32, 20000] (got {v}); beyond 20000 the dense "
+                             "eigh reference needs more than 3 GB per matrix")
+        return v
 
 
 class TaskConfig(StageConfig):
-    num_blocks: int = Field(4, ge=2, description="dense blocks, joined in a ring")
-    block_size: int = Field(64, ge=8)
-    avg_degree: float = Field(16.0, gt=0)
-    bridges: int = Field(4, ge=1, description="edges between consecutive blocks (ring), in total")
-    diffusion_time_over_fiedler: float = Field(2.0, gt=0, description="t * lambda_2 of the heat kernel")
-    num_train: int = Field(512, ge=8)
-    num_val: int = Field(128, ge=4)
-    num_test: int = Field(256, ge=4)
-
-    @model_validator(mode="after")
-    def _degree_fits(self):
-        if self.avg_degree > self.block_size - 1:
-            raise ValueError(f"avg_degree ({self.avg_degree}) must be <= block_size - 1 ({self.block_size - 1})")
-        if self.bridges < self.num_blocks - 1:
-            raise ValueError(f"bridges ({self.bridges}) must be >= num_blocks - 1 ({self.num_blocks - 1}) "
-                             "so that the task graph is connected")
-        return self
+    side: int = Field(24, ge=6, le=200, description="grid side; the paper's Minesweeper is 100 x 100")
+    mine_fraction: float = Field(0.2, gt=0.0, le=0.5)
+    hidden_fraction: Fraction = 0.5
 
 
 class Config(StageConfig):
-    seed: int = 0
+    seed: Seed = 0
     suite_scale: int = Field(120, ge=16, le=5000, description="~nodes of the larger exactness-suite graphs")
-    scaling_sizes: list[int] = Field(default_factory=lambda: [250, 500, 1000, 1500, 2000], min_length=3)
-    scaling_blocks: int = Field(4, ge=2)
-    scaling_avg_degree: float = Field(10.0, gt=0)
-    scaling_bridges: int = Field(8, ge=1)
-    cut_n: int = Field(1000, ge=16)
+    scaling: ScalingConfig = ScalingConfig()
+    cut_blocks: int = Field(4, ge=2, le=64)
+    cut_avg_degree: float = Field(10.0, gt=0, le=200)
+    cut_n: int = Field(1000, ge=16, le=20000)
     cut_sizes: list[int] = Field(default_factory=lambda: [4, 8, 16, 32], min_length=3)
     task: TaskConfig = TaskConfig()
 
     @model_validator(mode="after")
-    def _sizes(self):
-        for name in ("scaling_sizes", "cut_sizes"):
-            vals = getattr(self, name)
-            if any(v < 1 for v in vals) or sorted(set(vals)) != list(vals):
-                raise ValueError(f"{name} must be strictly increasing positive integers (got {vals})")
-        small = self.scaling_sizes[0] // self.scaling_blocks
-        if small < 8:
-            raise ValueError(f"scaling_sizes[0] / scaling_blocks = {small} nodes per block; needs >= 8")
-        if self.scaling_avg_degree > small - 1:
-            raise ValueError(f"scaling_avg_degree ({self.scaling_avg_degree}) exceeds the smallest block "
-                             f"({small} nodes)")
-        if self.cut_n // self.scaling_blocks < 8:
-            raise ValueError(f"cut_n / scaling_blocks must be >= 8 (got {self.cut_n // self.scaling_blocks})")
+    def _cut(self):
+        v = self.cut_sizes
+        if any(x < 1 for x in v) or sorted(set(v)) != list(v):
+            raise ValueError(f"cut_sizes: must be strictly increasing positive integers (got {v})")
+        block = self.cut_n // self.cut_blocks
+        if block < 8:
+            raise ValueError(f"cut_n: cut_n / cut_blocks = {block} nodes per block; needs >= 8")
+        if self.cut_avg_degree > block - 1:
+            raise ValueError(f"cut_avg_degree: {self.cut_avg_degree} exceeds a block of {block} nodes")
+        most = self.cut_blocks * block * block if self.cut_blocks > 2 else block * block
+        if v[-1] > most:
+            raise ValueError(f"cut_sizes: {v[-1]} bridges exceed the {most} distinct node pairs between "
+                             f"consecutive blocks (the graph cannot have that many cut edges)")
         return self
 
 
@@ -90,39 +98,34 @@ def run(cfg: Config, ctx: StageContext) -> None:
 
 def _run(cfg: Config, ctx: StageContext) -> None:
     out = ctx.out
-    manifest: dict = {"suite": {}, "scaling_n": [], "scaling_k": []}
+    manifest: dict = {"suite": {}, "scaling": [], "scaling_k": []}
     for name, G in exactness_suite(cfg.seed, cfg.suite_scale).items():
         _save(out / "suite" / f"{name}.npz", laplacian(G))
         manifest["suite"][name] = {"n": G.number_of_nodes(), "edges": G.number_of_edges(),
                                    "components": nx.number_connected_components(G)}
-    for n in cfg.scaling_sizes:
-        G = sbm_blocks(cfg.scaling_blocks, n // cfg.scaling_blocks, cfg.scaling_avg_degree, cfg.scaling_bridges,
-                       cfg.seed + n)
-        _save(out / "scaling_n" / f"n{n}.npz", laplacian(G))
-        manifest["scaling_n"].append({"file": f"n{n}.npz", "n": G.number_of_nodes(), "bridges": cfg.scaling_bridges})
+    for fam in cfg.scaling.families:
+        for n in cfg.scaling.sizes:
+            G = ba_graph(n, cfg.scaling.ba_m, cfg.seed + n) if fam == "ba" else grid_graph(n)
+            name = f"{fam}_n{n}.npz"
+            _save(out / "scaling" / name, laplacian(G))
+            manifest["scaling"].append({"file": name, "family": fam, "n": G.number_of_nodes(),
+                                        "edges": G.number_of_edges()})
+    block = cfg.cut_n // cfg.cut_blocks
     for k in cfg.cut_sizes:
-        G = sbm_blocks(cfg.scaling_blocks, cfg.cut_n // cfg.scaling_blocks, cfg.scaling_avg_degree, k,
-                       cfg.seed + 7 * k)
+        G = sbm_blocks(cfg.cut_blocks, block, cfg.cut_avg_degree, k, cfg.seed + 7 * k)
         _save(out / "scaling_k" / f"k{k}.npz", laplacian(G))
-        manifest["scaling_k"].append({"file": f"k{k}.npz", "n": G.number_of_nodes(), "bridges": k})
+        manifest["scaling_k"].append({"file": f"k{k}.npz", "n": G.number_of_nodes(), "bridges": k,
+                                      "block_size": block, "blocks": cfg.cut_blocks})
 
-    # Part B: long-range node regression by heat diffusion over a block graph
+    # Part B: Minesweeper
     t = cfg.task
-    G = sbm_blocks(t.num_blocks, t.block_size, t.avg_degree, t.bridges, cfg.seed + 1000)
-    L = laplacian(G)
-    n = L.shape[0]
-    lam2 = float(np.sort(eigsh(sp.csc_matrix(L), k=2, sigma=-1e-3, which="LM",
-                               v0=np.cos(np.arange(n) + 0.3))[0])[1])
-    time = t.diffusion_time_over_fiedler / lam2
-    rng = np.random.default_rng(cfg.seed)
-    total = t.num_train + t.num_val + t.num_test
-    S = rng.normal(size=(total, n))
-    Y = expm_multiply(-time * L, S.T).T      # y = exp(-t L) s, independent of any eigendecomposition
-    Y /= Y[: t.num_train].std()
-    _save(out / "task" / "laplacian.npz", L)
-    np.savez(out / "task" / "signals.npz", S=S, Y=Y,
-             train=np.arange(t.num_train), val=np.arange(t.num_train, t.num_train + t.num_val),
-             test=np.arange(t.num_train + t.num_val, total))
-    manifest["task"] = {"n": n, "edges": G.number_of_edges(), "lambda2": lam2, "diffusion_time": time,
-                        "num_blocks": t.num_blocks, "bridges": t.bridges}
+    ms = minesweeper(t.side, t.mine_fraction, t.hidden_fraction, cfg.seed + 1000)
+    G = ms["graph"]
+    (out / "task").mkdir(parents=True, exist_ok=True)
+    sp.save_npz(out / "task" / "adjacency.npz",
+                sp.csr_matrix(nx.to_scipy_sparse_array(G, nodelist=range(G.number_of_nodes()), format="csr")))
+    np.savez(out / "task" / "nodes.npz", x=ms["x"], y=ms["y"], counts=ms["counts"])
+    manifest["task"] = {"name": "minesweeper", "side": t.side, "n": G.number_of_nodes(),
+                        "edges": G.number_of_edges(), "mines": int(ms["y"].sum()),
+                        "hidden": int(ms["x"][:, 9].sum())}
     write_json(out / "manifest.json", manifest)

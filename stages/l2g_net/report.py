@@ -1,4 +1,4 @@
-"""report: exactness table, scaling figure with fitted exponents, long-range task results, verdicts.
+"""report: exactness, scaling with growing parts (crossover, memory, sparsification), Minesweeper.
 
     python -m stages report l2g_net
 """
@@ -8,7 +8,7 @@ import matplotlib.pyplot as plt
 import numpy as np
 import polars as pl
 
-from stages.common.claims import Claim, evaluate_claims
+from stages.common.claims import Better, Bound, Claim, Within
 from stages.common.config import StageConfig
 from stages.common.paths import read_json
 from stages.common.reporting import Report
@@ -18,25 +18,41 @@ TITLE = "L2G-Net: exact local-to-global factorization of the graph Fourier trans
 PAPER_CLAIM = (
     "Splitting a graph into subgraphs and adding the cut edges back as rank-one updates gives the "
     "exact graph Fourier transform as a chain of Cauchy-like factors (eigenvalue error ~1e-11 at "
-    "20k nodes); the factorization scales ~n^2.0 against ~n^2.9 for dense eigh and linearly in the "
-    "cut size; L2G-Net built on it reaches state-of-the-art long-range accuracy (Minesweeper ROC-AUC "
-    "97.5) with orders of magnitude fewer parameters than competing models.")
+    "20k nodes); the factorization scales ~n^2.0 against ~n^2.9 for dense eigh (20k nodes: 63 s vs "
+    "385 s) and linearly in the cut size; L2G-Net built on it reaches state-of-the-art accuracy on "
+    "heterophilous node classification (Minesweeper ROC AUC 97.50).")
 
+AUC = "task.auc"
 CLAIMS = [
-    Claim("exact", "The factorization is exact: eigenvalues, orthogonality, reconstruction and spectral "
-          "filtering agree with dense eigh / expm to <= 1e-8 relative on every test graph",
+    Claim("exact", "The factorization is exact for the Laplacian it factorizes: eigenvalues, orthogonality, "
+          "reconstruction and spectral filtering (Cauchy chain through the kernel) agree with dense eigh / expm "
+          "to <= 1e-8 relative on every test graph (suite, cut-size graphs, sparsified scaling graphs)",
           "exactness.max_eig_rel_err <= 1e-8 and exactness.max_orthogonality <= 1e-8 and "
-          "exactness.max_reconstruction <= 1e-8 and exactness.max_filter_rel_err <= 1e-8"),
-    Claim("scaling_in_n", "Runtime exponent in n clearly (>= 0.3) below dense eigh's at the sizes run here",
-          "scaling.l2g_exponent_n <= scaling.eigh_exponent_n - 0.3"),
-    Claim("linear_in_cut", "Runtime grows linearly with the number of cut edges (fitted exponent within 0.3 of 1)",
-          "abs(scaling.l2g_update_exponent_k - 1) <= 0.3"),
-    Claim("beats_local_filters", "On the long-range task L2G-Net is at least as accurate (test R^2) as ChebNet "
-          "and GCN with at most 1/5 of their parameters",
-          "task.l2g.test_r2 >= task.chebnet.test_r2 and task.l2g.test_r2 >= task.gcn.test_r2 and "
-          "task.l2g.params <= 0.2 * min(task.chebnet.params, task.gcn.params)"),
-    Claim("matches_full_gft", "L2G-Net matches the full-GFT spectral net (test R^2 within 0.02)",
-          "abs(task.l2g.test_r2 - task.full_gft.test_r2) <= 0.02"),
+          "exactness.max_reconstruction <= 1e-8 and exactness.max_filter_rel_err <= 1e-8",
+          refuted_by="any error above 1e-8 on any graph or partition"),
+    Claim("scaling_exponent_ba", "On Barabasi-Albert graphs with parts growing with n and the cut sparsified "
+          "(the paper's scaling setting), L2G's runtime exponent is clearly (>= 0.3) below dense eigh's",
+          "scaling.ba.l2g_exponent <= scaling.ba.eigh_exponent - 0.3",
+          refuted_by="a fitted L2G exponent within 0.3 of (or above) eigh's over the measured sizes"),
+    Claim("faster_than_eigh_ba", "At the largest Barabasi-Albert size run here L2G (partition + sparsification "
+          "+ factorization) is faster than dense eigh",
+          "scaling.ba.l2g_s_at_largest < scaling.ba.eigh_s_at_largest",
+          refuted_by="L2G's CPU time at the largest size >= eigh's"),
+    Claim("linear_in_cut", "The rank-one updates grow linearly with the number of cut edges (fitted exponent "
+          "within 0.3 of 1)", "abs(scaling_k.l2g_update_exponent_k - 1) <= 0.3",
+          refuted_by="an update-time exponent in k outside [0.7, 1.3]"),
+    Better("l2g_beats_gcn", "On Minesweeper L2G-Net has a higher test ROC AUC than GCN at matched parameters",
+           a=f"{AUC}.l2g", b=f"{AUC}.gcn", refuted_by="GCN's per-seed AUC above L2G-Net's beyond 2 s.e."),
+    Better("l2g_beats_gin", "... than GIN at matched parameters", a=f"{AUC}.l2g", b=f"{AUC}.gin",
+           refuted_by="GIN's per-seed AUC above L2G-Net's beyond 2 s.e."),
+    Better("l2g_beats_chebnet", "... than ChebNet (order K) at matched parameters", a=f"{AUC}.l2g",
+           b=f"{AUC}.chebnet", refuted_by="ChebNet's per-seed AUC above L2G-Net's beyond 2 s.e."),
+    Within("l2g_matches_full_gft", "L2G-Net (local + global filters on the factorized GFT of the sparsified "
+           "graph) is within 0.02 AUC of the same filters on the full dense GFT", a=f"{AUC}.l2g",
+           b=f"{AUC}.full_gft", delta=0.02, refuted_by="a per-seed gap beyond 0.02 AUC (2 s.e.)"),
+    Bound("baselines_beat_chance", "Every baseline beats the trivial predictor (AUC 0.5) on every seed's test "
+          "nodes (the weakest baseline per seed)", value="task.auc_min_baseline", above=0.5,
+          refuted_by="the weakest baseline's AUC not above 0.5"),
 ]
 
 
@@ -44,165 +60,208 @@ class Config(StageConfig):
     pass
 
 
-def _fit_line(x, y):
-    p = np.polyfit(np.log(x), np.log(y), 1)
-    return p[0], np.exp(np.polyval(p, np.log(x)))
+def _mean_sd(v):
+    a = np.asarray(v, float)
+    return float(a.mean()), float(a.std(ddof=1)) if a.size > 1 else 0.0
 
 
 def run(cfg: Config, ctx: StageContext) -> None:
     res = read_json(ctx.input("evaluate") / "results.json")
     train = read_json(ctx.input("train") / "train_summary.json")
     rep = Report(ctx, TITLE, PAPER_CLAIM)
-
-    suite = pl.DataFrame(res["suite"])
-    sn, sk = pl.DataFrame(res["scaling_n"]), pl.DataFrame(res["scaling_k"])
-    every = pl.concat([suite.select("eig_rel_err", "orthogonality", "reconstruction", "filter_rel_err"),
-                       sn.select("eig_rel_err", "orthogonality", "reconstruction", "filter_rel_err"),
-                       sk.select("eig_rel_err", "orthogonality", "reconstruction", "filter_rel_err")])
-    ex = res["exponents"]
+    suite, sk = pl.DataFrame(res["suite"]), pl.DataFrame(res["scaling_k"])
+    sc = pl.DataFrame(res["scaling"], infer_schema_length=None)
+    errcols = ["eig_rel_err", "orthogonality", "reconstruction", "filter_rel_err"]
+    every = pl.concat([suite.select(errcols), sk.select(errcols)])
+    fits, ek, task, tg = res["scaling_fits"], res["exponents_k"], res["task"], res["task_graph"]
     metrics = {
-        "exactness": {"max_eig_rel_err": float(every["eig_rel_err"].max()),
+        "exactness": {"max_eig_rel_err": max(float(every["eig_rel_err"].max()),
+                                             float(sc["eig_err_vs_sparsified"].max())),
                       "max_orthogonality": float(every["orthogonality"].max()),
                       "max_reconstruction": float(every["reconstruction"].max()),
                       "max_filter_rel_err": float(every["filter_rel_err"].max()),
-                      "graphs_checked": int(every.height)},
-        "scaling": {"l2g_exponent_n": ex["l2g_n"], "eigh_exponent_n": ex["eigh_n"],
-                    "l2g_exponent_k": ex["l2g_k"], "l2g_update_exponent_k": ex["l2g_updates_k"],
-                    "largest_n": int(sn["n"].max()),
-                    "l2g_s_at_largest_n": float(sn["factorize_s"][-1]), "eigh_s_at_largest_n": float(sn["eigh_s"][-1])},
-        "task": res["task"],
-        "task_graph": res["task_graph"],
+                      "graphs_checked": int(every.height + sc.height)},
+        "scaling": fits,
+        "scaling_k": {"l2g_exponent_k": ek["l2g_k"], "l2g_update_exponent_k": ek["l2g_updates_k"],
+                      "requested_bridges_are_cut_edges": ek["requested_equals_actual"]},
+        "fallbacks": {"suite": {f"{r['graph']}/{r['partition']}": r["fallback"] for r in res["suite"]
+                                if r["fallback"] != "none"},
+                      "task_default_partitioner": res["task_default_partitioner"]["fallback"] or "none"},
+        "task": task,
+        "task_graph": tg,
     }
-    tg = res["task_graph"]
+    # ---------------------------------------------------------------- setup
+    fam_txt = ", ".join(f"{f} (n = {sc.filter(pl.col('family') == f)['n'].to_list()})" for f in fits)
     rep.section("Setup", f"""
-**Part A (exactness, scaling).** `stages/l2g_net/gft.py` implements `factorize(L, parts=None)`: parts from
-the built-in partitioner (connected components, then recursive spectral bisection by a Fiedler sweep cut,
-splitting a part only when the cut is small), one dense eigh per part, then one rank-one update per cut
-edge with deflation (tiny z_i; nearly equal eigenvalues merged by Givens rotations that are applied to the
-z of every later cut edge), the secular equation solved per interlacing interval by a safeguarded
-rational (Bunch-Nielsen-Sorensen) iteration with bisection fallback, roots stored relative to the nearest
-pole, and Gu-Eisenstat recomputation of z. The basis is never formed: U^T = P C_K^T G_K^T ... C_1^T G_1^T U0^T.
-The exactness suite ({suite['graph'].n_unique()} graphs: SBM and weighted Barabasi-Albert halves joined by
-bridges, grids joined by bridges, disjoint Petersen copies + stars + complete graphs + isolated nodes,
-weighted multi-component graphs with weights over six decades, a hypercube) is factorized both with the
-built-in partitioner and with a random partition (many cut edges), and compared with scipy eigh,
-with dense U up to n = 400 and random probes above. Heat-filter errors use the Cauchy chain through
-`kernels/cauchy_apply.py` (backend `{res['backend']}`) against `scipy.sparse.linalg.expm_multiply`.
-Scaling: {len(sn)} graphs of 4 random blocks (mean degree 10) joined by a fixed number of bridges,
-n = {sn['n'].to_list()}; and n = {sk['n'][0]} with {sk['bridges'].to_list()} bridges. Timings are CPU
-seconds of the process (best of the configured repeats), one BLAS thread for both methods, so that other
-jobs sharing the 2-core machine disturb them as little as possible.
+**Factorization** (`stages/l2g_net/gft.py`, `factorize(L, parts=None)`): one dense eigh per part, then one
+rank-one update per cut edge (deflation with Givens rotations propagated to every later cut edge,
+secular equation per interlacing interval by a safeguarded two-pole rational iteration, roots stored
+relative to the nearer pole, Gu-Eisenstat recomputation of z, column normalization). The basis is never
+formed: U^T = P C_K^T G_K^T ... C_1^T G_1^T U0^T. The exactness checks form U (n <= 400) or apply it to
+probes by running every Cauchy factor over all columns at once through `kernels/cauchy_apply.py`.
 
-**Part B (model).** Graph of {tg['num_blocks']} dense blocks ({tg['n']} nodes, {tg['edges']} edges) joined
-by {tg['bridges']} bridges; target y = exp(-tL) s for white-noise node signals s with
-t = {tg['diffusion_time']:.1f} = 2/lambda_2, so each node's target mixes every block. The partitioner split it
-into {tg['num_parts']} parts with {tg['num_cut_edges']} cut edges (eigenvalue error vs eigh
-{tg['eigenvalue_rel_err']:.1e}). Models trained with Lightning (AdamW, one-cycle): L2G-Net (local spline
-filters -> Cauchy chain -> global cubic-B-spline filter -> inverse, gated residual), the same spectral
-layer on the dense eigh basis (full GFT), ChebNet (one ChebConv of order 4: 3 hops) and GCN (3 layers:
-3 hops), written in plain torch (no torch-geometric).
+**Exactness suite**: {suite['graph'].n_unique()} graphs (SBM / weighted Barabasi-Albert halves, grids joined by
+bridges, Petersen copies + stars + cliques + isolated nodes, weights over six decades, a hypercube), each with
+the built-in partitioner (default settings; its refusals are reported) and a random partition.
+
+**Scaling** (the paper's setting): {fam_txt}; parts grow with n (about n / part_size parts, recursive spectral
+bisection), each bisection's cut sparsified to a target number of edges by effective-resistance sampling (as the
+official code), and the sparsified Laplacian factorized exactly. L2G time = partition + sparsification +
+factorization, against LAPACK `eigh` (values + vectors); CPU seconds of one single-threaded process, one run per
+size. Peak memory by tracemalloc at the largest size. Where the cut is small enough, the exact factorization of
+the true L (every cut edge kept) is timed too (speed-up of sparsification). **Cut size**: n = {int(sk['n'][0])},
+{int(sk['parts'][0])} blocks as parts, bridges {sk['bridges'].to_list()} (all distinct, all cut edges).
+
+**Minesweeper** (generated as Platonov et al. 2023): {tg['n']}-node king-move grid (side {int(np.sqrt(tg['n']))},
+the paper's is 100 x 100 = 10,000 nodes; the full profile runs that), 20% mines, one-hot neighbour-mine counts
+with 50% of the nodes' features hidden; 50/25/25 node split per seed, seeds {task['seeds']}. Graph operator:
+{tg['laplacian']} Laplacian; {tg['num_parts']} parts {tg['part_sizes']} by spectral bisection; of
+{tg['cut_edges_total']} cut edges {tg['cut_edges_kept']} kept by sparsification (official: 1); the
+chain matrix `basis_cauchy` formed through the kernel (orthogonality {tg['chain_orthogonality']:.1e},
+eigenvalue error vs the sparsified Laplacian {tg['eig_err_vs_sparsified']:.1e}, vs the true one
+{tg['eig_err_vs_true_L']:.2f}). Models share the official skeleton (input linear, residual steps with LayerNorm,
+feed-forward modules, output LayerNorm + linear) and differ in the graph module: L2G-Net (local band-pass spline
+banks with sigmoid-gated steps, global high-pass spline bank, SiLU + sigmoid-gated residual), full-GFT (global
+bank on the dense eigh basis of the true L), ChebNet (K = {train['config']['cheb_k']}), GCN, GIN; widths
+{train['dims']} chosen so that every model has about {train['params_target']} parameters. AdamW,
+{train['config']['trainer']['max_steps']} full-graph steps, spline coefficients at
+{train['config']['spectral_lr_mult']}x the learning rate, best-validation-AUC state kept.
 """)
-    rep.table("Exactness suite", suite.select(
-        "graph", "partition", "n", "components", "parts", "cut_edges", "eig_rel_err", "orthogonality",
-        "reconstruction", "filter_rel_err"),
-        note="eig_rel_err = max|lam - lam_eigh| / max|lam_eigh|; orthogonality = max|U^T U - I|; "
-             "reconstruction = max|U diag(lam) U^T - L| / max|L|; filter = ||h(L)X - expm|| / ||expm||.")
-    cols = ["n", "bridges", "parts", "cut_edges", "factorize_s", "partition_s", "local_eigh_s", "updates_s",
-            "eigh_s", "eig_rel_err", "orthogonality", "reconstruction"]
-    rep.table("Scaling in n", sn.select(cols),
-              note=f"Fitted exponents t ~ n^p: L2G p = {ex['l2g_n']:.2f}, dense eigh p = {ex['eigh_n']:.2f}.")
-    rep.table("Scaling in cut size", sk.select(cols),
-              note=f"Fitted exponent in the number of cut edges: total {ex['l2g_k']:.2f}, "
-                   f"rank-one updates alone {ex['l2g_updates_k']:.2f}.")
-
-    fig, axes = plt.subplots(1, 2, figsize=(11, 4.2))
-    n, tl, te = sn["n"].to_numpy(), sn["factorize_s"].to_numpy(), sn["eigh_s"].to_numpy()
-    for y, label, mk in ((tl, "L2G factorize", "o"), (te, "dense eigh (LAPACK)", "s")):
-        p, fit = _fit_line(n, y)
-        axes[0].loglog(n, y, mk, label=f"{label}: ~n^{p:.2f}")
-        axes[0].loglog(n, fit, "--", color=axes[0].lines[-1].get_color())
-    axes[0].set(xlabel="nodes n", ylabel="CPU seconds", title=f"runtime vs n ({int(sn['bridges'][0])} bridges)")
-    axes[0].legend()
+    # ---------------------------------------------------------------- results: exactness
+    rep.table("Exactness suite", suite.select("graph", "partition", "n", "parts", "cut_edges", *errcols, "fallback"),
+              note="eig_rel_err = max|lam - lam_eigh| / max|lam_eigh|; orthogonality = max|U^T U - I|; "
+                   "reconstruction = max|U diag(lam) U^T - L| / max|L|; filter = ||h(L)X - expm|| / ||expm||. "
+                   "`fallback` names what the built-in partitioner did when it refused a cut (default "
+                   "min_part_size 48, max_cut_fraction 1/48).")
+    fb = res["task_default_partitioner"]
+    rep.section("Partitioner fallback", (
+        f"With its default settings the built-in partitioner splits a part only when the cut has at most "
+        f"1/48 of the part's size in edges. On the Minesweeper graph it returned {fb['parts']} part(s): "
+        f"fallback = `{fb['fallback'] or 'none'}`. Refusals in the exactness suite are listed in the table "
+        f"above ({len(metrics['fallbacks']['suite'])} of {suite.height} rows). `Factorization.fallback` and "
+        "`partition_info['refused']` carry this in the API; forced splits are available through "
+        "`bisection_parts` (used by the model and the scaling study)."))
+    rep.section("Comparison with the official code (measured once, not re-run here)", (
+        "A review ran this factorization side by side with the official implementation (sf219/L2G_NET: "
+        "same METIS parts, every cut edge kept, no sparsification) on five graphs: the largest eigenvalue "
+        "error here was <= 2e-13, the official code's up to 8.6e6 (its Cauchy factors lose column "
+        "normalization on hard graphs); time 0.43-1.13x the official one (faster on four of the five). The "
+        "official code needs numba and pymetis, which this pipeline does not install, so the comparison is "
+        "quoted, not recomputed by `dvc repro`."))
+    # ---------------------------------------------------------------- scaling
+    cols = ["family", "n", "parts", "cut_edges", "cut_kept", "l2g_s", "partition_s", "local_eigh_s", "updates_s",
+            "eigh_s", "eig_err_vs_sparsified", "spectral_err_vs_true_L", "storage_mb", "dense_U_mb",
+            "l2g_peak_mb", "eigh_peak_mb", "exact_l2g_s", "sparsify_speedup", "exact_eig_err"]
+    rep.table("Scaling with parts growing with n (sparsified cut)", sc.select(cols), note=(
+        "l2g_s = partition + sparsification + factorization (partition_s inside factorize is ~0 as parts are "
+        "given). eig_err_vs_sparsified: exactness for the Laplacian factorized; spectral_err_vs_true_L: "
+        "max|lam - lam(L)| / max lam(L), the error sparsification introduces. storage_mb: the factorization "
+        "as kept (local bases + O(m) numbers per factor) vs dense_U_mb. exact_*: every cut edge kept (only "
+        "where the cut is small enough; else empty)."))
+    ftab = pl.DataFrame([{"family": f, **{k: v for k, v in d.items()}} for f, d in fits.items()])
+    rep.table("Fitted exponents and crossover", ftab,
+              note="fitted_crossover_n: where the fitted power laws meet (extrapolated when beyond the sizes run).")
+    fig, axes = plt.subplots(1, 3, figsize=(15, 4.2))
+    for fam, mk in zip(fits, ("o", "s")):
+        d = sc.filter(pl.col("family") == fam)
+        for col, lab, ls in (("l2g_s", "L2G (sparsified)", "-"), ("eigh_s", "dense eigh", "--")):
+            axes[0].loglog(d["n"].to_numpy(), d[col].to_numpy(), mk + ls,
+                           label=f"{fam} {lab}: ~n^{fits[fam]['l2g_exponent' if col == 'l2g_s' else 'eigh_exponent']:.2f}")
+        axes[2].semilogy(d["n"].to_numpy(), np.maximum(d["spectral_err_vs_true_L"].to_numpy(), 1e-17), mk + "-",
+                         label=f"{fam}: vs true L")
+        axes[2].semilogy(d["n"].to_numpy(), np.maximum(d["eig_err_vs_sparsified"].to_numpy(), 1e-17), mk + ":",
+                         label=f"{fam}: vs sparsified L")
+    axes[0].set(xlabel="n", ylabel="CPU s", title="runtime, parts growing with n")
+    axes[0].legend(fontsize=7)
     k = np.maximum(sk["cut_edges"].to_numpy(), 1)
-    for y, label, mk in ((sk["factorize_s"].to_numpy(), "L2G factorize (total)", "o"),
-                         (sk["updates_s"].to_numpy(), "rank-one updates only", "^"),
-                         (sk["eigh_s"].to_numpy(), "dense eigh", "s")):
-        p, fit = _fit_line(k, y)
-        axes[1].loglog(k, y, mk, label=f"{label}: ~k^{p:.2f}")
-        axes[1].loglog(k, fit, "--", color=axes[1].lines[-1].get_color())
-    axes[1].set(xlabel="cut edges k", ylabel="CPU seconds", title=f"runtime vs cut size (n = {int(sk['n'][0])})")
-    axes[1].legend()
-    rep.figure("scaling", fig, "Runtime of the L2G factorization and of dense eigh vs n (left) and vs the number "
-               "of cut edges (right), log-log with fitted power laws.")
-    rep.plot("scaling_n", sn.select("n", "factorize_s", "eigh_s"))
-    rep.plot("scaling_k", sk.select("cut_edges", "factorize_s", "updates_s", "eigh_s"))
-
-    fig, ax = plt.subplots(figsize=(7, 3.8))
-    errs = suite.with_columns(pl.concat_str([pl.col("graph"), pl.col("partition")], separator="/").alias("g"))
-    x = np.arange(errs.height)
-    for j, col in enumerate(("eig_rel_err", "orthogonality", "reconstruction", "filter_rel_err")):
-        ax.semilogy(x + 0.1 * j, np.maximum(errs[col].to_numpy(), 1e-18), "o", label=col)
-    ax.axhline(1e-8, color="k", ls=":", label="1e-8 claim threshold")
-    ax.set_xticks(x, errs["g"].to_list(), rotation=70, fontsize=7)
-    ax.set_ylabel("error")
-    ax.legend(fontsize=7)
-    rep.figure("exactness", fig, "Errors of the factorization against dense eigh / expm on the exactness suite.")
-
-    task = pl.DataFrame([{"model": k, "params": v["params"], "test_mse": v["test_mse"], "test_r2": v["test_r2"]}
-                         for k, v in res["task"].items()])
-    rep.table("Long-range task (test signals)", task)
-    fig, axes = plt.subplots(1, 2, figsize=(11, 3.8))
+    axes[1].loglog(k, sk["updates_s"].to_numpy(), "^-", label=f"rank-one updates ~k^{ek['l2g_updates_k']:.2f}")
+    axes[1].loglog(k, sk["factorize_s"].to_numpy(), "o-", label=f"factorize ~k^{ek['l2g_k']:.2f}")
+    axes[1].set(xlabel="cut edges k", ylabel="CPU s", title=f"runtime vs cut size (n = {int(sk['n'][0])})")
+    axes[1].legend(fontsize=7)
+    axes[2].set(xlabel="n", ylabel="max eigenvalue error / max lam", title="sparsification error vs exactness")
+    axes[2].legend(fontsize=7)
+    rep.figure("scaling", fig, "Left: CPU time of L2G (sparsified cut) and dense eigh vs n. Middle: time vs the "
+               "number of cut edges (exact). Right: eigenvalue error of the factorization against the sparsified "
+               "Laplacian it factorizes (exactness) and against the true L (what sparsification costs).")
+    rep.plot("scaling", sc.select("n", "l2g_s", "eigh_s"), x="n", y=["l2g_s", "eigh_s"], title="runtime vs n")
+    rep.plot("scaling_k", sk.select("cut_edges", "factorize_s", "updates_s"), x="cut_edges",
+             y=["factorize_s", "updates_s"], title="runtime vs cut size")
+    rep.table("Scaling in cut size (exact)", sk.select("n", "bridges", "cut_edges", "factorize_s", "updates_s",
+                                                       *errcols))
+    # ---------------------------------------------------------------- task
+    rows = []
+    for kind, aucs in task["auc"].items():
+        m, s = _mean_sd(aucs)
+        vm, _ = _mean_sd(task["val_auc"][kind])
+        rows.append({"model": kind, "params": task["params"][kind], "width": train["dims"][kind],
+                     "test_auc_mean": m, "test_auc_sd": s, "val_auc_mean": vm,
+                     "per_seed": ", ".join(f"{a:.4f}" for a in aucs)})
+    ttab = pl.DataFrame(rows)
+    rep.table("Minesweeper (test ROC AUC over seeds)", ttab, note="sd = sample standard deviation over seeds.")
+    fig, axes = plt.subplots(1, 2, figsize=(12, 4))
     curves = []
-    for kind, info in train["models"].items():
-        ep = [h["epoch"] for h in info["history"]]
-        mse = [h["val_mse"] for h in info["history"]]
-        axes[0].semilogy(ep, mse, label=f"{kind} ({info['params']} params)")
-        curves += [{"model": kind, "epoch": e, "val_mse": m} for e, m in zip(ep, mse)]
-    axes[0].set(xlabel="epoch", ylabel="validation MSE", title="training")
-    axes[0].legend()
-    axes[1].bar(task["model"].to_list(), task["test_r2"].to_list())
-    for i, (r2, p) in enumerate(zip(task["test_r2"].to_list(), task["params"].to_list())):
-        axes[1].text(i, r2, f"{r2:.3f}\n{p} par.", ha="center", va="bottom", fontsize=8)
-    axes[1].set(ylabel="test R^2", title="long-range heat-diffusion regression", ylim=(min(0.0, *task["test_r2"].to_list()), 1.2))
-    rep.figure("task", fig, "Part B: validation curves and test R^2 (parameter counts annotated).")
+    for kind, runs in train["runs"].items():
+        h = runs[0]["history"]
+        axes[0].plot([e["step"] for e in h], [e["val_auc"] for e in h], label=f"{kind} (seed {runs[0]['seed']})")
+        curves += [{"model": kind, "step": e["step"], "val_auc": e["val_auc"]} for e in h]
+    axes[0].set(xlabel="step", ylabel="validation ROC AUC", title="training")
+    axes[0].legend(fontsize=8)
+    for i, kind in enumerate(task["auc"]):
+        axes[1].scatter([i] * len(task["auc"][kind]), task["auc"][kind], alpha=0.7)
+        axes[1].errorbar(i + 0.15, ttab["test_auc_mean"][i], yerr=ttab["test_auc_sd"][i], fmt="k_", capsize=4)
+    axes[1].axhline(0.5, color="gray", ls=":", label="chance")
+    axes[1].set_xticks(range(len(task["auc"])), list(task["auc"]))
+    axes[1].set(ylabel="test ROC AUC", title=f"Minesweeper {int(np.sqrt(tg['n']))}x{int(np.sqrt(tg['n']))}")
+    rep.figure("task", fig, "Minesweeper: validation AUC during training (seed 0) and test AUC per seed (dots), "
+               "mean +- sd (bars).")
     if curves:
-        rep.plot("val_curves", pl.DataFrame(curves))
+        rep.plot("val_curves", pl.DataFrame(curves).pivot(on="model", index="step", values="val_auc"), x="step",
+                 title="validation AUC")
+    # ---------------------------------------------------------------- deviations + discussion
+    dev = pl.DataFrame([
+        {"what": "partitioner", "paper / official": "METIS recursive bisection",
+         "here": "recursive spectral bisection (Fiedler sweep cut, scipy)", "why": "no extra dependency (pymetis not installed)"},
+        {"what": "secular solver / sums", "paper / official": "Newton + bisection, compensated sums",
+         "here": "two-pole rational step + bisection, sign-separated sums (as LAPACK dlaed4), Gu-Eisenstat + column normalization",
+         "why": "exact in floating point on every graph tried (official loses normalization on hard graphs)"},
+        {"what": "Minesweeper", "paper / official": "100x100 dataset file, 10 fixed splits",
+         "here": f"generated {int(np.sqrt(tg['n']))}x{int(np.sqrt(tg['n']))} at default (100x100 in full), splits by seed",
+         "why": "no downloads; 5-minute default budget on 2 cores"},
+        {"what": "model size / steps", "paper / official": "16 layers, width 32+, 1500 steps, 10 splits",
+         "here": f"{train['config']['num_layers']} layers, width {train['config']['dim']}, "
+                 f"{train['config']['trainer']['max_steps']} steps, {len(task['seeds'])} seeds",
+         "why": "default budget (full profile: 8 layers, 1500 steps, 10 seeds)"},
+        {"what": "target cut", "paper / official": "1 (Minesweeper)", "here": str(train['config']['target_cut']),
+         "why": "a configurable option; the chain is exact for the sparsified graph in both"},
+        {"what": "baselines", "paper / official": "published numbers of tuned models",
+         "here": "same skeleton, parameter-matched widths, same budget", "why": "a controlled comparison"},
+        {"what": "timings", "paper / official": "wall clock, multithreaded", "here": "CPU s, one thread",
+         "why": "robust on a shared 2-core machine"},
+    ])
+    rep.table("Deviations", dev)
+    rep.section("Discussion", _discussion(metrics, ttab))
+    rep.finish(CLAIMS, metrics)
 
-    measured = {k for k in res["task"]}
-    claims = [c for c in CLAIMS if not any(name.startswith("task.") and name.split(".")[1] not in measured
-                                           for name in c.names())]
-    held = {v["name"]: v["holds"] for v in evaluate_claims(claims, metrics)}
-    rep.section("Reading the verdicts", _discussion(metrics, held))
-    rep.finish(claims, metrics)
 
-
-def _discussion(m: dict, held: dict[str, bool]) -> str:
-    e, s, t = m["exactness"], m["scaling"], m["task"]
-    verdict = ", ".join(f"{k}: {'holds' if v else 'does NOT hold'}" for k, v in held.items())
-    lines = [
-        f"- Verdicts at this scale: {verdict}.",
-        f"- Exactness: over {e['graphs_checked']} factorizations the largest eigenvalue error is "
-        f"{e['max_eig_rel_err']:.1e}, orthogonality {e['max_orthogonality']:.1e}, reconstruction "
-        f"{e['max_reconstruction']:.1e}, heat-filter error {e['max_filter_rel_err']:.1e} (claim threshold 1e-8).",
-        f"- Scaling: fitted exponents n^{s['l2g_exponent_n']:.2f} (L2G) vs n^{s['eigh_exponent_n']:.2f} "
-        f"(dense eigh) for n up to {s['largest_n']}; at that size L2G took {s['l2g_s_at_largest_n']:.2f} s and "
-        f"eigh {s['eigh_s_at_largest_n']:.2f} s. The constants favour LAPACK at these sizes (our updates are "
-        "numpy, eigh is compiled); the claim is about the exponent. Cut size: the rank-one updates grow as "
-        f"k^{s['l2g_update_exponent_k']:.2f}, the whole factorization as k^{s['l2g_exponent_k']:.2f}.",
-    ]
-    if all(k in t for k in ("l2g", "chebnet", "gcn")):
+def _discussion(m: dict, ttab: pl.DataFrame) -> str:
+    e, f = m["exactness"], m["scaling"]
+    lines = [f"- Exactness: over {e['graphs_checked']} factorizations the largest eigenvalue error is "
+             f"{e['max_eig_rel_err']:.1e}, orthogonality {e['max_orthogonality']:.1e}, reconstruction "
+             f"{e['max_reconstruction']:.1e}, heat-filter error {e['max_filter_rel_err']:.1e}."]
+    for fam, d in f.items():
+        cross = d["fitted_crossover_n"]
         lines.append(
-            f"- Long-range task: test R^2 L2G-Net {t['l2g']['test_r2']:.4f} ({t['l2g']['params']} params) vs "
-            f"ChebNet {t['chebnet']['test_r2']:.4f} ({t['chebnet']['params']}) and GCN {t['gcn']['test_r2']:.4f} "
-            f"({t['gcn']['params']})" + (f"; full-GFT spectral net {t['full_gft']['test_r2']:.4f} "
-                                        f"({t['full_gft']['params']})." if "full_gft" in t else "."))
-    lines.append("- Deviations from the paper, stated plainly: the partitioner is recursive spectral bisection "
-                 "(Fiedler sweep cut, scipy) rather than METIS; the secular sums are sign-separated pairwise sums "
-                 "(as LAPACK dlaed4) rather than Kahan-compensated sums; the root iteration is a two-pole rational "
-                 "(Bunch-Nielsen-Sorensen) step safeguarded by bisection rather than plain Newton; the gated "
-                 "residual is H + sigmoid(gamma) * GELU(W H_filt + b) with a per-channel gate; the B-spline knots are "
-                 "uniform on a log-warped eigenvalue axis. Timings are CPU seconds of one single-threaded process.")
-    lines.append("- Not reproduced at this scale: the Minesweeper benchmark and the Polynormer comparison "
-                 "(the task here is synthetic heat diffusion), and the 20k-node timings (the full profile "
-                 "sets them).")
+            f"- Scaling ({fam}): L2G ~n^{d['l2g_exponent']:.2f} vs eigh ~n^{d['eigh_exponent']:.2f} for n up to "
+            f"{d['largest_n']}; at the largest size L2G {d['l2g_s_at_largest']:.2f} s vs eigh {d['eigh_s_at_largest']:.2f} s; "
+            f"first size where L2G is faster: {d['first_n_l2g_faster']}; fitted crossover n = "
+            f"{'none' if cross is None else f'{cross:.0f}'}. The price: eigenvalues of the sparsified graph differ "
+            f"from the true ones by up to {d['max_spectral_err_vs_true_L']:.2f} x lambda_max (the factorization "
+            f"itself is exact to {d['max_eig_err_vs_sparsified']:.1e} for the graph it factorizes).")
+    best = ttab.sort("test_auc_mean", descending=True)["model"][0]
+    lines.append(f"- Minesweeper: best mean test AUC {best}; see the table. The paper reports 97.50 for "
+                 "L2G-Net at 100x100 with 16 layers and 1500 steps; this miniature trains far less, on a smaller "
+                 "grid, so absolute AUCs are lower and the ranking is what is tested.")
+    lines.append("- Not reproduced here: the 20,000-node timings (full profile), the other heterophilous datasets "
+                 "(roman-empire, amazon-ratings, tolokers) and the Polynormer parameter comparison; the baselines "
+                 "here are parameter-matched, not the published tuned models.")
     return "\n".join(lines)

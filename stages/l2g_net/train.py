@@ -1,17 +1,24 @@
-"""train: factorize the task graph (L2G) and train L2G-Net and its baselines with Lightning.
+"""train: factorize the Minesweeper graph (L2G) and train L2G-Net and its baselines with Lightning.
 
-Models (all regress y = exp(-tL) s from s, node by node, on whole-graph signals):
-  l2g       L2G-Net: local spline filters on the subgraph spectra -> Cauchy chain -> global spline
-            filter -> inverse, gated residual (the factorization from stages/l2g_net/gft.py)
-  full_gft  the same spectral layer on the dense eigh basis (no local stage)
-  chebnet   ChebConv layers of order ``cheb_k`` (cheb_k - 1 hops each)
-  gcn       GCN layers (one hop each)
+The graph is split into ``num_parts`` parts by recursive spectral bisection (the paper: 2 parts,
+METIS); its cut is optionally sparsified to ``target_cut`` edges per bisection by effective-resistance
+sampling (the official code: target cut 1 on Minesweeper), and the resulting Laplacian is factorized
+exactly. The Cauchy chain is materialized once as the (n, n) ``basis_cauchy`` (as the official
+training does) by applying every factor to the identity through kernels/cauchy_apply.
+
+Models (same skeleton, matched parameter counts: each baseline's width is chosen so that its
+parameter count is closest to L2G-Net's):
+  l2g       L2G-Net: local spline banks -> Cauchy chain -> global spline bank -> inverse, gated steps, FF
+  full_gft  the global spline bank on the dense eigh basis of the true Laplacian
+  chebnet   Chebyshev filters of order ``cheb_k``;  gcn, gin  one-hop message passing
+
+Every model x seed: the seed fixes the 50/25/25 node split and the initialization; the state with
+the best validation ROC AUC (checked every ``eval_every`` steps) is kept.
 
     python -m stages train l2g_net
 """
 from __future__ import annotations
 
-import pickle
 import time
 from typing import Literal
 
@@ -19,48 +26,113 @@ import numpy as np
 import scipy.linalg
 import scipy.sparse as sp
 import torch
-from pydantic import Field
+from pydantic import Field, field_validator, model_validator
+from scipy.sparse.csgraph import laplacian as csgraph_laplacian
 from threadpoolctl import threadpool_limits
-from torch.utils.data import DataLoader, TensorDataset
 
-from stages.common.config import StageConfig
+from kernels.record import KernelRecord
+from stages.common.config import Fraction, Probability, Seeds, StageConfig, unique_items
+from stages.common.device import DeviceName, pick_device
 from stages.common.paths import write_json
 from stages.common.runner import StageContext
 from stages.common.trainer import TrainerConfig, make_trainer
-from stages.l2g_net.gft import factorize
-from stages.l2g_net.model import SignalRegression, build_model, count_parameters
+from stages.l2g_net.gft import bisection_parts, factorize, sparsify_cut
+from stages.l2g_net.kernel_path import kernel_cauchy
+from stages.l2g_net.model import NodeTask, build_model, count_parameters, matched_dim
 
-ModelKind = Literal["l2g", "full_gft", "chebnet", "gcn"]
-
-
-class ModelSizes(StageConfig):
-    spectral_hidden: int = Field(8, ge=1, description="channels of l2g / full_gft")
-    spectral_layers: int = Field(1, ge=1)
-    num_basis: int = Field(12, ge=4, description="cubic B-spline basis functions per spectral filter")
-    local_hidden: int = Field(32, ge=1, description="channels of chebnet / gcn")
-    cheb_k: int = Field(4, ge=1, description="Chebyshev order K (K-1 hops per layer)")
-    cheb_layers: int = Field(1, ge=1)
-    gcn_layers: int = Field(3, ge=1)
+ModelKind = Literal["l2g", "full_gft", "chebnet", "gcn", "gin"]
 
 
 class Config(StageConfig):
-    seed: int = 0
-    models: list[ModelKind] = Field(default_factory=lambda: ["l2g", "full_gft", "chebnet", "gcn"], min_length=1)
-    sizes: ModelSizes = ModelSizes()
-    min_part_size: int = Field(32, ge=1, description="partitioner: smallest part it may create")
-    max_cut_fraction: float = Field(1 / 16, gt=0, le=1, description="partitioner: split only if cut <= this * size")
-    batch_size: int = Field(32, ge=1)
-    lr: float = Field(1e-2, gt=0)
-    weight_decay: float = Field(0.0, ge=0)
-    trainer: TrainerConfig = TrainerConfig(max_epochs=40, precision="64-true", log_every_n_steps=5)
+    seeds: Seeds = Field(default_factory=lambda: [0, 1, 2])
+    models: list[ModelKind] = Field(default_factory=lambda: ["l2g", "full_gft", "chebnet", "gcn", "gin"],
+                                    min_length=1)
+    laplacian: Literal["normalized", "combinatorial"] = "normalized"
+    num_parts: int = Field(2, ge=1, le=64, description="parts of the recursive bisection (the paper: 2)")
+    target_cut: int | None = Field(8, ge=1, le=100000,
+                                   description="cut edges kept per bisection (None: every cut edge, exact for L)")
+    dim: int = Field(32, ge=4, le=512, description="L2G-Net width; baselines are matched in parameters")
+    num_layers: int = Field(4, ge=1, le=32)
+    num_basis: int = Field(8, ge=4, le=64, description="cubic B-spline basis functions per filter bank")
+    cheb_k: int = Field(8, ge=2, le=32, description="ChebNet order K (K-1 hops per layer)")
+    dropout: Probability = 0.2
+    lr: float = Field(3e-3, gt=0, le=1.0)
+    spectral_lr_mult: float = Field(16.0, gt=0, le=1000, description="lr multiplier of the spline coefficients")
+    weight_decay: float = Field(0.0, ge=0, le=1.0)
+    eval_every: int = Field(10, ge=1, le=10000)
+    train_fraction: Fraction = 0.5
+    val_fraction: Fraction = 0.25
+    device: DeviceName = "auto"
+    trainer: TrainerConfig = TrainerConfig(max_steps=300, precision="32-true", log_every_n_steps=10,
+                                           enable_progress_bar=False)
+
+    @field_validator("seeds")
+    @classmethod
+    def _seeds(cls, v):
+        return unique_items(v, "seeds")
+
+    @field_validator("models")
+    @classmethod
+    def _models(cls, v):
+        return unique_items(v, "models")
+
+    @model_validator(mode="after")
+    def _check(self):
+        if self.train_fraction + self.val_fraction >= 1:
+            raise ValueError(f"val_fraction: train_fraction + val_fraction must be < 1 (got "
+                             f"{self.train_fraction} + {self.val_fraction})")
+        if not 1 <= self.trainer.max_steps <= 20000:
+            raise ValueError(f"trainer.max_steps: must be in [1, 20000] (got {self.trainer.max_steps}); "
+                             "use the full profile for longer runs")
+        if self.trainer.precision not in ("32-true", "64-true"):
+            raise ValueError(f"trainer.precision: the spectral bases are fp32/fp64 (got {self.trainer.precision})")
+        return self
 
 
-def model_kwargs(cfg: Config) -> dict:
-    s = cfg.sizes
-    return {"l2g": dict(hidden=s.spectral_hidden, num_layers=s.spectral_layers),
-            "full_gft": dict(hidden=s.spectral_hidden, num_layers=s.spectral_layers),
-            "chebnet": dict(hidden=s.local_hidden, num_layers=s.cheb_layers),
-            "gcn": dict(hidden=s.local_hidden, num_layers=s.gcn_layers)}
+def task_laplacian(A: sp.csr_matrix, kind: str) -> sp.csr_matrix:
+    return sp.csr_matrix(csgraph_laplacian(A.astype(np.float64), normed=(kind == "normalized")))
+
+
+def spectral_tensors(cfg: Config, A: sp.csr_matrix, rec: KernelRecord, device: torch.device) -> tuple[dict, dict]:
+    """Parts, sparsified cut, exact factorization and its chain matrix; plus the dense eigh reference."""
+    L = task_laplacian(A, cfg.laplacian)
+    t0 = time.process_time()
+    parts, splits = bisection_parts(L, cfg.num_parts)
+    if cfg.target_cut is not None and cfg.num_parts > 1:
+        Ls, sinfo = sparsify_cut(L, parts, splits, cfg.target_cut, seed=cfg.seeds[0])
+    else:
+        Ls, sinfo = L, {"cut_edges_before": None, "cut_edges_after": None, "target_cut": None}
+    fact = factorize(Ls, parts)
+    t1 = time.process_time()
+    chain = fact.chain_matrix(cauchy=kernel_cauchy(rec, device))     # basis_cauchy through the kernel
+    t2 = time.process_time()
+    lam, U = scipy.linalg.eigh(L.toarray())
+    lam_s = scipy.linalg.eigvalsh(Ls.toarray())
+    t3 = time.process_time()
+    scale = float(np.abs(lam).max())
+    spec = {"parts": [p.astype(np.int64) for p in fact.parts], "local_bases": fact.local_bases,
+            "local_eigenvalues": [fact.local_eigenvalues[o:o + p.size] for o, p in zip(fact.offsets, fact.parts)],
+            "eigenvalues": fact.eigenvalues, "chain": chain, "U": U, "lam": lam, "A": A}
+    info = {"n": int(L.shape[0]), "laplacian": cfg.laplacian, "num_parts": len(fact.parts),
+            "part_sizes": [int(p.size) for p in fact.parts], "cut_edges_total": sinfo["cut_edges_before"],
+            "cut_edges_kept": int(len(fact.cut_edges)), "target_cut": cfg.target_cut,
+            "eig_err_vs_sparsified": float(np.abs(fact.eigenvalues - lam_s).max() / max(np.abs(lam_s).max(), 1e-300)),
+            "eig_err_vs_true_L": float(np.abs(fact.eigenvalues - lam).max() / scale),
+            "chain_orthogonality": float(np.abs(chain.T @ chain - np.eye(L.shape[0])).max()),
+            "factorize_s": t1 - t0, "chain_s": t2 - t1, "eigh_s": t3 - t2,
+            "partitioner_fallback": fact.fallback}
+    return spec, info
+
+
+def node_split(n: int, seed: int, train: float, val: float) -> dict[str, np.ndarray]:
+    perm = np.random.default_rng(seed).permutation(n)
+    a, b = int(round(train * n)), int(round((train + val) * n))
+    masks = {}
+    for name, idx in (("train", perm[:a]), ("val", perm[a:b]), ("test", perm[b:])):
+        m = np.zeros(n, dtype=bool)
+        m[idx] = True
+        masks[name] = m
+    return masks
 
 
 def run(cfg: Config, ctx: StageContext) -> None:
@@ -70,42 +142,49 @@ def run(cfg: Config, ctx: StageContext) -> None:
 
 
 def _run(cfg: Config, ctx: StageContext) -> None:
+    device = pick_device(cfg.device)
+    rec = KernelRecord(device)
     prep = ctx.input("prepare")
-    L = sp.load_npz(prep / "task" / "laplacian.npz").tocsr()
-    data = np.load(prep / "task" / "signals.npz")
-    t0 = time.perf_counter()
-    fact = factorize(L, min_part_size=cfg.min_part_size, max_cut_fraction=cfg.max_cut_fraction)
-    fact_s = time.perf_counter() - t0
-    t0 = time.perf_counter()
-    lam, U = scipy.linalg.eigh(L.toarray())
-    eigh_s = time.perf_counter() - t0
-    with open(ctx.out / "factorization.pkl", "wb") as fh:
-        pickle.dump(fact, fh)
-    np.savez(ctx.out / "eigh.npz", lam=lam, U=U)
-
-    S, Y = torch.tensor(data["S"]), torch.tensor(data["Y"])
-    train = TensorDataset(S[data["train"]], Y[data["train"]])
-    val = TensorDataset(S[data["val"]], Y[data["val"]])
-    summary = {"factorize_s": fact_s, "eigh_s": eigh_s, "num_parts": len(fact.parts),
-               "num_cut_edges": int(len(fact.cut_edges)),
-               "eigenvalue_rel_err": float(np.abs(fact.eigenvalues - lam).max() / np.abs(lam).max()),
-               "models": {}}
+    A = sp.load_npz(prep / "task" / "adjacency.npz").tocsr()
+    nodes = np.load(prep / "task" / "nodes.npz")
+    spec, info = spectral_tensors(cfg, A, rec, device)
+    np.savez(ctx.out / "spectral.npz", chain=spec["chain"], U=spec["U"], lam=spec["lam"],
+             eigenvalues=spec["eigenvalues"], part_sizes=np.array(info["part_sizes"]),
+             **{f"part{k}": p for k, p in enumerate(spec["parts"])},
+             **{f"basis{k}": Q for k, Q in enumerate(spec["local_bases"])},
+             **{f"lam{k}": v for k, v in enumerate(spec["local_eigenvalues"])})
+    n = A.shape[0]
+    x = torch.tensor(nodes["x"], dtype=torch.float32)
+    y = torch.tensor(nodes["y"], dtype=torch.long)
+    kw = dict(in_features=x.shape[1], num_layers=cfg.num_layers, num_basis=cfg.num_basis, dropout=cfg.dropout,
+              cheb_k=cfg.cheb_k)
+    count = lambda kind, d: count_parameters(build_model(kind, spec, dim=d, **kw))  # noqa: E731
+    target = count("l2g", cfg.dim)
+    dims = {k: (cfg.dim if k == "l2g" else matched_dim(k, target, count)) for k in cfg.models}
+    accel = "gpu" if device.type == "cuda" else "cpu"
+    tcfg = cfg.trainer.model_copy(update={"accelerator": accel, "devices": 1})
     (ctx.out / "models").mkdir()
-    kw = model_kwargs(cfg)
+    summary = {"graph": info, "dims": dims, "params_target": target, "runs": {}}
     for kind in cfg.models:
-        torch.manual_seed(cfg.seed)
-        model = build_model(kind, fact=fact, U=U, lam=lam, L=L, num_basis=cfg.sizes.num_basis,
-                            cheb_k=cfg.sizes.cheb_k, backend="torch", **kw[kind])
-        module = SignalRegression(model, lr=cfg.lr, weight_decay=cfg.weight_decay)
-        trainer = make_trainer(cfg.trainer, ctx.tracker)
-        gen = torch.Generator().manual_seed(cfg.seed)
-        t0 = time.perf_counter()
-        trainer.fit(module, DataLoader(train, batch_size=cfg.batch_size, shuffle=True, generator=gen),
-                    DataLoader(val, batch_size=len(val)))
-        torch.save(model.state_dict(), ctx.out / "models" / f"{kind}.pt")
-        summary["models"][kind] = {"params": count_parameters(model), "fit_s": time.perf_counter() - t0,
-                                   "history": module.history, **kw[kind]}
-        print(f"[l2g_net] {kind}: {summary['models'][kind]['params']} params, "
-              f"final val mse {module.history[-1]['val_mse'] if module.history else float('nan'):.4g}")
+        summary["runs"][kind] = []
+        for seed in cfg.seeds:
+            masks = node_split(n, seed, cfg.train_fraction, cfg.val_fraction)
+            torch.manual_seed(seed)
+            model = build_model(kind, spec, dim=dims[kind], **kw)
+            module = NodeTask(model, x, y, {k: torch.as_tensor(v) for k, v in masks.items()}, lr=cfg.lr,
+                              weight_decay=cfg.weight_decay, spectral_lr_mult=cfg.spectral_lr_mult,
+                              eval_every=cfg.eval_every)
+            trainer = make_trainer(tcfg, ctx.tracker)
+            loader = torch.utils.data.DataLoader([0], batch_size=1)
+            t0 = time.process_time()
+            trainer.fit(module, loader)
+            fit_s = time.process_time() - t0
+            torch.save(module.best["state"], ctx.out / "models" / f"{kind}_seed{seed}.pt")
+            summary["runs"][kind].append({"seed": seed, "params": count_parameters(model), "dim": dims[kind],
+                                          "best_val_auc": module.best["val_auc"], "best_step": module.best["step"],
+                                          "fit_cpu_s": fit_s, "history": module.history})
+            print(f"[l2g_net] {kind} seed {seed}: {count_parameters(model)} params, best val AUC "
+                  f"{module.best['val_auc']:.4f} at step {module.best['step']}", flush=True)
     summary["config"] = cfg.model_dump(mode="json")
     write_json(ctx.out / "train_summary.json", summary)
+    rec.save(ctx.out)

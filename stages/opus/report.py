@@ -1,59 +1,115 @@
-"""report@opus: loss curves per arm, selection mix, static-filter AUROC, overhead vs N and m, verdicts.
+"""report@opus: loss curves per arm, selection mix, static filters on the whole pool, overhead in FLOPs
+and time per cost variant against the target-loss gain, the redundancy term, verdicts.
 
     python -m stages report opus             # writes reports/opus/{report.md, metrics.json, figures/, plots/}
 """
 from __future__ import annotations
 
+import math
+
 import matplotlib.pyplot as plt
 import numpy as np
 import polars as pl
 
-from stages.common.claims import Claim
-from stages.common.config import StageConfig
+from stages.common.claims import Better, Bound, Claim, Within, evaluate_claims
+from stages.common.config import Seed, StageConfig
 from stages.common.paths import read_json
 from stages.common.reporting import Report
 from stages.opus.corpus import KINDS
 
 PAPER_OVERHEAD = 0.047  # the paper's reported compute overhead of OPUS scoring
+# official defaults (gszfwsb/OPUS train.py): buffer 96 sequences of 2048 tokens, ρ = 0.5, 512-token
+# score window, 16 proxy windows: scored tokens per trained token (next-token positions)
+OFFICIAL_RATIO = (96 * 511 + 16 * 511) / (48 * 2047)
 
 CLAIMS = [
-    Claim("opus_adamw_beats_random",
-          "OPUS (AdamW-preconditioned, Boltzmann) reaches lower target-domain validation loss than random "
-          "selection at equal update tokens (mean over seeds)",
-          "arms.opus_adamw.val_loss < arms.random.val_loss"),
-    Claim("boltzmann_ge_greedy",
-          "Boltzmann sampling is at least as good as greedy top-utility selection (mean final target loss)",
-          "arms.opus_adamw.val_loss <= arms.greedy_opus.val_loss"),
-    Claim("static_filter_flags_toxic",
-          "Used as a static filter, the OPUS utility flags toxic (trigger-carrying) documents among "
-          "target-domain documents: AUROC well above 0.5 (> 0.7)",
-          "static_filter.auroc_toxic_vs_target > 0.7"),
+    Better("opus_adamw_beats_random",
+           "Population: the main pool (15% target text). OPUS (AdamW-preconditioned, Boltzmann on standardized "
+           "utility) reaches lower target-domain validation loss than random selection at equal update tokens",
+           a="arms.opus_adamw.val_loss", b="arms.random.val_loss", higher_is_better=False,
+           refuted_by="random selection reaching an equal or lower final target loss on most seeds"),
+    Better("sgd_opus_beats_sgd_random",
+           "Population: the main pool, an SGD-trained model. OPUS with the SGD preconditioner (P = I, η = lr) "
+           "beats random selection under the same SGD training",
+           a="arms.sgd_opus.val_loss", b="arms.sgd_random.val_loss", higher_is_better=False,
+           refuted_by="sgd_random reaching an equal or lower final target loss on most seeds"),
+    Better("boltzmann_beats_greedy",
+           "Population: the main pool (5% near-duplicates of 4 documents). Boltzmann sampling beats greedy "
+           "top-utility selection",
+           a="arms.opus_adamw.val_loss", b="arms.greedy_opus.val_loss", higher_is_better=False,
+           refuted_by="greedy reaching an equal or lower final target loss on most seeds"),
+    Better("boltzmann_beats_greedy_redundant",
+           "Population: the redundant pool (30% near-duplicates of 2 documents). Boltzmann sampling beats greedy "
+           "selection where redundancy exists (the diversity hypothesis)",
+           a="arms.redundant_boltzmann.val_loss", b="arms.redundant_greedy.val_loss", higher_is_better=False,
+           refuted_by="greedy reaching an equal or lower final target loss on most seeds of the redundant pool"),
+    Bound("official_sampler_near_uniform",
+          "The official sampler p ∝ exp(U/τ) on the raw utility (τ = 0.9) is near-uniform here: the spread "
+          "(sd over candidates) of its logits U/τ stays below 0.1",
+          value="arms.official_raw_tau.raw_logit_sd", below=0.1,
+          refuted_by="raw logits with sd >= 0.1 (then raw-score sampling would discriminate)"),
+    Within("official_sampler_like_random",
+           "Consequently the official raw-τ sampler trains like random selection: final target loss within "
+           "0.05 nats of random",
+           a="arms.official_raw_tau.val_loss", b="arms.random.val_loss", delta=0.05,
+           refuted_by="a gap of 0.05 nats or more to random on most seeds"),
+    Bound("static_filter_flags_toxic_in_pool",
+          "Population: all candidates (a random sample of the training pool, every kind at its pool share). "
+          "The static OPUS utility (low U flagged) ranks toxic documents above the rest: AUROC > 0.5",
+          value="static_filter.pool.opus", above=0.5,
+          refuted_by="AUROC <= 0.5 on the pool sample: the filter would remove other documents before toxic ones"),
+    Bound("static_filter_flags_toxic_among_target",
+          "Population: clean target-domain vs toxic documents only. The static OPUS utility flags toxic ones: "
+          "AUROC > 0.7",
+          value="static_filter.target_only.opus", above=0.7,
+          refuted_by="AUROC <= 0.7 among target-domain documents"),
+    Claim("overhead_tracks_token_ratio",
+          "Scoring FLOPs per trained step are set by the scored-to-trained token ratio: for every cost variant, "
+          "(scoring FLOPs / training-step FLOPs) / (scored tokens / trained tokens) lies in [0.5, 2]",
+          "overhead.flop_per_token_min >= 0.5 and overhead.flop_per_token_max <= 2",
+          refuted_by="a variant whose FLOP overhead departs more than 2x from its token ratio"),
+    Better("cheap_variant_keeps_half_the_gain",
+           "The all-knobs variant opus_cheap (window 16 of 32 tokens, scoring every 4 steps, combined capture, "
+           "on-device selection) keeps more than half of full OPUS's target-loss gain over random",
+           a="gain.opus_cheap", b="gain_half.opus_adamw", higher_is_better=True,
+           refuted_by="opus_cheap's gain over random at or below half of opus_adamw's on most seeds"),
     Claim("overhead_small",
-          "OPUS scoring costs a small fraction of a training step (paper: 4.7%; checked here as <= 10%)",
-          "overhead.opus_adamw_in_training <= 0.10"),
+          "The paper's overhead: scoring costs a small fraction of a training step, checked in counted FLOPs "
+          "for the all-knobs variant opus_cheap as <= 10% (paper: 4.7%)",
+          "overhead.flops.cheap <= 0.10",
+          refuted_by="a FLOP overhead above 0.10 for opus_cheap"),
 ]
 
 
 class Config(StageConfig):
-    seed: int = 0
+    seed: Seed = 0
 
 
-def _arm_stats(runs: list[dict]) -> dict[str, dict]:
+def _arm_stats(runs: list[dict], seeds: list[int]) -> dict[str, dict]:
     out: dict[str, dict] = {}
     for arm in dict.fromkeys(r["arm"] for r in runs):
-        rs = [r for r in runs if r["arm"] == arm]
-        finals = np.array([r["final_val_loss"] for r in rs])
+        by_seed = {r["seed"]: r for r in runs if r["arm"] == arm}
+        rs = [by_seed[s] for s in seeds if s in by_seed]
+        finals = [r["final_val_loss"] for r in rs]
         counts = np.sum([r["selected_kind_counts"] for r in rs], axis=0).astype(float)
         frac = counts / counts.sum()
-        score = np.concatenate([r["score_s"] for r in rs])
-        update = np.concatenate([r["update_s"] for r in rs])
-        out[arm] = {"val_loss": float(finals.mean()), "val_loss_std": float(finals.std()),
-                    "val_loss_per_seed": {str(r["seed"]): r["final_val_loss"] for r in rs},
-                    **{f"{k}_frac": float(f) for k, f in zip(KINDS, frac)},
-                    "score_s": float(np.median(score)), "update_s": float(np.median(update)),
-                    "overhead": float(np.median(score) / np.median(update)),
-                    "update_tokens": rs[0]["update_tokens"], "steps": rs[0]["steps"]}
+        diag = [d for r in rs for d in r["diagnostics"]]
+        entry = {"val_loss": finals, "val_loss_mean": float(np.mean(finals)),
+                 **{f"{k}_frac": float(f) for k, f in zip(KINDS, frac)},
+                 "update_tokens": rs[0]["update_tokens"], "steps": rs[0]["steps"],
+                 "time_overhead_in_training": float(sum(r["score_s_total"] for r in rs)
+                                                    / max(sum(r["update_s_total"] for r in rs), 1e-12))}
+        if diag:
+            entry["raw_logit_sd"] = [float(np.median([d["raw_logit_sd"] for d in r["diagnostics"]])) for r in rs]
+            entry["redundancy_over_alignment"] = float(np.mean([d["redundancy_over_alignment"] for d in diag]))
+            entry["greedy_picks_changed"] = float(np.mean([d["greedy_picks_changed"] for d in diag]))
+        out[arm] = entry
     return out
+
+
+def _se(x) -> float:
+    x = np.asarray(x, float)
+    return float(x.std(ddof=1) / math.sqrt(len(x))) if len(x) > 1 else float("nan")
 
 
 def run(cfg: Config, ctx) -> None:
@@ -62,28 +118,40 @@ def run(cfg: Config, ctx) -> None:
     tr = read_json(train / "runs.json")
     e = read_json(ev / "evaluate.json")
     runs = tr["runs"]
-    arms = _arm_stats(runs)
     seeds = sorted({r["seed"] for r in runs})
+    arms = _arm_stats(runs, seeds)
+    k, n = tr["k"], tr["buffer_size"]
+
+    def gain(arm: str, base: str) -> list[float]:
+        return [b - a for a, b in zip(arms[arm]["val_loss"], arms[base]["val_loss"])]
+
+    base_of = {a: ("sgd_random" if a.startswith("sgd_") else "redundant_random" if a.startswith("redundant_")
+                   else "random") for a in arms}
+    gains = {a: gain(a, b) for a, b in base_of.items() if a != b}
     static = e["static"]
-    bd = min(e["overhead_vs_m"], key=lambda r: abs(r["m"] - tr["sketch_size"]))
-    fid_default = min(e["fidelity"], key=lambda r: abs(r["m"] - tr["sketch_size"]))
+    static_metrics = {pop: {m: [s[pop][m] for s in static] for m in ("opus", "loss", "trigger")}
+                      for pop in ("pool", "target_only")}
+    variants = e["variants"]
+    per_token = [v["flop_overhead"] / v["scored_per_trained_token"] for v in variants]
+    c_flop = float(np.mean(per_token))
     metrics = {
         "arms": arms,
-        "static_filter": {"auroc_toxic_vs_target": float(np.mean([s["auroc_toxic_vs_target"] for s in static])),
-                          "auroc_toxic_vs_all": float(np.mean([s["auroc_toxic_vs_all"] for s in static]))},
-        "overhead": {"opus_adamw_in_training": arms.get("opus_adamw", {}).get("overhead", float("nan")),
-                     "paper": PAPER_OVERHEAD,
-                     "sweep_n": {str(r["N"]): r["overhead"] for r in e["overhead_vs_n"]},
-                     "sweep_m": {str(r["m"]): r["overhead"] for r in e["overhead_vs_m"]}},
-        "sketch_fidelity": {"m": fid_default["m"], "align_pearson": fid_default["align_pearson"],
-                            "gram_pearson": fid_default["gram_pearson"]},
+        "gain": gains,
+        "gain_half": {a: [0.5 * g for g in v] for a, v in gains.items()},
+        "static_filter": static_metrics,
+        "overhead": {"flops": {v["variant"]: v["flop_overhead"] for v in variants},
+                     "token_ratio": {v["variant"]: v["scored_per_trained_token"] for v in variants},
+                     "flop_per_token_min": float(min(per_token)), "flop_per_token_max": float(max(per_token)),
+                     "flop_per_token_mean": c_flop, "official_token_ratio": OFFICIAL_RATIO,
+                     "official_predicted_flops": c_flop * OFFICIAL_RATIO, "paper": PAPER_OVERHEAD},
+        "timing": {"note": "wall-clock runtime fields (not used by any claim)",
+                   "variants": {v["variant"]: v["time_overhead"] for v in variants},
+                   "in_training": {a: s["time_overhead_in_training"] for a, s in arms.items()}},
+        "sketch_fidelity": min(e["fidelity"], key=lambda r: abs(r["m"] - tr["sketch_size"])),
         "corpus": {"target_entropy_rate": corpus["target_entropy_rate"], "uniform_entropy": corpus["uniform_entropy"]},
-        "seeds": len(seeds),
+        "seeds": seeds,
+        "device": {"train": tr.get("device"), "evaluate": e.get("device")},
     }
-    if "random" in arms:
-        wins = {a: sum(arms[a]["val_loss_per_seed"][s] < arms["random"]["val_loss_per_seed"][s]
-                       for s in arms[a]["val_loss_per_seed"]) for a in arms if a != "random"}
-        metrics["seeds_beating_random"] = wins
 
     rep = Report(ctx, "OPUS: Optimizer-induced Projected Utility Selection (miniature)",
                  "Selecting each step's training batch by the OPUS utility — the alignment of a candidate's "
@@ -91,145 +159,230 @@ def run(cfg: Config, ctx) -> None:
                  "gradient, minus a redundancy penalty, sampled by Boltzmann — trains a language model to a "
                  "better target-domain loss than random selection at equal tokens, with ~4.7% compute overhead; "
                  "the same utility works as a static data filter.")
-    c = corpus["counts"]
-    k, n = tr["k"], tr["buffer_size"]
+    c, cr = corpus["counts"], corpus["counts_redundant"]
+    any_arm = next(iter(arms.values()))
     rep.section("Setup", f"""
-Synthetic corpus (prepare, HF `datasets`): {sum(c.values())} documents of {corpus['seq_len']} tokens over
-{corpus['vocab_size']} tokens — target chain A {c['target']}, chain B {c['other']}, near-uniform noise
+Synthetic corpus (prepare, HF `datasets`): main pool of {sum(c.values())} documents of {corpus['seq_len']} tokens
+over {corpus['vocab_size']} tokens — target chain A {c['target']}, chain B {c['other']}, near-uniform noise
 {c['noise']}, near-duplicates of {corpus['dup_sources']} A documents {c['dup']}, toxic (A + trigger n-gram
-{corpus['trigger']}) {c['toxic']}. Proxy = held-out A, validation = held-out A (entropy rate of A:
-{corpus['target_entropy_rate']:.3f} nats/token, the floor of the validation loss; uniform: {corpus['uniform_entropy']:.3f}).
+{corpus['trigger']}) {c['toxic']}. A second **redundant pool** has {cr['dup']} near-duplicates of
+{corpus['redundant_dup_sources']} A documents (noise {cr['noise']}) for the diversity test. Proxy and validation:
+held-out A (entropy rate of A {corpus['target_entropy_rate']:.3f} nats/token = the loss floor; uniform
+{corpus['uniform_entropy']:.3f}).
 
-Model: the shared TinyTransformer, trained by Lightning (`make_trainer`). Every step each arm gets a buffer
-of N = {n} candidates and trains on K = {k} of them (ρ = {k / n:.2f}), so all arms see the same
-{next(iter(arms.values()))['update_tokens']} update tokens over {next(iter(arms.values()))['steps']} steps;
-seeds {seeds} (the candidate stream of a seed is identical across arms).
-OPUS: hooks on every `nn.Linear` capture inputs a and output gradients b of one forward/backward of the
-candidates and of a {tr['proxy_batch']}-sequence proxy batch; φ_r(z) = Π_r(P_r Σ_t b_t a_tᵀ) through the fused kernel
-`kernels/ghost_countsketch.py` (m = {tr['sketch_size']} buckets per layer), ψ_r = Π_r(mean proxy gradient),
-U_z = η⟨φ,ψ⟩ − η²⟨φ,Φ⟩ with η = η_opt/K (the optimizer averages the K picks), K rounds of Boltzmann sampling
-on standardized U (τ = {tr['tau']}). Arms: `random`; `high_loss` (top-K loss); `greedy_opus` (argmax
-instead of Boltzmann); `opus_sgd` (P = I, η = lr: the raw-gradient utility, same AdamW training);
-`opus_adamw` (P = C_t·diag(1/(√v̂+ε)) read from the live AdamW state); `opus_no_redundancy` (opus_adamw
-without the redundancy penalty). Muon preconditioning is not
-implemented (the shared optimizer set has no Muon).
+Model: the shared TinyTransformer, trained by Lightning (`make_trainer`) on `{tr.get('device')}`. Each step
+every arm sees a buffer of N = {n} candidates from a per-seed stream (identical across arms) and trains on
+K = {k} (ρ = {k / n:.2f}): {any_arm['update_tokens']} update tokens over {any_arm['steps']} steps, seeds {seeds}.
+OPUS: hooks on every `nn.Linear` capture inputs a and output gradients b (one forward/backward of the candidates
+and of a {tr['proxy_batch']}-sequence proxy batch); φ_r(z) = Π_r(P_r Σ_t b_t a_tᵀ) through
+`kernels/ghost_countsketch.py` (m = {tr['sketch_size']} per layer); ψ_r = Π_r(mean proxy gradient);
+U_z = η⟨φ,ψ⟩ − η²⟨φ,Φ⟩ with η = η_opt/K; K rounds of Boltzmann sampling on **standardized** U (τ = {tr['tau']}).
+**The claims use the standardized sampler** (`opus_adamw`); `official_raw_tau` is the official sampler on raw U.
+
+Arms (AdamW-trained unless named sgd_): `random`; `high_loss` (top-K loss); `greedy_opus` (argmax);
+`raw_grad_opus` (P = I, η = lr on the AdamW-trained model: raw-gradient scoring, formerly `opus_sgd`);
+`opus_adamw` (P = C_t·diag(1/(√v̂+ε)) from the live AdamW state); `opus_no_redundancy`; `official_raw_tau`;
+`sgd_random` / `sgd_opus` (an SGD-trained model, lr {tr.get('sgd_lr')}, with the SGD preconditioner P = I);
+cost variants `opus_window` (a random 16-token window of each 32-token sequence scored, like the official
+512 of 2048), `opus_every4` (one scoring of 4 buffers per 4 steps, state up to 3 steps stale), `opus_cheap`
+(window + every 4 + one combined capture + on-device selection); `redundant_random` / `redundant_greedy` /
+`redundant_boltzmann` on the redundant pool.
 """)
+
     rows = []
     for a, s in arms.items():
-        rows.append({"arm": a, "final target val loss": s["val_loss"], "std over seeds": s["val_loss_std"],
-                     "per seed": " / ".join(f"{v:.3f}" for v in s["val_loss_per_seed"].values()),
-                     "picked target": s["target_frac"], "picked other": s["other_frac"],
-                     "picked noise": s["noise_frac"], "picked dup": s["dup_frac"], "picked toxic": s["toxic_frac"],
-                     "score/step time": s["overhead"]})
+        g = gains.get(a)
+        rows.append({"arm": a, "final target val loss (mean)": s["val_loss_mean"],
+                     "per seed": " / ".join(f"{v:.3f}" for v in s["val_loss"]),
+                     "gain vs its random": f"{np.mean(g):+.3f} ± {_se(g):.3f}" if g else "—",
+                     "target": s["target_frac"], "other": s["other_frac"], "noise": s["noise_frac"],
+                     "dup": s["dup_frac"], "toxic": s["toxic_frac"]})
     rep.table("Results per arm", pl.DataFrame(rows),
-              note="Fractions are of all selected sequences (pool: target 0.15, other 0.40, noise 0.35, "
-                   "dup 0.05, toxic 0.05). score/step time = median selection time / median time of the "
-                   "K-sequence forward+backward+optimizer step, measured inside training.")
+              note="Gain = loss of the arm's random baseline (random / sgd_random / redundant_random) minus the "
+                   "arm's, mean ± s.e. over seeds. Kind columns: fraction of all selected sequences (main pool: "
+                   "target 0.15, other 0.40, noise 0.35, dup 0.05, toxic 0.05; redundant pool: dup 0.30, "
+                   "noise 0.10).")
 
-    fig, ax = plt.subplots(figsize=(7, 4.2))
+    fig, axes = plt.subplots(1, 2, figsize=(12, 4.2))
     curve_rows = []
-    for a in arms:
-        rs = [r for r in runs if r["arm"] == a]
-        steps = np.array([s for s, _ in rs[0]["val_curve"]])
-        vals = np.array([[v for _, v in r["val_curve"]] for r in rs])
-        mu, sd = vals.mean(0), vals.std(0)
-        ax.plot(steps, mu, label=a)
-        ax.fill_between(steps, mu - sd, mu + sd, alpha=0.2)
-        curve_rows += [{"arm": a, "step": int(s), "val_loss": float(v)} for s, v in zip(steps, mu)]
-    ax.axhline(corpus["target_entropy_rate"], color="k", ls=":", lw=1, label="entropy rate of A")
-    ax.set_xlabel("training step (K sequences each)")
-    ax.set_ylabel("target-domain validation loss (nats/token)")
-    ax.legend()
-    ax.set_title(f"Target validation loss, mean ± std over {len(seeds)} seeds")
-    rep.figure("val_loss_curves", fig, "Target-domain validation loss per arm at equal update tokens "
-                                      "(mean ± std over seeds).")
-    rep.plot("val_loss_curves", pl.DataFrame(curve_rows))
+    for ax, group in zip(axes, (["random", "high_loss", "greedy_opus", "raw_grad_opus", "opus_adamw",
+                                 "official_raw_tau", "sgd_random", "sgd_opus"],
+                                ["opus_adamw", "opus_window", "opus_every4", "opus_cheap", "redundant_random",
+                                 "redundant_greedy", "redundant_boltzmann"])):
+        for a in group:
+            rs = [r for r in runs if r["arm"] == a]
+            if not rs:
+                continue
+            steps = np.array([s for s, _ in rs[0]["val_curve"]])
+            vals = np.array([[v for _, v in r["val_curve"]] for r in rs])
+            mu, sd = vals.mean(0), vals.std(0)
+            ax.plot(steps, mu, label=a)
+            ax.fill_between(steps, mu - sd, mu + sd, alpha=0.15)
+            if ax is axes[0]:
+                curve_rows += [{"step": int(s), "arm": a, "val_loss": float(v)} for s, v in zip(steps, mu)]
+        ax.axhline(corpus["target_entropy_rate"], color="k", ls=":", lw=1, label="entropy rate of A")
+        ax.set_xlabel("training step (K sequences each)")
+        ax.set_ylabel("target validation loss (nats/token)")
+        ax.legend(fontsize=7)
+    axes[0].set_title("selectors and optimizers")
+    axes[1].set_title("cost variants; redundant pool")
+    rep.figure("val_loss_curves", fig, f"Target-domain validation loss per arm at equal update tokens "
+                                      f"(mean ± std over {len(seeds)} seeds).")
+    wide = pl.DataFrame(curve_rows).pivot(on="arm", index="step", values="val_loss")
+    rep.plot("val_loss_curves", wide, x="step", title="target validation loss (mean over seeds)")
 
-    rep.table("Static filter (OPUS utility as a toxic-document flagger)", pl.DataFrame([
-        {"seed": s["seed"], "preconditioner": s["preconditioner"], "AUROC toxic vs target": s["auroc_toxic_vs_target"],
-         "AUROC toxic vs all": s["auroc_toxic_vs_all"],
-         **{f"mean U ({KINDS[int(i)]})": u for i, u in s["mean_utility_by_kind"].items()}} for s in static]),
-        note=f"Final `{e['static_arm']}` model and its live AdamW state score each static document once "
-             "with η⟨φ(z),ψ⟩ against the full proxy set; −U is the toxicity score. `vs all` also counts "
-             "chain-B and noise documents as negatives (they have low utility too, so a domain-agnostic "
-             "flagger would need more than utility).")
+    srows = []
+    for pop, label in (("pool", f"all candidates (pool sample, {e['filter_docs']} docs)"),
+                       ("target_only", "clean target vs toxic (static set)")):
+        for m, what in (("opus", "OPUS utility (low U flagged)"), ("loss", "per-document loss (high flagged)"),
+                        ("trigger", "trigger n-gram count (oracle)")):
+            vals = static_metrics[pop][m]
+            srows.append({"population": label, "filter": what, "AUROC mean": float(np.mean(vals)),
+                          "per seed": " / ".join(f"{v:.3f}" for v in vals)})
+    rep.table("Static filter: flagging toxic documents", pl.DataFrame(srows),
+              note=f"Final `{e['static_arm']}` model and its live AdamW state score each document once with "
+                   "η⟨φ(z),ψ⟩ against the full proxy set. The directions were fixed before looking (low utility, "
+                   "high loss, many triggers); an AUROC below 0.5 means the rule removes other documents first "
+                   "(1 − AUROC is what the reversed rule, chosen after seeing the labels, would get).")
 
-    fig, axes = plt.subplots(2, 2, figsize=(10, 7), sharex="col")
+    vrows = []
+    full_gain = np.mean(gains.get("opus_adamw", [float("nan")]))
+    for v in variants:
+        g = gains.get(v["arm"], [float("nan")])
+        vrows.append({"variant": v["variant"], "trained arm": v["arm"],
+                      "scored/trained tokens": v["scored_per_trained_token"],
+                      "FLOP overhead": v["flop_overhead"],
+                      "FLOP overhead / token ratio": v["flop_overhead"] / v["scored_per_trained_token"],
+                      "time overhead (runtime)": v["time_overhead"],
+                      "gain vs random": float(np.mean(g)), "kept of full gain": float(np.mean(g) / full_gain)})
+    keep = [r for r in vrows if r["kept of full gain"] > 0.5]
+    cheapest = min(keep, key=lambda r: r["FLOP overhead"]) if keep else None
+    rep.table("Overhead per cost variant (FLOPs counted, time measured) against the target-loss gain",
+              pl.DataFrame(vrows),
+              note="FLOP overhead = matmul FLOPs of scoring+selection for one trained step (FlopCounterMode, "
+                   "amortised over 4 steps for every4/cheap) / FLOPs of one AdamW training step on K; tokens count "
+                   "next-token positions of candidates + proxy against those trained. `combined` and "
+                   "`vectorized` change no selection math: their gain is opus_adamw's. Time overhead is "
+                   "wall-clock on a shared CPU (a runtime field, not claimed). Cheapest variant keeping more than "
+                   f"half of the gain: **{cheapest['variant'] if cheapest else 'none'}**"
+                   + (f" (FLOP overhead {cheapest['FLOP overhead']:.2f}, kept {cheapest['kept of full gain']:.2f})."
+                      if cheapest else "."))
+
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4))
+    for r in vrows:
+        axes[0].scatter(r["FLOP overhead"], r["gain vs random"])
+        axes[0].annotate(r["variant"], (r["FLOP overhead"], r["gain vs random"]), fontsize=8)
+    axes[0].axvline(PAPER_OVERHEAD, color="r", ls="--", label="paper: 4.7%")
+    axes[0].set_xlabel("scoring FLOPs / training-step FLOPs")
+    axes[0].set_ylabel("target-loss gain over random (nats)")
+    axes[0].legend()
     vn, vm = e["overhead_vs_n"], e["overhead_vs_m"]
-    for col, (rows_, key, label) in enumerate([(vn, "N", f"buffer size N (K = N/2, m = {vn[0]['m']})"),
-                                               (vm, "m", f"sketch size m per layer (N = {vm[0]['N']})")]):
-        xs = [r[key] for r in rows_]
-        axes[0, col].plot(xs, [r["overhead"] for r in rows_], "o-", label="measured (CPU)")
-        axes[0, col].axhline(PAPER_OVERHEAD, color="r", ls="--", label="paper: 4.7%")
-        axes[0, col].set_ylabel("scoring time / training-step time")
-        axes[0, col].set_ylim(bottom=0)
-        axes[0, col].legend()
-        axes[1, col].loglog(xs, [1e3 * r["score_s"] for r in rows_], "o-", label="OPUS scoring + selection")
-        axes[1, col].loglog(xs, [1e3 * r["step_s"] for r in rows_], "s-", label="training step on K")
-        axes[1, col].set_ylabel("median time (ms)")
-        axes[1, col].set_xlabel(label)
-        axes[1, col].set_xscale("log", base=2)
-        axes[1, col].legend()
-    rep.figure("overhead", fig, "Selection overhead (OPUS scoring + K Boltzmann rounds over N candidates, "
-                                "divided by one AdamW step on K sequences) against N and sketch size m.")
-    rep.plot("overhead_vs_n", pl.DataFrame(vn))
-    rep.plot("overhead_vs_m", pl.DataFrame(vm))
+    axes[1].plot([r["N"] for r in vn], [r["flop_overhead"] for r in vn], "o-", label="FLOPs vs N (m fixed)")
+    axes[1].plot([r["N"] for r in vn], [r["time_overhead"] for r in vn], "s--", label="time vs N (runtime)")
+    axes[1].set_xscale("log", base=2)
+    axes[1].set_xlabel("buffer size N (K = N/2)")
+    axes[1].set_ylabel("overhead (× training step)")
+    axes[1].legend()
+    rep.figure("overhead", fig, "Left: FLOP overhead of each cost variant against its measured gain over random. "
+                                "Right: FLOP and time overhead against the buffer size N.")
+    rep.plot("overhead_variants", pl.DataFrame([{"flop_overhead": r["FLOP overhead"], "gain": r["gain vs random"]}
+                                                for r in vrows]), x="flop_overhead", y="gain",
+             title="gain vs FLOP overhead", template="scatter")
+    rep.plot("overhead_vs_n", pl.DataFrame([{"N": r["N"], "flop_overhead": r["flop_overhead"],
+                                             "time_overhead": r["time_overhead"]} for r in vn]), x="N")
+    rep.plot("overhead_vs_m", pl.DataFrame([{"m": r["m"], "flop_overhead": r["flop_overhead"],
+                                             "time_overhead": r["time_overhead"]} for r in vm]), x="m")
     rep.table("Sketch fidelity (CountSketch vs ghost-exact inner products)", pl.DataFrame(e["fidelity"]),
               note="align_pearson: correlation over documents of ⟨Π(PG(z)), Π(ḡ)⟩ with the exact "
-                   "⟨PG(z), ḡ⟩ from the ghost identity Σ_t b_tᵀ(D⊙ḡ)a_t; gram_*: sketched vs ghost-exact "
-                   "⟨G(z),G(z')⟩ = Σ_{t,s}(a_t·a'_s)(b_t·b'_s) over document pairs (P = I).")
+                   "⟨PG(z), ḡ⟩ (ghost identity Σ_t b_tᵀ(D⊙ḡ)a_t); gram_*: sketched vs ghost-exact "
+                   "⟨G(z),G(z')⟩ over document pairs (P = I).")
 
-    ra, oa = arms.get("random", {}), arms.get("opus_adamw", {})
-    held = {v["name"]: v for v in _verdicts_preview(metrics)}
+    red_rows = [{"arm": a, "|redundancy| / |alignment| at pick": s["redundancy_over_alignment"],
+                 f"greedy picks changed by the penalty (of K)": s["greedy_picks_changed"],
+                 "raw logit sd U/τ": float(np.mean(s["raw_logit_sd"]))}
+                for a, s in arms.items() if "redundancy_over_alignment" in s]
+    rep.table("The redundancy term", pl.DataFrame(red_rows),
+              note="Every `diag_every` steps (params): mean over picks of "
+                   "|η²⟨φ(pick),Φ⟩| / |η⟨φ(pick),ψ⟩|, and how many of the K (4K for every4/cheap) greedy picks "
+                   "differ with and without the penalty on the same scores.")
+
+    v = {x["name"]: x for x in evaluate_claims(CLAIMS, metrics)}
+
+    def say(name):
+        return v[name]["verdict"]
+
+    oa, ra = arms["opus_adamw"], arms["random"]
     pool_frac = {kind: c[kind] / sum(c.values()) for kind in KINDS}
+    red = arms.get("opus_adamw", {})
+    deviations = pl.DataFrame([
+        {"what": "sampler", "paper / official code": "p ∝ exp(raw U / 0.9)",
+         "here": "p ∝ exp(standardized U / 0.9) (official_raw_tau arm: raw)",
+         "why": "raw U spread is tiny, so raw sampling ≈ uniform (measured below)"},
+        {"what": "labels", "paper / official code": "labels shifted twice: position t scored against token t+2",
+         "here": "next-token loss (t against t+1)", "why": "the official shift reads as an off-by-one; kept correct"},
+        {"what": "per-layer weights", "paper / official code": "1/√(d_out·d_in) per layer", "here": "unweighted sum",
+         "why": "the paper's Eq. has no weights"},
+        {"what": "scoring schedule", "paper / official code": "512 of 2048 tokens, combined pass, once per 4 steps",
+         "here": "full sequences by default; window / every-4 / combined as variants",
+         "why": "measured as cost knobs against the gain"},
+        {"what": "preconditioner", "paper / official code": "Muon in the default run; AdamW, SGD",
+         "here": "AdamW and SGD", "why": "the shared optimizer set has no Muon"},
+        {"what": "AdamW before step 1", "paper / official code": "v = 0", "here": "P = I with η = lr",
+         "why": "v = 0 carries no information"},
+        {"what": "scale", "paper / official code": "GPT-2 XL, FineWeb 30B tokens, GPUs",
+         "here": "1-layer d=32 model, synthetic 12k-document pool, CPU",
+         "why": "default profile ≤ 5 CPU minutes"},
+    ])
+    rep.table("Deviations", deviations)
 
-    def enrich(kind: str, arm: str = "opus_adamw") -> float:
-        frac = arms.get(arm, {}).get(f"{kind}_frac", float("nan"))
-        return frac / pool_frac[kind] if pool_frac[kind] else float("nan")
-
-    slope_n = _loglog_slope([r["N"] for r in vn], [r["score_s"] for r in vn])
-    slope_m = _loglog_slope([r["m"] for r in vm], [r["score_s"] for r in vm])
+    fid = metrics["sketch_fidelity"]
     rep.section("Discussion", f"""
-- **OPUS vs random.** Final target loss: opus_adamw {oa.get('val_loss', float('nan')):.3f} vs random
-  {ra.get('val_loss', float('nan')):.3f} (seeds where each arm beats random: {metrics.get('seeds_beating_random')}).
-  OPUS picks target-domain text at {oa.get('target_frac', float('nan')):.2f} of its batches against the
-  pool's {pool_frac['target']:.2f} (enrichment ×{enrich('target'):.2f}) — the proxy alignment term does the
-  domain targeting. Near-duplicates are enriched ×{enrich('dup'):.2f} and toxic documents ×{enrich('toxic'):.2f}:
-  both are target-chain text, so the online utility favours them too. Redundancy ablation:
-  without the η²⟨φ,Φ⟩ penalty (opus_no_redundancy) near-duplicates are enriched ×{enrich('dup', 'opus_no_redundancy'):.2f}
-  and the final target loss is {arms.get('opus_no_redundancy', {}).get('val_loss', float('nan')):.3f}. Claim
-  {'holds' if held['opus_adamw_beats_random']['holds'] else 'does **not** hold'} at this scale.
-- **Boltzmann vs greedy.** opus_adamw {oa.get('val_loss', float('nan')):.3f} vs greedy_opus
-  {arms.get('greedy_opus', {}).get('val_loss', float('nan')):.3f}: claim
-  {'holds' if held['boltzmann_ge_greedy']['holds'] else 'does **not** hold'} here.
-- **AdamW vs SGD preconditioning.** opus_sgd (P = I) {arms.get('opus_sgd', {}).get('val_loss', float('nan')):.3f}
-  vs opus_adamw {oa.get('val_loss', float('nan')):.3f}; no gap is claimed, this is the measured difference.
-- **Static filter.** Mean AUROC toxic vs clean target {metrics['static_filter']['auroc_toxic_vs_target']:.3f},
-  toxic vs all other documents {metrics['static_filter']['auroc_toxic_vs_all']:.3f}.
-- **Overhead.** Measured in training: {metrics['overhead']['opus_adamw_in_training']:.2f}× a training step,
-  against the paper's 0.047. Breakdown at N = {bd['N']}, m = {bd['m']} (evaluate): forward+backward capture of
-  candidates and proxy {1e3 * bd['capture_s']:.1f} ms, sketch kernel {1e3 * bd['sketch_s']:.1f} ms, K Boltzmann rounds
-  {1e3 * bd['select_s']:.1f} ms, against {1e3 * bd['step_s']:.1f} ms for the training step on K. Scoring needs a
-  forward+backward over N = 2K candidates plus the proxy batch, and at this toy scale fixed per-call CPU
-  costs dominate every part; the paper's 4.7% is for GPT-2-XL-scale steps on GPUs. Fitted scaling of the scoring time:
-  ∝ N^{slope_n:.2f} over N = {vn[0]['N']}..{vn[-1]['N']} and ∝ m^{slope_m:.2f} over m = {vm[0]['m']}..{vm[-1]['m']}
-  (the sketch scatters all d_out·d_in entries per sample whatever m is, so m matters little; timings are
-  medians on a shared 2-core CPU and are noisy).
-- **Faithfulness notes.** The default CPU path runs the kernel's torch reference (chunks of 16 samples'
-  gradients are formed transiently, never the full [N, d_out, d_in]); the Triton kernel (CUDA or
-  TRITON_INTERPRET=1) never forms them. The AdamW preconditioner falls back to P = I before the first
-  optimizer step (v = 0). Muon is not implemented.
+- **OPUS vs random (main pool).** opus_adamw {oa['val_loss_mean']:.3f} vs random {ra['val_loss_mean']:.3f}
+  ({say('opus_adamw_beats_random')}). OPUS picks target text at {oa['target_frac']:.2f} of its batches against the
+  pool's {pool_frac['target']:.2f}; near-duplicates at {oa['dup_frac']:.2f} (pool {pool_frac['dup']:.2f}) and toxic
+  documents at {oa['toxic_frac']:.2f} (pool {pool_frac['toxic']:.2f}): both are target-chain text. Raw-gradient
+  scoring on the same AdamW model (raw_grad_opus) reaches {arms['raw_grad_opus']['val_loss_mean']:.3f}.
+- **Real SGD arm.** sgd_opus {arms['sgd_opus']['val_loss_mean']:.3f} vs sgd_random
+  {arms['sgd_random']['val_loss_mean']:.3f} ({say('sgd_opus_beats_sgd_random')}); no AdamW-vs-SGD gap is claimed
+  (different optimizers reach different losses whatever the selection).
+- **Boltzmann vs greedy.** Main pool: {say('boltzmann_beats_greedy')} (opus_adamw {oa['val_loss_mean']:.3f} vs
+  greedy {arms['greedy_opus']['val_loss_mean']:.3f}). Redundant pool: {say('boltzmann_beats_greedy_redundant')}
+  (Boltzmann {arms['redundant_boltzmann']['val_loss_mean']:.3f}, dup share {arms['redundant_boltzmann']['dup_frac']:.2f};
+  greedy {arms['redundant_greedy']['val_loss_mean']:.3f}, dup share {arms['redundant_greedy']['dup_frac']:.2f};
+  random {arms['redundant_random']['val_loss_mean']:.3f}). Diversity hypothesis: Boltzmann should help where the
+  pool is redundant; the redundant pool's verdict above is the test. Both OPUS arms carry the redundancy penalty,
+  so Boltzmann's extra diversity is only over candidates the penalty does not already separate.
+- **The official sampler.** Raw logits U/τ have sd {np.mean(arms['official_raw_tau']['raw_logit_sd']):.2g} over
+  candidates ({say('official_sampler_near_uniform')} below 0.1), so p ∝ exp(U/τ) is uniform to within
+  that factor: official_raw_tau {arms['official_raw_tau']['val_loss_mean']:.3f} vs random {ra['val_loss_mean']:.3f}
+  ({say('official_sampler_like_random')}, Within 0.05). The utility's scale is η = η_opt/K times an inner product of
+  AdamW-sized steps; at GPT-2-XL scale the same units (lr ≈ 1e-3, per-sample steps) are as small. The claims here
+  use the standardized sampler.
+- **Redundancy term.** In opus_adamw the penalty at pick time is {red.get('redundancy_over_alignment', float('nan')):.3g}
+  of the alignment term and changes {red.get('greedy_picks_changed', float('nan')):.2f} of K = {k} greedy picks on
+  average; opus_no_redundancy reaches {arms['opus_no_redundancy']['val_loss_mean']:.3f} (gain over random
+  {np.mean(gains['opus_no_redundancy']):+.3f} vs opus_adamw's {np.mean(gains['opus_adamw']):+.3f}). The term scales with
+  η² = (η_opt/K)² and with how parallel the already-picked updates are; it changes picks mostly among
+  target-chain candidates (duplicates and target text have similar sketched updates).
+- **Static filter, scoped.** On all candidates (pool sample) the OPUS utility's AUROC for toxic documents is
+  {np.mean(static_metrics['pool']['opus']):.3f} ({say('static_filter_flags_toxic_in_pool')}): toxic documents are
+  target-chain text and score *higher* than the off-domain majority, so a low-utility filter removes chain-B and
+  noise documents first. Among target-domain documents only it is {np.mean(static_metrics['target_only']['opus']):.3f}
+  ({say('static_filter_flags_toxic_among_target')}). The loss baseline gets {np.mean(static_metrics['pool']['loss']):.3f}
+  on the pool; the trigger-count oracle {np.mean(static_metrics['pool']['trigger']):.3f}.
+- **Overhead.** Scoring needs one forward + backward of every scored token and a per-sample outer product per
+  layer: the counted FLOP overhead is {metrics['overhead']['flop_per_token_mean']:.2f} × the scored-to-trained
+  token ratio on average over variants ({say('overhead_tracks_token_ratio')}); scoring 4 buffers at once
+  makes the N×N Gram of the redundancy term 4× larger per step, which is why every4 saves no FLOPs here. Full scoring (ratio
+  {vrows[0]['scored/trained tokens']:.2f}) costs {vrows[0]['FLOP overhead']:.2f}× a training step; the all-knobs
+  variant opus_cheap ({vrows[-1]['scored/trained tokens']:.2f} tokens per trained token) {vrows[-1]['FLOP overhead']:.2f}×
+  (overhead_small: {say('overhead_small')}), keeping {vrows[-1]['kept of full gain']:.2f} of the gain
+  ({say('cheap_variant_keeps_half_the_gain')}). The official defaults score
+  {OFFICIAL_RATIO:.2f} tokens per trained token, which by this constant predicts ≈ {metrics['overhead']['official_predicted_flops']:.2f}×
+  a training step (the paper card's own FLOP count of those defaults: ~1.5×); the paper's 4.7% does not follow
+  from them. Wall-clock ratios (runtime fields) follow the same order on this CPU but carry per-call costs.
+- **Sketch.** At m = {fid['m']} the sketched alignment correlates {fid['align_pearson']:.3f} with the ghost-exact one.
+- **What the miniature does not reproduce.** GPT-2-XL / FineWeb scale, Muon preconditioning, downstream
+  benchmark averages, 8× data efficiency, the τ and sketch-size ablations at scale.
 """)
     rep.finish(CLAIMS, metrics)
-
-
-def _loglog_slope(xs: list[float], ys: list[float]) -> float:
-    if len(set(xs)) < 2:
-        return float("nan")
-    return float(np.polyfit(np.log(xs), np.log(ys), 1)[0])
-
-
-def _verdicts_preview(metrics: dict) -> list[dict]:
-    from stages.common.claims import evaluate_claims
-
-    return evaluate_claims(CLAIMS, metrics)

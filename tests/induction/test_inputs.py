@@ -95,7 +95,8 @@ def test_solve_then_check_round_trip(tmp_path):
     out = tmp_path / "pred.jsonl"
     assert solve_cli.main(["--instances", str(inst), "--out", str(out), "--timeout", "5"]) == 0
     pred = json.loads(out.read_text())
-    assert set(pred) == {"id", "formula", "size", "seconds"} and pred["id"] == "fo-0001"
+    assert set(pred) == {"id", "formula", "size", "seconds", "status"} and pred["id"] == "fo-0001"
+    assert pred["status"] == "solved"
     assert check_cli.check_files(inst, out)[0]["valid"]
 
 
@@ -104,9 +105,18 @@ def test_solve_then_check_round_trip(tmp_path):
     (prepare, {"templates": ["nope"]}, "templates"),
     (prepare, {"unknown_rate": 1.5}, "unknown_rate"),
     (prepare, {"per_templat": 2}, "per_templat"),
-    (train, {"timeout_s": 0}, "timeout_s"),
+    (train, {"safety_timeout_s": 0}, "safety_timeout_s"),
+    (train, {"safety_timeout_s": float("nan")}, "safety_timeout_s"),
     (train, {"max_size": "big"}, "max_size"),
-    (evaluate, {"budgets_s": [1.0, 0.1]}, "budgets_s"),
+    (train, {"max_generated": 10**12}, "max_generated"),
+    (train, {"device": "tpu"}, "device"),
+    (train, {"seed": -1}, "seed"),
+    (prepare, {"regimes": ["ci", "ci"]}, "regimes"),
+    (prepare, {"regimes": ["induction"]}, "regimes"),
+    (prepare, {"seeds": [0, 0, 1]}, "seeds"),
+    (prepare, {"per_template": 10**6}, "per_template"),
+    (evaluate, {"budgets_generated": [1000, 100]}, "budgets_generated"),
+    (evaluate, {"budgets_generated": [100, 100]}, "budgets_generated"),
 ])
 def test_bad_params_fail_at_load_naming_the_key(module, block, key):
     with pytest.raises(ConfigError, match=key):
@@ -133,3 +143,67 @@ def test_check_survives_pathological_formulas(tmp_path):
     res = check_cli.check_formula(inst, nested)
     assert res["size"] is not None and isinstance(res["valid"], bool)
     assert check_cli.check_formula(inst, 42)["error"].startswith("parse error")
+
+
+@pytest.mark.parametrize("content", [b"\xff\xfe{bad utf8}\n", b'{"id": "a"}\x00\x01\x02'])
+def test_cli_non_utf8_or_binary_input_is_one_line(tmp_path, content, capsys):
+    inst = tmp_path / "inst.jsonl"
+    inst.write_bytes(content)
+    out = tmp_path / "o.jsonl"
+    assert solve_cli.main(["--instances", str(inst), "--out", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert len(err.strip().splitlines()) == 1 and "inst.jsonl" in err and ("UTF-8" in err or "binary" in err), err
+    assert not out.exists()
+    preds = _write(tmp_path, "pred.jsonl", [{"id": "a", "formula": "(P x)"}])
+    assert check_cli.main(["--instances", str(inst), "--predictions", str(preds),
+                           "--out", str(tmp_path / "c.jsonl")]) == 2
+    assert len(capsys.readouterr().err.strip().splitlines()) == 1
+    good = _write(tmp_path, "good.jsonl", [GOOD])
+    preds.write_bytes(b"\x89PNG\x00\x00")                 # a binary predictions file
+    assert check_cli.main(["--instances", str(good), "--predictions", str(preds),
+                           "--out", str(tmp_path / "c.jsonl")]) == 2
+    assert "binary" in capsys.readouterr().err
+
+
+def test_cli_out_that_is_a_directory_or_an_input_fails_before_work(tmp_path):
+    inst = _write(tmp_path, "inst.jsonl", [GOOD])
+    before = inst.read_text()
+    assert solve_cli.main(["--instances", str(inst), "--out", str(tmp_path)]) == 2
+    assert solve_cli.main(["--instances", str(inst), "--out", str(inst)]) == 2
+    assert inst.read_text() == before
+    preds = _write(tmp_path, "pred.jsonl", [{"id": "fo-0001", "formula": "(P x)"}])
+    assert check_cli.main(["--instances", str(inst), "--predictions", str(preds), "--out", str(preds)]) == 2
+    assert check_cli.main(["--instances", str(inst), "--predictions", str(preds), "--out", str(tmp_path)]) == 2
+
+
+@pytest.mark.parametrize("value", ["nan", "inf", "0", "-1"])
+def test_cli_timeout_must_be_finite_and_positive(tmp_path, value, capsys):
+    inst = _write(tmp_path, "inst.jsonl", [GOOD])
+    out = tmp_path / "o.jsonl"
+    assert solve_cli.main(["--instances", str(inst), "--out", str(out), "--timeout", value]) == 2
+    assert "--timeout" in capsys.readouterr().err and not out.exists()
+
+
+def test_solve_writes_incrementally_and_marks_fallbacks(tmp_path, monkeypatch):
+    """Each line is flushed as solved (an interruption keeps it); an unsolved instance carries the
+    bloated fallback formula marked status 'fallback'."""
+    second = dict(GOOD, id="fo-0002")
+    inst = _write(tmp_path, "inst.jsonl", [GOOD, second])
+    out = tmp_path / "o.jsonl"
+    real = solve_cli.solve_instance
+    seen = []
+
+    def interrupt_second(inst_, *a, **kw):
+        if inst_.id == "fo-0002":
+            seen.append(out.read_text())
+            raise KeyboardInterrupt
+        return real(inst_, *a, **kw)
+
+    monkeypatch.setattr(solve_cli, "solve_instance", interrupt_second)
+    with pytest.raises(KeyboardInterrupt):
+        solve_cli.main(["--instances", str(inst), "--out", str(out)])
+    assert json.loads(seen[0])["id"] == "fo-0001"                # first line already on disk
+    monkeypatch.setattr(solve_cli, "solve_instance", real)
+    assert solve_cli.main(["--instances", str(inst), "--out", str(out), "--max-generated", "5"]) == 0
+    lines = [json.loads(x) for x in out.read_text().splitlines()]
+    assert [x["status"] for x in lines] == ["fallback", "fallback"] and all(x["formula"] for x in lines)

@@ -7,14 +7,24 @@ import json
 def test_smoke_pipeline(smoke_run):
     out = smoke_run("induction")
     m = json.loads((out["report"] / "metrics.json").read_text())
+    first = (out["evaluate"] / "metrics.json").read_text()
+    again = smoke_run("induction", stages=("train", "evaluate"))        # same params -> same metrics
+    assert (again["evaluate"] / "metrics.json").read_text() == first
     assert set(m["runtime_s"]) == {"prepare", "train", "evaluate", "report"}
     assert all(isinstance(v, (int, float)) for v in m["runtime_s"].values())
     names = [c["name"] for c in m["claims"]]
-    assert names == ["enumeration_solves_fullobs", "compact_generalizes", "difficulty_rises_with_depth"]
+    assert names == ["enumeration_solves_fullobs", "compact_generalizes", "difficulty_rises_with_depth",
+                     "reaches_outside_fragment"]
     for c in m["claims"]:
-        assert set(c) >= {"name", "statement", "holds", "values"} and isinstance(c["holds"], bool)
-        assert c["values"] and all(isinstance(v, (int, float)) for v in c["values"].values())
+        assert set(c) >= {"name", "statement", "holds", "values", "verdict", "refuted_by"} and isinstance(c["holds"], bool)
+        assert c["values"] and c["refuted_by"]
+    seeds = m["metrics"]["heldout"]["per_seed"]
+    assert len(seeds["compact_acc"]) == len(seeds["best_baseline_acc"]) == 3     # paired per-seed lists
     assert m["metrics"]["kernel"]["evaluator_mismatches"] == 0
+    k = m["kernels"]["quantifier_eval"]
+    assert k["calls"] > 0 and k["backend"] in ("torch-reference", "triton-cuda")
+    assert k["parity_max_abs_err"] == 0.0                 # Triton path == reference on real inputs
+    assert not any("seconds" in key for key in _keys(m["metrics"]))   # no wall-clock in the metrics
     g = m["metrics"]["guided"]                        # optional (C): the Lightning ranker ran and guided
     assert g["n"] > 0 and 0 <= g["guided_valid_rate"] <= 1
     assert (out["train"] / "ranker.pt").exists()
@@ -25,4 +35,12 @@ def test_smoke_pipeline(smoke_run):
     assert "## Verdicts" in report and "figures/difficulty_by_depth.png" in report
     preds = (out["train"] / "predictions_enum.jsonl").read_text().splitlines()
     n = json.loads((out["prepare"] / "meta.json").read_text())["n_instances"]
-    assert len(preds) == n and all(set(json.loads(p)) == {"id", "formula", "size", "seconds"} for p in preds)
+    assert len(preds) == n and all(set(json.loads(p)) == {"id", "formula", "size", "seconds", "status"} for p in preds)
+    assert {json.loads(p)["status"] for p in preds} <= {"solved", "fallback", "none"}
+
+
+def _keys(d, prefix=""):
+    for k, v in d.items():
+        yield prefix + k
+        if isinstance(v, dict):
+            yield from _keys(v, prefix + k + ".")

@@ -46,3 +46,29 @@ def test_shape_errors():
         cauchy_apply(z, d, org, tau, a, X[:5])
     with pytest.raises(ValueError, match="tau must have shape"):
         cauchy_apply(z, d, org, tau[:3], a, X)
+
+
+def test_kernel_module_imports_nothing_from_stages():
+    import ast
+    import inspect
+
+    import kernels.cauchy_apply as mod
+
+    tree = ast.parse(inspect.getsource(mod))
+    names = [a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names]
+    names += [n.module or "" for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)]
+    assert not [m for m in names if m.split(".")[0] == "stages"], names
+
+
+def test_random_factor_roots_match_eigh():
+    """The benchmark's own inputs: roots of the secular equation are the eigenvalues of diag(d) + rho z z^T."""
+    import numpy as np
+
+    from kernels.cauchy_apply import _secular_roots
+
+    rng = np.random.default_rng(5)
+    d = np.sort(rng.uniform(0, 3, 23)) + np.arange(23) * 1e-2
+    z = rng.normal(size=23)
+    z /= np.linalg.norm(z)
+    origin, tau = _secular_roots(d, z * z, 1.3)
+    np.testing.assert_allclose(d[origin] + tau, np.linalg.eigvalsh(np.diag(d) + 1.3 * np.outer(z, z)), atol=1e-13)

@@ -6,7 +6,8 @@ import numpy as np
 import pytest
 import scipy.sparse as sp
 
-from stages.l2g_net.gft import GraphInputError, factorize, partition, rank_one_update, solve_secular
+from stages.l2g_net.gft import (GraphInputError, bisection_parts, factorize, partition, rank_one_update,
+                                  solve_secular, sparsify_cut)
 from stages.l2g_net.graphs import exactness_suite, laplacian, random_parts, sbm_blocks
 
 TOL = 1e-10
@@ -154,3 +155,93 @@ def test_transform_shape_error():
     f = factorize(_path_L())
     with pytest.raises(ValueError, match=r"expected shape \[5\]"):
         f.transform(np.ones(4))
+
+
+# ----------------------------------------------------------------------------- issue 31 / 33 additions
+def test_complex_input_rejected():
+    L = _path_L().astype(complex)
+    with pytest.raises(GraphInputError, match="complex"):
+        factorize(L)
+    with pytest.raises(GraphInputError, match="complex"):
+        factorize(sp.csr_matrix(L))
+
+
+@pytest.mark.parametrize("bad", [0, -3])
+def test_min_part_size_must_be_positive(bad):
+    with pytest.raises(GraphInputError, match="min_part_size"):
+        factorize(_path_L(), min_part_size=bad)
+    with pytest.raises(GraphInputError, match="min_part_size"):
+        partition(_path_L(), min_part_size=bad)
+
+
+def _two_cliques(size: int) -> sp.csr_matrix:
+    """Two K_size joined by one edge: the best cut (1 edge) leaves exactly ``size`` nodes per side."""
+    G = nx.disjoint_union(nx.complete_graph(size), nx.complete_graph(size))
+    G.add_edge(0, size)
+    return laplacian(_weighted(G, np.random.default_rng(0), 0, 0))
+
+
+def test_partition_boundary_exactly_min_size():
+    L = _two_cliques(6)  # 12 nodes, halves of exactly 6
+    parts = partition(L, min_part_size=6, max_cut_fraction=0.5)
+    assert sorted(len(p) for p in parts) == [6, 6]           # halves of exactly min_size are allowed
+    assert len(partition(L, min_part_size=7, max_cut_fraction=0.5)) == 1  # one more: no split possible
+    check_exact(L, None, min_part_size=6, max_cut_fraction=0.5)
+
+
+def test_fallback_is_named_when_a_cut_is_refused():
+    G = nx.convert_node_labels_to_integers(nx.grid_2d_graph(12, 12))  # best cut 12 edges > 144/48 = 3
+    L = laplacian(G)
+    f = factorize(L, min_part_size=16)
+    assert len(f.parts) == 1 and f.fallback is not None and f.fallback.startswith("single_dense_eigh")
+    assert f.partition_info["refused"][0]["cut_edges"] >= 12
+    g = factorize(L, min_part_size=16, max_cut_fraction=0.2)  # 12 <= 0.2 * 144: split accepted
+    assert len(g.parts) >= 2 and g.fallback is None
+    assert factorize(L, [list(range(72)), list(range(72, 144))]).fallback is None
+
+
+def test_bisection_parts_count_balance_and_splits():
+    L = laplacian(nx.convert_node_labels_to_integers(nx.grid_2d_graph(10, 10)))
+    parts, splits = bisection_parts(L, 5)
+    assert len(parts) == 5 and len(splits) == 4
+    assert np.array_equal(np.sort(np.concatenate(parts)), np.arange(100))
+    assert min(len(p) for p in parts) >= 100 // 3 // 3
+    part_of = np.empty(100, int)
+    for k, p in enumerate(parts):
+        part_of[p] = k
+    A = sp.triu(-(L - sp.diags(L.diagonal())), 1).tocoo()
+    for i, j in zip(A.row, A.col):  # every cut edge crosses exactly one split
+        if part_of[i] != part_of[j]:
+            crossings = sum((part_of[i] in a and part_of[j] in b) or (part_of[i] in b and part_of[j] in a)
+                            for a, b in splits)
+            assert crossings == 1
+
+
+def test_sparsify_cut_keeps_target_per_split_and_is_factorized_exactly():
+    G = nx.convert_node_labels_to_integers(nx.grid_2d_graph(12, 12))
+    L = laplacian(G)
+    parts, splits = bisection_parts(L, 4)
+    Ls, info = sparsify_cut(L, parts, splits, target_cut=2, seed=3)
+    assert info["cut_edges_before"] > info["cut_edges_after"] and info["cut_edges_after"] <= 2 * len(splits)
+    Ld, Lsd = L.toarray(), Ls.toarray()
+    part_of = np.empty(144, int)
+    for k, p in enumerate(parts):
+        part_of[p] = k
+    same = part_of[:, None] == part_of[None, :]
+    off = ~np.eye(144, dtype=bool)
+    np.testing.assert_array_equal(Lsd[same & off], Ld[same & off])   # edges inside parts untouched
+    np.testing.assert_allclose(Lsd.sum(axis=1), 0, atol=1e-12)        # still a Laplacian
+    kept_w = -Lsd[~same]
+    assert np.all(kept_w[kept_w > 0] >= 1.0 - 1e-12)                  # HT re-weighting only grows weights
+    check_exact(Ls, parts)
+    Lall, info_all = sparsify_cut(L, parts, splits, target_cut=10**4)
+    np.testing.assert_allclose(Lall.toarray(), Ld)                    # a target above every cut keeps L
+
+
+def test_chain_matrix_is_global_basis_times_local():
+    L = laplacian(sbm_blocks(3, 20, 6.0, 4, seed=2))
+    f = factorize(L, [list(range(20)), list(range(20, 40)), list(range(40, 60))])
+    C = f.chain_matrix()
+    X = np.random.default_rng(1).normal(size=(60, 3))
+    np.testing.assert_allclose(C @ f.local_transform(X), f.transform(X), atol=1e-12)
+    np.testing.assert_allclose(C.T @ C, np.eye(60), atol=1e-12)

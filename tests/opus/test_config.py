@@ -25,6 +25,14 @@ def test_every_profile_loads(profile):
     ({"arms": [{"name": "a", "selector": "opus", "sampling": "softmax"}]}, "sampling"),
     ({"arms": [{"name": "a", "selector": "random"}, {"name": "a", "selector": "opus"}]}, "unique"),
     ({"bogus": 1}, "bogus"),
+    ({"seeds": [0, 0, 1]}, "seeds"),
+    ({"seeds": [-1]}, "seeds"),
+    ({"device": "tpu"}, "device"),
+    ({"buffer_size": 10**7}, "buffer_size"),
+    ({"trainer": {"max_steps": 10**7}}, "max_steps"),
+    ({"arms": [{"name": "a", "selector": "opus", "score_every": 0}]}, "score_every"),
+    ({"arms": [{"name": "a", "selector": "opus", "window": 1}]}, "window"),
+    ({"arms": [{"name": "a", "selector": "opus", "pool": "other"}]}, "pool"),
 ])
 def test_bad_train_params(block, key):
     with pytest.raises(ConfigError, match=key):
@@ -41,6 +49,9 @@ def test_k_from_ratio_and_explicit_k():
     ({"proxy_size": 0}, "proxy_size"),
     ({"frac_target": 0.6, "frac_other": 0.6}, "frac_target"),
     ({"vocab_size": 3}, "vocab_size"),
+    ({"redundant_frac_dup": 0.9}, "redundant_frac_dup"),
+    ({"frac_dup": 1.5}, "frac_dup"),
+    ({"seed": -3}, "seed"),
 ])
 def test_bad_prepare_params(block, key):
     with pytest.raises(ConfigError, match=key):
@@ -52,6 +63,10 @@ def test_bad_evaluate_params():
         validate(evaluate.Config, {"fidelity_sizes": [64, 0]}, "papers.opus.evaluate")
     with pytest.raises(ConfigError, match="overhead_sketch_sizes"):
         validate(evaluate.Config, {"overhead_sketch_sizes": []}, "papers.opus.evaluate")
+    with pytest.raises(ConfigError, match="overhead_buffers"):
+        validate(evaluate.Config, {"overhead_buffers": [16, 16]}, "papers.opus.evaluate")
+    with pytest.raises(ConfigError, match="device"):
+        validate(evaluate.Config, {"device": "gpu0"}, "papers.opus.evaluate")
 
 
 def test_load_config_names_the_key(tmp_path):

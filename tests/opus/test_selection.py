@@ -6,7 +6,7 @@ import torch
 
 from kernels.testing import assert_close
 from stages.opus.precondition import preconditioner_from_optimizer
-from stages.opus.selection import Scored, select_opus, standardize
+from stages.opus.selection import Scored, select_opus
 
 
 def _net():
@@ -82,20 +82,6 @@ def test_redundancy_penalty_avoids_duplicates():
     no_penalty, _ = select_opus(_scored(phi, psi, eta=2.0), 2, 0.9, greedy=True, generator=None, redundancy=False)
     assert set(no_penalty.tolist()) <= {0, 1, 2}  # without the penalty the duplicates win
     assert utils[1] < utils[0]
-
-
-def test_boltzmann_first_pick_follows_softmax_of_standardized_utility():
-    phi = torch.tensor([[0.0], [1.0], [2.0], [4.0]]) * 1e-3
-    psi = torch.tensor([1e3])
-    tau, trials = 0.9, 4000
-    gen = torch.Generator().manual_seed(0)
-    counts = torch.zeros(4)
-    for _ in range(trials):
-        picks, _ = select_opus(_scored(phi, psi), 1, tau, greedy=False, generator=gen)
-        counts[picks[0]] += 1
-    want = torch.softmax(standardize(phi[:, 0] * psi[0]) / tau, 0)
-    stderr = (want * (1 - want) / trials).sqrt()
-    assert ((counts / trials - want).abs() < 4 * stderr).all(), (counts / trials, want)
 
 
 def test_selection_returns_k_distinct_and_low_temperature_is_greedy():

@@ -1,0 +1,1 @@
+"""clip_binding: how embedding models bind concepts (additivity, binding-function complexity)."""

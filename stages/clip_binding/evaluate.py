@@ -1,0 +1,223 @@
+"""evaluate@clip_binding: held-out binding accuracy (coverage sweep), binding-function complexity, additivity.
+
+    python -m stages evaluate clip_binding [--profile smoke]
+
+1. Coverage: every (fraction, seed) model on its fixed held-out test scenes (only unseen objects),
+   pooled queries per batch of `eval_batch` scenes; accuracy = min positive logit > max negative logit,
+   read off the fused kernel (kernels/cosine_soft_ce.py), for concept and object queries.
+   `bag_binding_acc` is the same score for an oracle bag-of-concepts scorer (knows which concept
+   values are in the scene, not which object they belong to): the no-binding reference.
+2. Complexity: regress the 2-object scene embeddings of (i) the trained encoders at the largest
+   coverage fraction and (ii) the high-complexity control y = g(a) + g(b), g a random table, from
+   concept ids with concat-MLP / multiplicative / sum+mult slot models; R² and frozen-probe accuracy
+   (predicted embeddings scored against the encoder's own object probes, through the kernel) on scenes
+   of unseen objects.
+3. Additivity: R² of y(a, b) ≈ μ + A_1[a] + A_2[b] on held-out scenes.
+"""
+from __future__ import annotations
+
+import numpy as np
+import torch
+from pydantic import Field
+
+from kernels.cosine_soft_ce import cosine_soft_ce
+from kernels.record import KernelRecord
+from stages.common.config import Fraction, Seed, StageConfig
+from stages.common.device import DeviceName, pick_device
+from stages.common.paths import read_json, write_json
+from stages.common.runner import StageContext
+from stages.common.trainer import TrainerConfig, make_trainer
+from stages.clip_binding.complexity import FAMILIES, RegressorBank, additivity_r2, pair_ids, r2_score
+from stages.clip_binding.models import BindingModel, heldout_accuracy, steps_loader
+from stages.clip_binding.prepare import frac_key
+from stages.clip_binding.scenes import World, sample_scenes
+
+
+class Config(StageConfig):
+    seed: Seed = 0
+    device: DeviceName = "auto"
+    torch_threads: int = Field(1, ge=1, le=64)
+    eval_batch: int = Field(256, ge=8, le=8192, description="scenes per pooled-query batch")
+    train_scenes: int = Field(1024, ge=8, le=100_000, description="seen-object scenes for the train accuracy")
+    hidden: int = Field(16, ge=1, le=512, description="slot-table width of the complexity regressors")
+    mlp_hidden: int = Field(128, ge=1, le=4096)
+    reg_steps: int = Field(400, ge=1, le=100_000)
+    reg_lr: float = Field(1e-2, gt=0, le=1.0)
+    max_train_scenes: int = Field(1024, ge=4, le=1_000_000, description="cap on regression training scenes")
+    additivity_test_fraction: Fraction = 0.2
+    ridge_alpha: float = Field(1e-3, gt=0, le=1e3)
+    trainer: TrainerConfig = TrainerConfig(enable_progress_bar=False)
+
+
+def load_models(ctx: StageContext, world: World, device) -> dict[str, BindingModel]:
+    train_dir = ctx.input("train")
+    info = read_json(train_dir / "models.json")
+    out = {}
+    for label in info["labels"]:
+        m = BindingModel(world, torch.arange(1), seed=0, **info["kwargs"])
+        m.load_state_dict(torch.load(train_dir / "models" / f"{label}.pt"))
+        out[label] = m.to(device).eval()
+    return out
+
+
+def bag_of_concepts_correct(world: World, objs, n, pq) -> torch.Tensor:
+    """Oracle bag-of-concepts scorer: a query object looks present iff each of its concept values is
+    in the scene; correct iff no negative query looks present (binding-free upper reference)."""
+    vals = world.concepts(objs)                                                   # (B, N, k)
+    used = torch.arange(world.n_max, device=objs.device)[None, :] < n[:, None]
+    qv = world.concepts(pq["query_objs"])                                         # (M, k)
+    present = ((vals[:, :, None, :] == qv[None, None, :, :]) & used[:, :, None, None]).any(1).all(-1)  # (B, M)
+    neg = pq["object_labels"] == 0
+    return ~(present & neg).any(-1)
+
+
+@torch.no_grad()
+def coverage_eval(cfg, world, models, meta, splits, rec, device) -> dict:
+    out: dict = {}
+    parity_done = False
+    for i, f in enumerate(meta["train_object_fractions"]):
+        acc = {k: [] for k in ("object_acc", "binding_acc", "concept_acc", "bag_binding_acc",
+                               "train_binding_acc")}
+        for j, seed in enumerate(meta["seeds"]):
+            model = models[f"{frac_key(f)}_s{seed}"]
+            objs_all, n_all = splits["test_objs"][i, j].to(device), splits["test_n"][i, j].to(device)
+            g = torch.Generator(device=device).manual_seed(cfg.seed + 7 * j)
+            res = {k: [] for k in ("obj", "con", "bind", "bag")}
+            for s0 in range(0, objs_all.shape[0], cfg.eval_batch):
+                objs, n = objs_all[s0:s0 + cfg.eval_batch], n_all[s0:s0 + cfg.eval_batch]
+                r = heldout_accuracy(model, objs, n, g, rec.backend)
+                rec.count("cosine_soft_ce", 2)
+                if not parity_done:
+                    x, pq, s = r["inputs"]
+                    _, qo = model.embed_queries(pq["query_objs"])
+                    rec.parity("cosine_soft_ce", cosine_soft_ce, x[:64], qo, pq["object_labels"][:64], s,
+                               slice=f"the first 64 held-out test scenes of the {frac_key(f)} seed-{seed} model")
+                    parity_done = True
+                two = (n == 2) & (objs[:, 0] != objs[:, 1]) if world.n_max > 1 else n > 0
+                bag = bag_of_concepts_correct(world, objs, n, r["inputs"][1])
+                res["obj"].append(r["object_correct"])
+                res["con"].append(r["concept_correct"])
+                res["bind"].append(r["object_correct"][two])
+                res["bag"].append(bag[two])
+            cat = {k: torch.cat(v).float() for k, v in res.items()}
+            acc["object_acc"].append(float(cat["obj"].mean()))
+            acc["concept_acc"].append(float(cat["con"].mean()))
+            acc["binding_acc"].append(float(cat["bind"].mean()))
+            acc["bag_binding_acc"].append(float(cat["bag"].mean()))
+            # the same binding score on scenes of SEEN objects (does the model bind at all?)
+            train_objs = torch.arange(world.n_objects, device=device)[splits["coverage_masks"][i, j].to(device)]
+            objs, n = sample_scenes(world, train_objs, cfg.train_scenes, g, n_fixed=min(2, world.n_max))
+            r = heldout_accuracy(model, objs, n, g, rec.backend)
+            rec.count("cosine_soft_ce", 2)
+            two = objs[:, 0] != objs[:, -1] if world.n_max > 1 else n > 0
+            acc["train_binding_acc"].append(float(r["object_correct"][two].float().mean()))
+        out[frac_key(f)] = acc
+    return out
+
+
+@torch.no_grad()
+def embeddings(world, models, meta, enc_frac, device, d_out):
+    """All ordered 2-object scenes (a, b): Y (E, P, d) for trained encoders then controls; probes (E, n_obj, d)."""
+    n_obj = world.n_objects
+    a, b = torch.meshgrid(torch.arange(n_obj, device=device), torch.arange(n_obj, device=device), indexing="ij")
+    a, b = a.reshape(-1), b.reshape(-1)
+    Y, P = [], []
+    for seed in meta["seeds"]:
+        m = models[f"{frac_key(enc_frac)}_s{seed}"]
+        Y.append(m.embed_scenes(torch.stack([a, b], 1), torch.full_like(a, 2)))
+        P.append(m.embed_queries(torch.arange(n_obj, device=device))[1])
+    for seed in meta["seeds"]:
+        g = torch.Generator(device=device).manual_seed(5_000 + seed)
+        table = torch.randn(n_obj, d_out, generator=g, device=device)   # high-complexity control g(obj)
+        Y.append(table[a] + table[b])                                    # scene = Σ_obj g(obj)
+        P.append(table)
+    return a, b, torch.stack(Y), torch.stack(P)
+
+
+def probe_accuracy(pred, probes, a, b, n_obj, rec, backend) -> list[float]:
+    """Predicted scene embeddings vs frozen L2-normed object probes: min pos > max neg (kernel)."""
+    targets = torch.zeros(a.shape[0], n_obj, device=a.device)
+    targets[torch.arange(a.shape[0]), a] = 1.0
+    targets[torch.arange(a.shape[0]), b] = 1.0
+    one = torch.ones((), device=a.device)
+    out = []
+    for e in range(pred.shape[0]):
+        _, mn, mx = cosine_soft_ce(pred[e], probes[e], targets, one, backend=backend)
+        rec.count("cosine_soft_ce")
+        out.append(float((mn > mx).float().mean()))
+    return out
+
+
+def complexity_eval(cfg, ctx, world, models, meta, splits, rec, device, d_out) -> dict:
+    enc_frac = max(meta["train_object_fractions"])
+    a, b, Y, P = embeddings(world, models, meta, enc_frac, device, d_out)
+    S = len(meta["seeds"])
+    E = Y.shape[0]
+    mean_all = Y.mean(1, keepdim=True)
+    ids_all = pair_ids(world, a, b)                                              # (P, 2k)
+    kinds = {"trained": slice(0, S), "control": slice(S, E)}
+    out = {kind: {fam: {} for fam in FAMILIES} for kind in kinds}
+    curves = []
+    for ci, c in enumerate(meta["complexity_fractions"]):
+        tr_ids, tr_y, te_ids, te_y, te_a, te_b = [], [], [], [], [], []
+        for e in range(E):
+            j = e % S
+            seen = splits["complexity_masks"][ci, j].to(device)
+            tr = torch.nonzero(seen[a] & seen[b]).squeeze(1)
+            te = torch.nonzero(~seen[a] & ~seen[b]).squeeze(1)
+            g = torch.Generator(device=device).manual_seed(cfg.seed + 31 * j + ci)
+            tr = tr[torch.randperm(tr.numel(), generator=g, device=device)[: cfg.max_train_scenes]]
+            tr_ids.append(ids_all[tr]); tr_y.append(Y[e, tr])
+            te_ids.append(ids_all[te]); te_y.append(Y[e, te]); te_a.append(a[te]); te_b.append(b[te])
+        te_ids, te_y = torch.stack(te_ids), torch.stack(te_y)
+        bank = RegressorBank(E, world.v, d_out, cfg.hidden, cfg.mlp_hidden, cfg.reg_lr,
+                             torch.stack(tr_ids), torch.stack(tr_y), seed=cfg.seed + ci,
+                             test=(te_ids, te_y, mean_all), eval_every=max(1, cfg.reg_steps // 8)).to(device)
+        make_trainer(cfg.trainer, ctx.tracker, max_steps=cfg.reg_steps).fit(bank, steps_loader(cfg.reg_steps))
+        curves += [{"fraction": c, "step": 50 * t, "loss": l} for t, l in enumerate(bank.losses)]
+        bank = bank.to(device).eval()
+        with torch.no_grad():
+            for fam in FAMILIES:
+                pred = bank.predict(fam, te_ids)
+                r2 = r2_score(te_y, pred, mean_all).tolist()                    # ALGO: R² on unseen objects
+                pacc = [probe_accuracy(pred[e:e + 1], P[e:e + 1], te_a[e], te_b[e], world.n_objects, rec,
+                                       rec.backend)[0] for e in range(E)]
+                best = bank.best_r2[fam].tolist()
+                for kind, sl in kinds.items():
+                    out[kind][fam][frac_key(c)] = {"r2": r2[sl], "probe_acc": pacc[sl], "best_eval_r2": best[sl]}
+            true_acc = [probe_accuracy(te_y[e:e + 1], P[e:e + 1], te_a[e], te_b[e], world.n_objects, rec,
+                                       rec.backend)[0] for e in range(E)]
+            for kind, sl in kinds.items():
+                out[kind].setdefault("true_probe_acc", {})[frac_key(c)] = true_acc[sl]
+        for kind, sl in kinds.items():   # best family per seed by final R² (does ANY regressor generalise?)
+            fams = [max(FAMILIES, key=lambda fam: out[kind][fam][frac_key(c)]["r2"][s]) for s in range(S)]
+            out[kind].setdefault("best_r2", {})[frac_key(c)] = [out[kind][f][frac_key(c)]["r2"][s] for s, f in enumerate(fams)]
+            out[kind].setdefault("best_probe_acc", {})[frac_key(c)] = [
+                out[kind][f][frac_key(c)]["probe_acc"][s] for s, f in enumerate(fams)]
+            out[kind].setdefault("best_family", {})[frac_key(c)] = fams
+    # additivity: y(a, b) ≈ μ + A_1[a] + A_2[b]
+    g = np.random.default_rng(cfg.seed)
+    test_mask = g.random(a.shape[0]) < cfg.additivity_test_fraction
+    an, bn = a.cpu().numpy(), b.cpu().numpy()
+    add = [additivity_r2(Y[e].cpu().double().numpy(), an, bn, world.n_objects, test_mask, cfg.ridge_alpha)
+           for e in range(E)]
+    out["additivity"] = {"trained": add[:S], "control": add[S:]}
+    out["encoder_fraction"] = enc_frac
+    return out, curves
+
+
+def run(cfg: Config, ctx: StageContext) -> None:
+    torch.set_num_threads(cfg.torch_threads)
+    device = pick_device(cfg.device)
+    prep = ctx.input("prepare")
+    meta = read_json(prep / "meta.json")
+    splits = torch.load(prep / "splits.pt")
+    world = World(meta["k"], meta["v"], meta["n_max"])
+    models = load_models(ctx, world, device)
+    d_out = next(iter(models.values())).scene_enc.head.out_features
+    rec = KernelRecord(device)
+    coverage = coverage_eval(cfg, world, models, meta, splits, rec, device)
+    complexity, curves = complexity_eval(cfg, ctx, world, models, meta, splits, rec, device, d_out)
+    rec.save(ctx.out)
+    write_json(ctx.out / "eval.json", {"coverage": coverage, "complexity": complexity, "seeds": meta["seeds"],
+                                       "regression_curves": curves})

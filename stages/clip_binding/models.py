@@ -1,0 +1,149 @@
+"""Scene and probe encoders (official models.py:84-175) and the contrastive LightningModule.
+
+    scene_emb = SceneEncoder(tokens)       # pre-LN bidirectional transformer, EOS state -> Linear -> d_out
+    probe_emb = ProbeEncoder(query tokens) # same architecture, separate weights
+    logits    = min(exp(τ), 10) · cos(scene_emb, probe_emb)        # τ learnable, τ0 = 1.15
+    loss      = softCE(concept queries) + softCE(object queries)   # kernels.cosine_soft_ce
+
+Budgets are step counts; each batch is drawn inside the step from the module's own seeded generator
+(scenes use only training objects; swap negatives may be any object, as the official code reads).
+"""
+from __future__ import annotations
+
+import math
+
+import lightning as L
+import torch
+from torch import nn
+
+from kernels.cosine_soft_ce import cosine_soft_ce, cosine_soft_ce_mean
+from stages.clip_binding.scenes import World, pooled_queries, sample_scenes
+
+TAU0, SCALE_MAX = 1.15, 10.0
+
+
+def sinusoidal(n: int, d: int) -> torch.Tensor:
+    pos = torch.arange(n, dtype=torch.float32)[:, None]
+    freq = torch.exp(torch.arange(0, d, 2, dtype=torch.float32) * (-math.log(10000.0) / d))
+    pe = torch.zeros(n, d)
+    pe[:, 0::2] = torch.sin(pos * freq)
+    pe[:, 1::2] = torch.cos(pos * freq[: d // 2])
+    return pe
+
+
+class Encoder(nn.Module):
+    """Token embedding + sinusoidal PE -> pre-LN TransformerEncoder (no final LN) -> EOS -> Linear."""
+
+    def __init__(self, vocab: int, d_model: int, n_heads: int, n_layers: int, d_ff: int, d_out: int,
+                 max_len: int):
+        super().__init__()
+        self.tok = nn.Embedding(vocab, d_model)
+        self.register_buffer("pe", sinusoidal(max_len, d_model), persistent=False)
+        layer = nn.TransformerEncoderLayer(d_model, n_heads, d_ff, dropout=0.0, batch_first=True, norm_first=True)
+        self.enc = nn.TransformerEncoder(layer, n_layers, enable_nested_tensor=False)
+        self.head = nn.Linear(d_model, d_out)
+
+    def forward(self, tokens: torch.Tensor, eos: torch.Tensor, pad: int) -> torch.Tensor:
+        T = tokens.shape[1]
+        h = self.tok(tokens) + self.pe[:T]                                    # (B, T, d)
+        h = self.enc(h, src_key_padding_mask=tokens == pad)                   # bidirectional
+        return self.head(h[torch.arange(tokens.shape[0], device=tokens.device), eos])   # (B, d_out)
+
+
+class BindingModel(L.LightningModule):
+    """ALGO: scene/probe encoders trained with soft CE over concept + object queries (train_clean.py)."""
+
+    def __init__(self, world: World, train_objects: torch.Tensor, d_model: int, n_heads: int, n_layers: int,
+                 d_ff: int, d_out: int, batch_size: int, lr: float, weight_decay: float, warmup: float,
+                 steps: int, seed: int, backend: str = "torch", heldout_negatives: bool = False):
+        super().__init__()
+        self.world = world
+        self.register_buffer("train_objects", train_objects.clone(), persistent=False)
+        self.scene_enc = Encoder(world.vocab, d_model, n_heads, n_layers, d_ff, d_out, world.scene_len)
+        self.probe_enc = Encoder(world.vocab, d_model, n_heads, n_layers, d_ff, d_out, world.k + 3)
+        self.tau = nn.Parameter(torch.tensor(TAU0))
+        self.hp = dict(batch_size=batch_size, lr=lr, weight_decay=weight_decay, warmup=warmup, steps=steps)
+        self.seed, self.backend, self.heldout_negatives = seed, backend, heldout_negatives
+        self.gen: torch.Generator | None = None
+        self.kernel_calls = 0
+        self.history: list[dict] = []
+
+    def scale(self) -> torch.Tensor:
+        return torch.clamp(torch.exp(self.tau), max=SCALE_MAX)        # min(exp(τ), 10)
+
+    def embed_scenes(self, objs: torch.Tensor, n: torch.Tensor) -> torch.Tensor:
+        tokens, eos = self.world.tokenize_scenes(objs, n)
+        return self.scene_enc(tokens, eos, self.world.PAD)
+
+    def embed_concepts(self) -> torch.Tensor:
+        q = self.world.concept_queries(self.tau.device)
+        return self.probe_enc(q, torch.full((q.shape[0],), 1, device=q.device), self.world.PAD)
+
+    def embed_objects(self, obj: torch.Tensor) -> torch.Tensor:
+        q = self.world.object_queries(obj)
+        return self.probe_enc(q, torch.full((q.shape[0],), self.world.k + 2, device=q.device), self.world.PAD)
+
+    def embed_queries(self, obj: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Concept and object queries in ONE probe-encoder call (concept queries PAD-ed to k+3)."""
+        w = self.world
+        cq = w.concept_queries(obj.device)
+        cq = torch.cat([cq, torch.full((cq.shape[0], w.k + 1), w.PAD, device=obj.device, dtype=torch.long)], 1)
+        oq = w.object_queries(obj)
+        eos = torch.cat([torch.ones(cq.shape[0], dtype=torch.long, device=obj.device),
+                         torch.full((oq.shape[0],), w.k + 2, dtype=torch.long, device=obj.device)])
+        emb = self.probe_enc(torch.cat([cq, oq]), eos, w.PAD)
+        return emb[: cq.shape[0]], emb[cq.shape[0]:]
+
+    def batch_losses(self, objs, n, gen, backend, negative_pool=None) -> dict[str, torch.Tensor]:
+        pq = pooled_queries(self.world, objs, n, gen, negative_pool)
+        x = self.embed_scenes(objs, n)                                                  # (B, d_out)
+        qc, qo = self.embed_queries(pq["query_objs"])
+        s = self.scale()
+        # ALGO: soft cross-entropy to multi-hot / row-sum targets, concept + object queries summed
+        lc = cosine_soft_ce_mean(x, qc, pq["concept_labels"], s, backend=backend)
+        lo = cosine_soft_ce_mean(x, qo, pq["object_labels"], s, backend=backend)
+        self.kernel_calls += 2
+        return {"loss": lc + lo, "concept_loss": lc, "object_loss": lo}
+
+    def on_train_start(self) -> None:
+        self.gen = torch.Generator(device=self.device)
+        self.gen.manual_seed(self.seed)
+
+    def training_step(self, batch, batch_idx):
+        objs, n = sample_scenes(self.world, self.train_objects, self.hp["batch_size"], self.gen)
+        pool = None if self.heldout_negatives else self.train_objects
+        out = self.batch_losses(objs, n, self.gen, self.backend, pool)
+        self.log_dict({f"train/{k}": v for k, v in out.items()}, prog_bar=False)
+        if batch_idx % 50 == 0 or batch_idx == self.hp["steps"] - 1:
+            self.history.append({"step": batch_idx, **{k: float(v.detach()) for k, v in out.items()},
+                                 "scale": float(self.scale().detach())})
+        return out["loss"]
+
+    def configure_optimizers(self):
+        opt = torch.optim.AdamW(self.parameters(), lr=self.hp["lr"], weight_decay=self.hp["weight_decay"])
+        steps, warm = self.hp["steps"], max(1, int(self.hp["warmup"] * self.hp["steps"]))
+
+        def lr_at(step: int) -> float:  # 10% linear warmup, then linear decay (official schedule)
+            return (step + 1) / warm if step < warm else max(0.0, (steps - step) / max(1, steps - warm))
+
+        sched = torch.optim.lr_scheduler.LambdaLR(opt, lr_at)
+        return {"optimizer": opt, "lr_scheduler": {"scheduler": sched, "interval": "step"}}
+
+
+@torch.no_grad()
+def heldout_accuracy(model: BindingModel, objs: torch.Tensor, n: torch.Tensor, gen: torch.Generator,
+                     backend: str) -> dict[str, torch.Tensor]:
+    """ALGO: accuracy = min positive logit > max negative logit over the batch's pooled queries
+    (official train_clean.py:44-56), per scene, for concept and object queries."""
+    pq = pooled_queries(model.world, objs, n, gen)
+    x = model.embed_scenes(objs, n)
+    s = model.scale()
+    qc, qo = model.embed_queries(pq["query_objs"])
+    _, cmin, cmax = cosine_soft_ce(x, qc, pq["concept_labels"], s, backend=backend)
+    _, omin, omax = cosine_soft_ce(x, qo, pq["object_labels"], s, backend=backend)
+    return {"concept_correct": cmin > cmax, "object_correct": omin > omax, "inputs": (x, pq, s)}
+
+
+def steps_loader(steps: int):
+    """Lightning needs an iterable: one dummy item per optimisation step (the batch is drawn in-step)."""
+    return torch.utils.data.DataLoader(torch.arange(steps), batch_size=None, shuffle=False)

@@ -1,0 +1,214 @@
+"""report@clip_binding: coverage sweep, complexity sweep, additivity; claims with seed-aware verdicts.
+
+    python -m stages report clip_binding [--profile smoke]
+"""
+from __future__ import annotations
+
+import matplotlib.pyplot as plt
+import numpy as np
+import polars as pl
+from pydantic import Field
+
+from stages.common.claims import Better, Bound
+from stages.common.config import StageConfig
+from stages.common.paths import read_json
+from stages.common.reporting import Report
+from stages.common.runner import StageContext
+from stages.clip_binding.complexity import FAMILIES
+from stages.clip_binding.prepare import frac_key
+
+
+class Config(StageConfig):
+    sharp_margin: float = Field(0.2, ge=0.0, le=1.0, description="'rises sharply': binding-accuracy gain")
+    generalize_r2: float = Field(0.5, ge=-1.0, le=1.0, description="R² above which a regressor 'generalizes'")
+    fail_r2: float = Field(0.2, ge=-1.0, le=1.0, description="R² below which 'nothing generalizes'")
+    additive_r2: float = Field(0.9, ge=0.0, le=1.0, description="R² above which embeddings are 'additive'")
+
+
+def claims(cfg: Config, lo: str, hi: str, clo: str, chi: str) -> list:
+    return [
+        Better("coverage_sharpens_binding",
+               f"Held-out-object binding accuracy (2-object scenes of unseen objects) rises sharply with "
+               f"coverage: the {hi} models beat the {lo} models by more than {cfg.sharp_margin:g}",
+               a=f"coverage.{hi}.binding_acc", b=f"coverage.{lo}.binding_acc", margin=cfg.sharp_margin,
+               refuted_by=f"{hi} binding accuracy not above {lo} + {cfg.sharp_margin:g} on a majority of seeds "
+                          "(or the gap within 2 s.e.)"),
+        Bound("mult_generalizes_trained",
+              f"For the trained encoder the multiplicative slot model generalizes to unseen objects from "
+              f"a low split fraction ({clo}): R² above {cfg.generalize_r2:g}",
+              value=f"complexity.trained.mult.{clo}.r2", above=cfg.generalize_r2,
+              refuted_by=f"mult R² at {clo} at or below {cfg.generalize_r2:g}"),
+        Bound("nothing_generalizes_control",
+              f"For the high-complexity control (scene = Σ g(obj), g a random table) no regressor family "
+              f"generalizes even at the highest split fraction ({chi}): best R² below {cfg.fail_r2:g}",
+              value=f"complexity.control.best_r2.{chi}", below=cfg.fail_r2,
+              refuted_by=f"some family reaching R² >= {cfg.fail_r2:g} on the control's unseen objects"),
+        Better("trained_lower_complexity_than_control",
+               f"The trained encoder's binding function is lower-complexity than the control's: the best "
+               f"regressor family reaches a higher R² on unseen objects ({clo} split)",
+               a=f"complexity.trained.best_r2.{clo}", b=f"complexity.control.best_r2.{clo}",
+               refuted_by="control best R² >= trained best R² on most seeds"),
+        Better("trained_beats_control_probe",
+               f"Embeddings of unseen objects predicted by the best regressor family (highest final R², per seed; "
+               f"{clo} split) are recognised by the encoder's own frozen object probes more often for the trained "
+               "encoder than for the control",
+               a=f"complexity.trained.best_probe_acc.{clo}", b=f"complexity.control.best_probe_acc.{clo}",
+               refuted_by="control probe accuracy >= trained on most seeds"),
+        Bound("scene_embeddings_additive",
+              f"Trained scene embeddings are additive over objects: y(a,b) ≈ μ + A1[a] + A2[b] with held-out "
+              f"R² above {cfg.additive_r2:g}",
+              value="additivity.trained", above=cfg.additive_r2,
+              refuted_by=f"additive-fit R² at or below {cfg.additive_r2:g}"),
+    ]
+
+
+def _mean_se(xs) -> tuple[float, float]:
+    x = np.asarray(xs, dtype=float)
+    return float(x.mean()), float(x.std(ddof=1) / np.sqrt(len(x))) if len(x) > 1 else 0.0
+
+
+def run(cfg: Config, ctx: StageContext) -> None:
+    ev = read_json(ctx.input("evaluate") / "eval.json")
+    meta = read_json(ctx.input("prepare") / "meta.json")
+    hist = pl.read_csv(ctx.input("train") / "history.csv")
+    cov, cx = ev["coverage"], ev["complexity"]
+    fracs = meta["train_object_fractions"]
+    cfracs = meta["complexity_fractions"]
+    lo, hi = frac_key(fracs[0]), frac_key(fracs[-1])
+    clo, chi = frac_key(cfracs[0]), frac_key(cfracs[-1])
+    metrics = {"coverage": cov, "complexity": {k: cx[k] for k in ("trained", "control")},
+               "additivity": cx["additivity"], "seeds": ev["seeds"], "world": {k: meta[k] for k in ("k", "v", "n_max", "n_objects")}}
+    rep = Report(ctx, "How embedding models bind concepts (clip_binding)",
+                 "Scene embeddings decompose additively into object representations, but whether a binding "
+                 "function generalizes to unseen concept combinations depends on its complexity: CLIP's is "
+                 "high-complexity and does not; transformers trained from scratch with enough coverage learn "
+                 "low-complexity (multiplicative) binding that does.")
+    rep.section("Setup", f"""
+World: k = {meta['k']} concepts × v = {meta['v']} values ({meta['n_objects']} objects); scenes of 1..{meta['n_max']}
+objects drawn with replacement, tokenised [SOO, c1, c2, EOO]… EOS. Scene and probe encoders (pre-LN bidirectional
+transformers, EOS → linear) are trained from scratch per coverage fraction {fracs} and seed {ev['seeds']} with
+logits min(exp τ, 10)·cos and a soft cross-entropy over pooled concept and object queries with swap negatives
+(one per 2-object scene), on scenes of training objects only; test scenes use only held-out objects
+({meta['test_scenes']} per model). **Binding accuracy** = share of 2-object test scenes (distinct objects) whose
+lowest positive object logit beats every negative (incl. swap negatives) in the pooled batch.
+`bag_binding_acc` is the oracle bag-of-concepts scorer's accuracy on the same queries (no binding).
+Complexity: the 2-object scene embeddings of the {frac_key(cx['encoder_fraction'])} encoders and of a
+high-complexity control (y = g(a) + g(b), g a random Gaussian table; stands in for CLIP) are regressed from
+concept ids (4 slot tables) with concat-MLP / multiplicative / sum+mult models trained on scenes of seen
+objects (split fractions {cfracs}), tested on scenes of two unseen objects (R², SST about the mean of all
+scenes; frozen-probe accuracy = predicted embedding scored against the encoder's own object probes).
+Additivity: least-squares fit y(a,b) ≈ μ + A1[a] + A2[b], R² on 20% held-out scenes.
+""")
+    rows = []
+    for f in fracs:
+        c = cov[frac_key(f)]
+        row = {"train_object_fraction": f}
+        for k in ("binding_acc", "object_acc", "concept_acc", "bag_binding_acc", "train_binding_acc"):
+            m, s = _mean_se(c[k])
+            row[k] = m
+            row[k + "_se"] = s
+        rows.append(row)
+    cov_frame = pl.DataFrame(rows)
+    rep.table("Results: coverage sweep (held-out objects, mean over seeds)",
+              cov_frame.select("train_object_fraction", "binding_acc", "binding_acc_se", "object_acc",
+                               "concept_acc", "bag_binding_acc", "train_binding_acc"),
+              "binding_acc / object_acc / concept_acc on scenes of unseen objects; train_binding_acc on seen objects.")
+    rep.plot("coverage", cov_frame.select("train_object_fraction", "binding_acc", "bag_binding_acc", "train_binding_acc"),
+             x="train_object_fraction", y=["binding_acc", "bag_binding_acc", "train_binding_acc"],
+             title="clip_binding: binding accuracy vs coverage")
+    fig, ax = plt.subplots(figsize=(5, 3.5))
+    for k, lab in (("binding_acc", "held-out binding acc"), ("train_binding_acc", "seen-object binding acc"),
+                   ("bag_binding_acc", "bag-of-concepts oracle")):
+        ax.errorbar(fracs, cov_frame[k].to_list(), yerr=(2 * cov_frame[k + "_se"]).to_list(), marker="o", label=lab, capsize=3)
+    ax.set_xlabel("train object fraction (coverage)")
+    ax.set_ylabel("accuracy (2-object scenes)")
+    ax.set_ylim(-0.02, 1.02)
+    ax.legend(fontsize=8)
+    rep.figure("accuracy_vs_coverage", fig, "Binding accuracy vs coverage (mean ± 2 s.e. over seeds)")
+
+    lines = []
+    for f in fracs:
+        c = cov[frac_key(f)]
+        held, bag, seen = (float(np.mean(c[k])) for k in ("binding_acc", "bag_binding_acc", "train_binding_acc"))
+        lines.append(f"- coverage {f:g}: held-out binding accuracy {held:.3f} is "
+                     f"{'above' if held > bag else 'at or below'} the bag-of-concepts oracle ({bag:.3f}); on seen "
+                     f"objects the same score is {seen:.3f} ({'above' if seen > bag else 'at or below'} the oracle).")
+    rep.section("Reading the coverage sweep", "A model that binds beats the bag-of-concepts oracle (which cannot "
+                "reject swap negatives); one that does not stays at or below it.\n\n" + "\n".join(lines))
+
+    crow = []
+    for kind in ("trained", "control"):
+        for fam in FAMILIES:
+            for c in cfracs:
+                d = cx[kind][fam][frac_key(c)]
+                crow.append({"encoder": kind, "family": fam, "split_fraction": c,
+                             "r2": _mean_se(d["r2"])[0], "r2_se": _mean_se(d["r2"])[1],
+                             "probe_acc": _mean_se(d["probe_acc"])[0],
+                             "best_eval_r2": _mean_se(d["best_eval_r2"])[0],
+                             "true_probe_acc": _mean_se(cx[kind]["true_probe_acc"][frac_key(c)])[0]})
+    cx_frame = pl.DataFrame(crow)
+    rep.table("Results: binding-function complexity (unseen objects)", cx_frame,
+              "true_probe_acc = the frozen probes applied to the encoder's actual embeddings (ceiling). "
+              "best_eval_r2 = the best test R² over 8 evaluations during the fit, the number the official code "
+              "reports (selected on the test scenes, so optimistic; the claims use the final r2).")
+    wide = cx_frame.with_columns((pl.col("encoder") + "_" + pl.col("family")).alias("arm")).pivot(
+        on="arm", index="split_fraction", values="r2")
+    rep.plot("r2_vs_fraction", wide, x="split_fraction", y=[c for c in wide.columns if c != "split_fraction"],
+             title="clip_binding: R² on unseen objects vs split fraction")
+    fig, axes = plt.subplots(1, 2, figsize=(9, 3.5), sharey=True)
+    for ax, kind in zip(axes, ("trained", "control")):
+        for fam in FAMILIES:
+            sub = cx_frame.filter((pl.col("encoder") == kind) & (pl.col("family") == fam))
+            ax.errorbar(sub["split_fraction"].to_list(), sub["r2"].to_list(), yerr=(2 * sub["r2_se"]).to_list(),
+                        marker="o", label=fam, capsize=3)
+        ax.axhline(0, color="gray", lw=0.5)
+        ax.set_ylim(-1.5, 1.05)   # the multiplicative fits reach R² << -1: clipped, exact values in the table
+        ax.set_title(f"{kind} encoder" if kind == "trained" else "high-complexity control")
+        ax.set_xlabel("object split fraction (seen objects)")
+    axes[0].set_ylabel("R² on scenes of unseen objects")
+    axes[0].legend(fontsize=8)
+    rep.figure("r2_vs_fraction", fig, "R² vs train fraction per regressor family (mean ± 2 s.e.; axis clipped at −1.5, exact values in the table)")
+    add = cx["additivity"]
+    rep.table("Results: additivity", pl.DataFrame({
+        "encoder": ["trained", "control"],
+        "additive_r2": [_mean_se(add["trained"])[0], _mean_se(add["control"])[0]],
+        "per_seed": [str([round(x, 4) for x in add["trained"]]), str([round(x, 4) for x in add["control"]])]}),
+        "The control is additive by construction (y = g(a) + g(b)); it is a sanity check of the fit, not evidence.")
+    fig, ax = plt.subplots(figsize=(5, 3))
+    for (f, s), sub in hist.group_by(["fraction", "seed"], maintain_order=True):
+        ax.plot(sub["step"], sub["object_loss"], lw=0.8, label=f"f={f} s={s}" if s == ev["seeds"][0] else None)
+    ax.set_xlabel("step")
+    ax.set_ylabel("object-query soft CE")
+    ax.legend(fontsize=7)
+    rep.figure("training_curves", fig, "Training loss (object queries) per coverage fraction and seed")
+    kw = read_json(ctx.input("train") / "models.json")["kwargs"]
+    here = (f"k={meta['k']}, v={meta['v']}, d={kw['d_model']}, {kw['n_layers']} layers, FF {kw['d_ff']}, "
+            f"{kw['steps']} steps, bs {kw['batch_size']}, lr {kw['lr']:g}")
+    rep.section("Deviations", f"""
+| what | paper / official code | here | why |
+| --- | --- | --- | --- |
+| scale | k=2, v=20, d=256, 6 layers, FF 2048, 50k steps, bs 512, lr 3e-5 | {here} | 2-CPU budget (a pilot at 2000-2500 steps, f=0.75, gave the same held-out binding accuracy as the bag-of-concepts level); the full profile restores the official sizes |
+| swap negatives | may be held-out objects in training (train_probe_all_objects=True, as read) | only training objects (`heldout_negatives: false`) | with held-out objects as negatives only, their probes are pushed away from every scene and held-out accuracy collapses (measured ~0 in a pilot); configurable |
+| split | random object split | redrawn until every concept value is in the training objects | failure must be about binding, not about unseen tokens |
+| checkpoint | best test checkpoint used downstream | final checkpoint | no test-set selection |
+| complexity fit | all seen pairs, 4000 full-batch Adam steps, best R² over evals | ≤ `max_train_scenes` seen pairs, `reg_steps` steps, final R² | budget; no selection on the test set |
+| CLIP | real CLIP (ViT) embeddings | random-table control y = Σ g(obj) | no weights can be downloaded |
+| additivity | AdamW on slot tables, 99/1 split | closed-form ridge least squares, 80/20 split | exact optimum of the same model |
+""")
+    rep.section("Discussion", """
+The paper measures CLIP-family models on CLEVR-like scenes and trains 6-layer encoders for 50k steps on
+k=2, v=20 worlds; it finds additive scene embeddings everywhere, a high-complexity (non-generalizing) binding
+function in CLIP and low-complexity, multiplicative binding in well-covered from-scratch transformers.
+This miniature reproduces the from-scratch side at 64 objects and a few thousand steps, and replaces CLIP by a
+random-table control whose object embeddings are by construction unpredictable from concepts: it shows what a
+high-complexity binding function looks like to the regressors, not that CLIP has one. Whether binding
+*emerges* at all within this step budget is itself measured (train_binding_acc vs bag_binding_acc): at this
+budget the encoders learn concepts (concept accuracy) and some binding of SEEN objects, but not a binding
+that transfers to unseen objects, so the coverage effect the paper reports is not reproduced here; the paper's
+encoders train ~100× longer on 6× more objects. The multiplicative family as read (one product of all four slot
+embeddings, across both objects) must spend units on constant slots to express a sum over objects; fitted to
+convergence without the official best-of-evals selection it extrapolates badly on both encoders, while the
+concat-MLP and sum+mult families recover the trained encoder's embeddings of unseen objects and nothing recovers
+the control's.
+""")
+    rep.finish(claims(cfg, lo, hi, clo, chi), metrics)

@@ -1,0 +1,101 @@
+"""train@clip_binding: scene + probe encoders from scratch, one per (coverage fraction, seed), in Lightning.
+
+    python -m stages train clip_binding [--profile smoke]
+
+Each model sees scenes built ONLY from its split's training objects (coverage sweep over
+train_object_fraction); the loss is the fused cosine × soft cross-entropy (kernels/cosine_soft_ce.py)
+over the batch's pooled concept and object queries with swap negatives.
+"""
+from __future__ import annotations
+
+import polars as pl
+import torch
+from pydantic import Field, model_validator
+
+from kernels.cosine_soft_ce import cosine_soft_ce
+from kernels.record import KernelRecord
+from stages.common.config import Fraction, Seed, StageConfig
+from stages.common.device import DeviceName, pick_device
+from stages.common.paths import read_json, write_json
+from stages.common.runner import StageContext
+from stages.common.trainer import TrainerConfig, make_trainer
+from stages.clip_binding.models import BindingModel, steps_loader
+from stages.clip_binding.prepare import frac_key
+from stages.clip_binding.scenes import World, pooled_queries, sample_scenes
+
+
+class Config(StageConfig):
+    seed: Seed = 0
+    device: DeviceName = "auto"
+    torch_threads: int = Field(1, ge=1, le=64)
+    d_model: int = Field(64, ge=8, le=1024)
+    n_heads: int = Field(4, ge=1, le=32)
+    n_layers: int = Field(2, ge=1, le=12)
+    d_ff: int = Field(128, ge=8, le=4096)
+    d_out: int = Field(32, ge=2, le=256)
+    batch_size: int = Field(64, ge=2, le=4096)
+    lr: float = Field(3e-3, gt=0, le=1.0)
+    weight_decay: float = Field(0.1, ge=0, le=10.0)
+    warmup: Fraction = 0.1
+    steps: int = Field(1500, ge=1, le=200_000)
+    heldout_negatives: bool = Field(False, description="swap negatives may be held-out objects (official as read)")
+    trainer: TrainerConfig = TrainerConfig(enable_progress_bar=False)
+
+    @model_validator(mode="after")
+    def _heads(self):
+        if self.d_model % self.n_heads:
+            raise ValueError(f"d_model: {self.d_model} is not divisible by n_heads={self.n_heads}")
+        return self
+
+
+def model_kwargs(cfg: Config, world: World) -> dict:
+    return dict(d_model=cfg.d_model, n_heads=cfg.n_heads, n_layers=cfg.n_layers, d_ff=cfg.d_ff,
+                d_out=cfg.d_out, batch_size=cfg.batch_size, lr=cfg.lr, weight_decay=cfg.weight_decay,
+                warmup=cfg.warmup, steps=cfg.steps, heldout_negatives=cfg.heldout_negatives)
+
+
+def build_model(world: World, train_objects: torch.Tensor, kwargs: dict, seed: int, backend: str) -> BindingModel:
+    torch.manual_seed(seed)  # same init per seed across coverage fractions (paired comparison)
+    return BindingModel(world, train_objects, seed=seed, backend=backend, **kwargs)
+
+
+def run(cfg: Config, ctx: StageContext) -> None:
+    torch.set_num_threads(cfg.torch_threads)
+    device = pick_device(cfg.device)
+    prep = ctx.input("prepare")
+    meta = read_json(prep / "meta.json")
+    splits = torch.load(prep / "splits.pt")
+    world = World(meta["k"], meta["v"], meta["n_max"])
+    if cfg.d_out > 256:
+        raise ValueError("d_out: the kernel holds one embedding row in registers (<= 256)")
+    rec = KernelRecord(device)
+    kwargs = model_kwargs(cfg, world)
+    (ctx.out / "models").mkdir()
+    history, last = [], None
+    for i, f in enumerate(meta["train_object_fractions"]):
+        for j, seed in enumerate(meta["seeds"]):
+            train_objs = torch.arange(world.n_objects)[splits["coverage_masks"][i, j]].to(device)
+            model = build_model(world, train_objs, kwargs, seed, rec.backend)
+            trainer = make_trainer(cfg.trainer, ctx.tracker, max_steps=cfg.steps)
+            trainer.fit(model, steps_loader(cfg.steps))
+            rec.count("cosine_soft_ce", model.kernel_calls)
+            model = model.cpu().eval()
+            torch.save(model.state_dict(), ctx.out / "models" / f"{frac_key(f)}_s{seed}.pt")
+            history += [dict(h, fraction=f, seed=seed) for h in model.history]
+            last = (model, train_objs.cpu(), f, seed)
+    # parity of the Triton path on a real training batch of the last model
+    model, train_objs, f, seed = last
+    g = torch.Generator().manual_seed(cfg.seed)
+    objs, n = sample_scenes(world, train_objs, min(cfg.batch_size, 48), g)
+    pool = None if cfg.heldout_negatives else train_objs
+    with torch.no_grad():
+        pq = pooled_queries(world, objs, n, g, pool)
+        x = model.embed_scenes(objs, n)
+        _, qo = model.embed_queries(pq["query_objs"])
+        rec.parity("cosine_soft_ce", cosine_soft_ce, x, qo, pq["object_labels"], model.scale(),
+                   slice=f"a {objs.shape[0]}-scene training batch (object queries) of the {frac_key(f)} seed-{seed} model")
+    rec.save(ctx.out)
+    pl.DataFrame(history).write_csv(ctx.out / "history.csv")
+    write_json(ctx.out / "models.json", {"kwargs": kwargs, "world": meta,
+                                         "labels": [f"{frac_key(f)}_s{s}" for f in meta["train_object_fractions"]
+                                                    for s in meta["seeds"]]})

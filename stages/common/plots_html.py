@@ -1,0 +1,65 @@
+"""`dvc plots show`, rendered so that it works offline: DVC's own HTML loads vega from a CDN, so
+this takes DVC's plot specs (`dvc plots show --json`: vega-lite with the data inlined, and image
+plots), renders every vega-lite spec to SVG with vl-convert (vega bundled in the wheel) and writes
+one self-contained HTML page (SVGs inline, images as data URIs).
+
+    python -m stages plots            # -> dvc_plots/index.html (what `make plots` runs)
+"""
+from __future__ import annotations
+
+import base64
+import html
+import json
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+from stages.common.config import ConfigError
+from stages.common.paths import ROOT, atomic_write_text
+
+
+def dvc_plot_specs(root: Path = ROOT) -> dict[str, list[dict[str, Any]]]:
+    res = subprocess.run([sys.executable, "-m", "dvc", "plots", "show", "--json"], cwd=root,
+                         capture_output=True, text=True)
+    if res.returncode != 0:
+        raise ConfigError(f"dvc plots show failed: {(res.stderr or res.stdout).strip().splitlines()[-1]}")
+    return json.loads(res.stdout).get("data", {})
+
+
+def render_html(specs: dict[str, list[dict[str, Any]]], root: Path = ROOT) -> str:
+    import vl_convert as vlc
+
+    sections: dict[str, list[str]] = {}
+    for path, entries in sorted(specs.items()):
+        slug = path.split("/")[1] if path.startswith("reports/") else path
+        for entry in entries:
+            if entry.get("type") == "vega":
+                svg = vlc.vegalite_to_svg(entry["content"])
+                body = svg
+            elif entry.get("type") == "image":
+                img = Path(entry.get("url", ""))
+                img = img if img.is_absolute() else root / path
+                if not img.is_file():
+                    continue
+                data = base64.b64encode(img.read_bytes()).decode()
+                body = f'<img src="data:image/png;base64,{data}" alt="{html.escape(path)}">'
+            else:
+                continue
+            sections.setdefault(slug, []).append(
+                f'<figure><figcaption>{html.escape(path)}</figcaption>{body}</figure>')
+    parts = ["<!doctype html><html><head><meta charset='utf-8'><title>DVC plots</title>",
+             "<style>body{font-family:sans-serif;margin:1em 2em} figure{display:inline-block;"
+             "vertical-align:top;margin:.5em;border:1px solid #ddd;padding:.5em} figcaption{font-size:12px;"
+             "color:#555} img{max-width:520px}</style></head><body><h1>DVC plots (workspace)</h1>"]
+    for slug, figs in sections.items():
+        parts.append(f"<h2 id='{html.escape(slug)}'>{html.escape(slug)}</h2>")
+        parts.extend(figs)
+    parts.append("</body></html>")
+    return "\n".join(parts)
+
+
+def write_plots_html(out: Path | None = None, root: Path = ROOT) -> Path:
+    out = Path(out) if out is not None else root / "dvc_plots" / "index.html"
+    atomic_write_text(out, render_html(dvc_plot_specs(root), root))
+    return out
