@@ -77,7 +77,9 @@ def repro_stage(stage: str, slug: str, root: str, sync: bool = False,
     logger = get_run_logger()
     target = f"{stage}@{slug}" if slug else stage  # `summary` has no slug
     args = ["repro", "--single-item", *(["--pull"] if sync else []), target]
-    out = run_streaming(dvc(*args), Path(root), logger, timeout=timeout_s, what=f"dvc repro {target}")
+    # without a remote, DVC's "Use `dvc push` ..." hint is noise in the task log
+    drop = None if sync else (lambda line: line.startswith("Use `dvc push`"))
+    out = run_streaming(dvc(*args), Path(root), logger, timeout=timeout_s, what=f"dvc repro {target}", drop=drop)
     if sync:
         dvc_remote.push(Path(root), [target], logger)
     info = {}
@@ -102,7 +104,29 @@ def embed_figures(markdown: str, report_dir: Path) -> str:
         data = base64.b64encode(path.read_bytes()).decode()
         return f"![{match.group(1)}](data:image/png;base64,{data})"
 
-    return _re.sub(r"!\[([^\]]*)\]\((figures/[^)\s]+\.png)\)", inline, markdown)
+    return _re.sub(r"!\[(.*?)\]\((figures/[^)\s]+\.png)\)", inline, markdown)  # captions may hold "]"
+
+
+def compact_verdicts(markdown: str) -> str:
+    """The report's wide verdict table as a list that wraps in the Prefect UI (a 5-column table
+    is cut off at the artifact pane's width)."""
+    lines = markdown.splitlines()
+    out, i = [], 0
+    while i < len(lines):
+        line = lines[i]
+        if line.startswith("| claim | verdict |"):
+            i += 2  # header and rule
+            while i < len(lines) and lines[i].startswith("| "):
+                cells = [c.strip() for c in lines[i].strip().strip("|").split(" | ")]
+                if len(cells) >= 5:
+                    name, verdict, statement, measured, refuted = cells[:5]
+                    out.append(f"- **{name}** — {verdict}: {statement}  \n  *measured:* {measured}"
+                               + (f"  \n  *would have refuted it:* {refuted}" if refuted not in ("", "—") else ""))
+                i += 1
+            continue
+        out.append(line)
+        i += 1
+    return "\n".join(out)
 
 
 def claims_rows(metrics: dict[str, Any]) -> list[dict[str, Any]]:
@@ -114,8 +138,8 @@ def claims_rows(metrics: dict[str, Any]) -> list[dict[str, Any]]:
             f"{k} = " + (", ".join(f"{x:.3g}" for x in v) if isinstance(v, list) else
                          f"{v:.4g}" if isinstance(v, float) else str(v))
             for k, v in c.get("values", {}).items())
-        rows.append({"kind": "claim", "name": c["name"], "verdict": verdict, "statement": c["statement"],
-                     "measured": measured, "runtime_s": None})
+        rows.append({"name": c["name"], "verdict": verdict, "measured": measured, "statement": c["statement"],
+                     "kind": "claim", "runtime_s": None})
     return rows
 
 
@@ -132,13 +156,13 @@ def pull_task(slug: str, root: str) -> str:
 def publish(slug: str, root: str, stages: list[dict[str, Any]]) -> dict[str, Any]:
     """report.md -> markdown artifact; claims + runtimes -> table artifact."""
     report_dir = Path(root) / "reports" / slug
-    md = embed_figures((report_dir / "report.md").read_text(), report_dir)
+    md = embed_figures(compact_verdicts((report_dir / "report.md").read_text()), report_dir)
     create_markdown_artifact(md, key=artifact_key(slug, "report"), description=f"{slug}: report.md")
     metrics = json.loads((report_dir / "metrics.json").read_text())
     rows = claims_rows(metrics)
-    rows += [{"kind": "stage", "name": s["stage"], "verdict": f"dvc: {s['dvc']}", "statement": "",
-              "measured": "" if s["runtime_s"] is None else f"runtime {s['runtime_s']:.1f} s",
-              "runtime_s": s["runtime_s"]} for s in stages]
+    rows += [{"name": f"stage {s['stage']}", "verdict": f"dvc: {s['dvc']}",
+              "measured": "" if s["runtime_s"] is None else f"runtime {s['runtime_s']:.1f} s", "statement": "",
+              "kind": "stage", "runtime_s": s["runtime_s"]} for s in stages]
     create_table_artifact(rows, key=artifact_key(slug, "claims"),
                           description=f"{slug}: claims (verdict and numbers) and what DVC did with each stage")
     return {"claims": {c["name"]: c.get("verdict") or ("holds" if c["holds"] else "fails")

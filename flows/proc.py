@@ -45,7 +45,7 @@ def dvc(*args: str) -> list[str]:
 
 def run_streaming(cmd: Sequence[str], cwd: Path, logger: logging.Logger | logging.LoggerAdapter | None = None,
                   timeout: float | None = None, env: dict[str, str] | None = None,
-                  what: str | None = None, keep: int = 200) -> str:
+                  what: str | None = None, keep: int = 200, drop=None) -> str:
     """Run ``cmd`` in ``cwd``, sending each output line to ``logger`` as it comes.
 
     Returns the output tail; raises CommandFailed on a non-zero exit or when ``timeout`` passes
@@ -66,6 +66,8 @@ def run_streaming(cmd: Sequence[str], cwd: Path, logger: logging.Logger | loggin
             if not line:
                 continue
             tail.append(line)
+            if drop is not None and drop(line):
+                continue
             if logger is not None and throttle.keep(line):
                 logger.info(line)
 

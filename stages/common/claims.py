@@ -93,6 +93,11 @@ def _operand(env: Mapping[str, Any], ref: float | str, n: int, claim: str) -> li
     return vals
 
 
+def _named(values: dict[str, Any], ref: float | str, resolved: list[float]) -> dict[str, Any]:
+    """values plus the reference operand when it is a metric (a constant is already in `check`)."""
+    return {**values, ref: resolved} if isinstance(ref, str) else values
+
+
 def seed_stats(diffs: list[float]) -> dict[str, float]:
     """Mean, standard error (sample sd / sqrt n) and win fraction of per-seed differences."""
     n = len(diffs)
@@ -143,7 +148,7 @@ class Better:
         verdict, st = gap_verdict(diffs)
         op = ">" if self.higher_is_better else "<"
         check = f"{self.a} {op} {self.b}" + (f" by > {self.margin:g}" if self.margin else "") + " (per seed)"
-        return _result(self, verdict, {self.a: a, str(self.b): b}, st, check)
+        return _result(self, verdict, _named({self.a: a}, self.b, b), st, check)
 
 
 @dataclass(frozen=True)
@@ -162,7 +167,7 @@ class Within:
         b = _operand(env, self.b, len(a), self.name)
         gaps = [x - y for x, y in zip(a, b)]
         check = f"|{self.a} - {self.b}| < {self.delta:g} (per seed)"
-        values = {self.a: a, str(self.b): b}
+        values = _named({self.a: a}, self.b, b)
         if len(gaps) < MIN_SEEDS or any(not math.isfinite(g) for g in gaps):
             return _result(self, "inconclusive", values, {"n": len(gaps)}, check)
         st = seed_stats(gaps)
@@ -196,7 +201,7 @@ class Bound:
         diffs = [y - x for x, y in zip(v, r)] if self.below is not None else [x - y for x, y in zip(v, r)]
         verdict, st = gap_verdict(diffs)
         check = f"{self.value} {'<' if self.below is not None else '>'} {ref} (per seed)"
-        return _result(self, verdict, {self.value: v, str(ref): r}, st, check)
+        return _result(self, verdict, _named({self.value: v}, ref, r), st, check)
 
 
 @dataclass(frozen=True)

@@ -62,7 +62,7 @@ class StageConfig(BaseModel):
     model_config = ConfigDict(extra="forbid", strict=True, frozen=True, allow_inf_nan=False)
 
 
-class _StrictLoader(yaml.SafeLoader):
+class _StrictLoader(getattr(yaml, "CSafeLoader", yaml.SafeLoader)):  # C parser when libyaml is there
     """SafeLoader that refuses duplicate mapping keys (YAML's default: the last one silently wins)."""
 
 

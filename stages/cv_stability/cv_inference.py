@@ -38,7 +38,7 @@ def cv_estimates(h: torch.Tensor, bounds: list[tuple[int, int]]) -> dict[str, to
 
 def kfold_target(err_a: torch.Tensor, err_b: torch.Tensor | None, bounds: list[tuple[int, int]]) -> torch.Tensor:
     """Σ_j (|B_j|/n)(err_A,j − err_B,j); err_* (R, k) exact conditional test errors per fold's fit."""
-    sizes = torch.tensor([b - a for a, b in bounds], dtype=err_a.dtype)
+    sizes = torch.tensor([b - a for a, b in bounds], dtype=err_a.dtype, device=err_a.device)
     diff = err_a if err_b is None else err_a - err_b
     return diff @ (sizes / sizes.sum())
 
@@ -51,6 +51,17 @@ def ci_covers(rhat: torch.Tensor, var: torch.Tensor, target: torch.Tensor, n: in
     """Whether R̂ ± z σ̂/√n contains the target (closed interval)."""
     half = z_quantile(level) * var.sqrt() / n**0.5
     return (rhat - target).abs() <= half
+
+
+def bonferroni_difference(rhat_a: torch.Tensor, var_a: torch.Tensor, rhat_b: torch.Tensor, var_b: torch.Tensor,
+                          n: int, level: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """A conservative interval for R_A − R_B from the two single-model CIs at level 1 − α/2 each:
+    [L_A − U_B, U_A − L_B]. If each single interval is valid (single models are relatively stable),
+    both hold together with probability ≥ 1 − α (Bonferroni), and then so does the difference interval.
+    Returns (lower, upper)."""
+    z = z_quantile(1 - (1 - level) / 2)   # ALGO: Bonferroni, each interval at 1 − α/2
+    ha, hb = z * var_a.sqrt() / n**0.5, z * var_b.sqrt() / n**0.5
+    return (rhat_a - ha) - (rhat_b + hb), (rhat_a + ha) - (rhat_b - hb)
 
 
 def coverage_se(p: float, reps: int) -> float:

@@ -5,6 +5,10 @@ losses h_i, R̂, both variance estimators, the CI, and the exact k-fold target
 Σ_j (|B_j|/n)(σ² + ‖β̂_A,j − β*‖² − [σ² + ‖β̂_B,j − β*‖²]). Coverage = share of replications whose
 CI contains the target. Writes per_rep.parquet and coverage.parquet.
 
+Beside the CV interval, every comparison also gets the conservative Bonferroni interval built from
+the two single-model intervals at level 1 − α/2 (cv_inference.bonferroni_difference): valid whenever
+the single models are, whatever the comparison's relative stability (method "bonferroni").
+
 Part 2 (relative stability). For every n: B fresh training sets of the CV training size
 m = n − n/k and their one-point replacements, every model refitted on both (the Lasso through
 kernels.batched_lasso), then γ̂, σ̂² and r̂ = nγ̂/σ̂² (stages.cv_stability.stability). Writes
@@ -12,36 +16,38 @@ stability.parquet.
 """
 from __future__ import annotations
 
-from typing import Literal
-
 import numpy as np
 import polars as pl
 import torch
 from pydantic import Field, model_validator
 from tqdm import tqdm
 
-from stages.common.config import StageConfig
+from kernels.batched_lasso import batched_lasso
+from kernels.record import KernelRecord
+from stages.common.config import Fraction, Seed, StageConfig
+from stages.common.device import DeviceName, pick_device
 from stages.common.paths import read_json, write_json
 from stages.common.runner import StageContext
-from stages.cv_stability.cv_inference import (ci_covers, coverage_se, cv_estimates, kfold_target,
-                                              out_of_fold_losses)
+from stages.cv_stability.cv_inference import (bonferroni_difference, ci_covers, coverage_se, cv_estimates,
+                                              kfold_target, out_of_fold_losses, z_quantile)
 from stages.cv_stability.models import CONTRASTS, MODELS, SINGLES, Penalties, fit_models
 from stages.cv_stability.simulate import conditional_test_error
 from stages.cv_stability.stability import contrast_parts, relative_stability, simulate_replace_one
 
-ESTIMATORS = ("out", "in")
-REP_CHUNK = 250  # replications processed at once (memory only; results do not depend on it)  # σ̂²_out (all pairs) and σ̂²_in (within fold)
+ESTIMATORS = ("out", "in")  # σ̂²_out (all pairs) and σ̂²_in (within fold)
+REP_CHUNK = 250  # replications processed at once (memory only; results do not depend on it)
 
 
 class Config(StageConfig):
-    seed: int = 1
-    level: float = Field(0.95, gt=0, lt=1, description="CI confidence level 1 − α")
-    stability_draws: int = Field(2000, ge=4, description="Monte-Carlo training sets B per n for r(h_n)")
-    stability_groups: int = Field(20, ge=2, description="batch-means groups for the s.e. of r̂")
-    chunk: int = Field(500, ge=1, description="training sets simulated at once")
-    lasso_tol: float = Field(1e-10, gt=0)
-    lasso_max_iter: int = Field(10_000, ge=1)
-    backend: Literal["auto", "triton", "torch"] = "auto"
+    seed: Seed = 1
+    level: Fraction = Field(0.95, description="CI confidence level 1 − α")
+    stability_draws: int = Field(2000, ge=4, le=500_000, description="Monte-Carlo training sets B per n for r(h_n)")
+    stability_groups: int = Field(20, ge=2, le=500, description="batch-means groups for the s.e. of r̂ "
+                                  "(the claims treat the groups' r̂ as independent seeds)")
+    chunk: int = Field(500, ge=1, le=100_000, description="training sets simulated at once")
+    lasso_tol: float = Field(1e-10, gt=0, le=1e-2)
+    lasso_max_iter: int = Field(10_000, ge=1, le=1_000_000)
+    device: DeviceName = "auto"
 
     @model_validator(mode="after")
     def _check_groups(self):
@@ -55,6 +61,8 @@ def coverage_rows(x, y, coefs, bounds, beta_star, noise_sd, level, n):
     """Per-replication CI results for every contrast and estimator at one n."""
     losses = {m: out_of_fold_losses(x, y, coefs[m], bounds) for m in MODELS}          # (R, n)
     errs = {m: conditional_test_error(coefs[m], beta_star, noise_sd) for m in MODELS}  # (R, k)
+    single_est = {m: cv_estimates(losses[m], bounds) for m in MODELS}
+    z = z_quantile(level)
     rows = []
     for name, (a, b) in CONTRASTS.items():
         h = losses[a] if b is None else losses[a] - losses[b]
@@ -63,16 +71,24 @@ def coverage_rows(x, y, coefs, bounds, beta_star, noise_sd, level, n):
         for e in ESTIMATORS:
             var = est[f"var_{e}"]
             covered = ci_covers(est["rhat"], var, target, n, level)
-            rows.append(pl.DataFrame({
-                "n": n, "contrast": name, "kind": "single" if b is None else "comparison", "estimator": e,
-                "rep": np.arange(len(target)), "rhat": est["rhat"].numpy(), "target": target.numpy(),
-                "sd": var.sqrt().numpy(), "covered": covered.numpy()}))
+            frame = {"n": n, "contrast": name, "kind": "single" if b is None else "comparison", "estimator": e,
+                     "rep": np.arange(len(target)), "rhat": est["rhat"].cpu().numpy(),
+                     "target": target.cpu().numpy(), "sd": var.sqrt().cpu().numpy()}
+            rows.append(pl.DataFrame({**frame, "method": "cv", "covered": covered.cpu().numpy(),
+                                      "half_width": (z * var.sqrt() / n**0.5).cpu().numpy()}))
+            if b is not None:
+                sa, sb = single_est[a], single_est[b]
+                lo, hi = bonferroni_difference(sa["rhat"], sa[f"var_{e}"], sb["rhat"], sb[f"var_{e}"], n, level)
+                rows.append(pl.DataFrame({**frame, "method": "bonferroni",
+                                          "covered": ((lo <= target) & (target <= hi)).cpu().numpy(),
+                                          "half_width": ((hi - lo) / 2).cpu().numpy()}))
     return pl.concat(rows)
 
 
 def summarize_coverage(per_rep: pl.DataFrame) -> pl.DataFrame:
-    out = (per_rep.group_by("n", "contrast", "kind", "estimator", maintain_order=True)
+    out = (per_rep.group_by("n", "contrast", "kind", "estimator", "method", maintain_order=True)
            .agg(pl.col("covered").mean().alias("coverage"), pl.len().alias("reps"),
+                pl.col("half_width").mean().alias("mean_half_width"),
                 ((pl.col("rhat") - pl.col("target")) / (pl.col("sd") / pl.col("n").cast(pl.Float64).sqrt()))
                 .std().alias("sd_of_z"),
                 pl.col("target").mean().alias("mean_target"),
@@ -81,7 +97,8 @@ def summarize_coverage(per_rep: pl.DataFrame) -> pl.DataFrame:
         lambda s: coverage_se(s["coverage"], s["reps"]), return_dtype=pl.Float64).alias("mc_se"))
 
 
-def stability_rows(cfg: Config, meta: dict, pens: Penalties, n: int, beta_star: torch.Tensor) -> list[dict]:
+def stability_rows(cfg: Config, meta: dict, pens: Penalties, n: int, beta_star: torch.Tensor,
+                   rec: KernelRecord) -> list[dict]:
     """r̂(h_n) for every contrast at sample size n (training size m = n − n//k)."""
     m = n - n // meta["k"]
     lam = pens.at(n)
@@ -89,29 +106,38 @@ def stability_rows(cfg: Config, meta: dict, pens: Penalties, n: int, beta_star: 
     for start in range(0, cfg.stability_draws, cfg.chunk):
         count = min(cfg.chunk, cfg.stability_draws - start)
         rngs = [np.random.default_rng([cfg.seed, n, b]) for b in range(start, start + count)]  # one per draw
-        gram, xty, gram_r, xty_r = simulate_replace_one(rngs, m, beta_star, meta["noise_sd"])
-        coefs, _ = fit_models(torch.cat([gram, gram_r]), torch.cat([xty, xty_r]), float(m), lam,
-                              cfg.lasso_tol, cfg.lasso_max_iter, cfg.backend)
+        gram, xty, gram_r, xty_r = simulate_replace_one(rngs, m, beta_star.cpu(), meta["noise_sd"])
+        grams = torch.cat([gram, gram_r]).to(beta_star.device)
+        xtys = torch.cat([xty, xty_r]).to(beta_star.device)
+        coefs, _ = fit_models(grams, xtys, float(m), lam, cfg.lasso_tol, cfg.lasso_max_iter, rec.backend)
+        rec.count("batched_lasso")
+        if start == 0 and n == meta["ns"][0]:  # Triton path vs reference on these real problems
+            rec.parity("batched_lasso", batched_lasso, grams[:64] / m, xtys[:64] / m, lam["lasso"],
+                       tol=cfg.lasso_tol, max_iter=cfg.lasso_max_iter,
+                       slice=f"first 64 Monte-Carlo training sets (D and D') at n = {n}")
         err = {k: v - beta_star for k, v in coefs.items()}  # u = β̂ − β*, (2·count, d)
         for name, (a, b) in CONTRASTS.items():
             c, av, sv = contrast_parts(err[a], None if b is None else err[b])
             for lst, val in zip(parts[name], (av[:count], sv[:count], av[count:], sv[count:])):
                 lst.append(val)
-    rows = []
+    rows, groups = [], []
     for name, (a, b) in CONTRASTS.items():
         av, sv, ar, sr = (torch.cat(v) for v in parts[name])
         c = 1.0 if b is None else 0.0
         res = relative_stability(c, av, sv, ar, sr, meta["noise_sd"], n, groups=cfg.stability_groups)
         rows.append({"n": n, "contrast": name, "kind": "single" if b is None else "comparison",
-                     "m": m, "draws": cfg.stability_draws, **res})
-    return rows
+                     "m": m, "draws": cfg.stability_draws, **{k: v for k, v in res.items() if k != "r_groups"}})
+        groups.append({"n": n, "contrast": name, "group": list(range(len(res["r_groups"]))), "r": res["r_groups"]})
+    return rows, groups
 
 
 def run(cfg: Config, ctx: StageContext) -> None:
     torch.set_num_threads(1)
+    device = pick_device(cfg.device)
+    rec = KernelRecord(device)
     prep, trained = ctx.input("prepare"), ctx.input("train")
     meta, tmeta = read_json(prep / "meta.json"), read_json(trained / "meta.json")
-    beta_star = torch.tensor(meta["beta_star"], dtype=torch.float64)
+    beta_star = torch.tensor(meta["beta_star"], dtype=torch.float64, device=device)
     per_rep = []
     for n in tqdm(meta["ns"], desc="evaluate: CV intervals per n"):
         data = torch.load(prep / f"n{n}.pt")
@@ -119,8 +145,8 @@ def run(cfg: Config, ctx: StageContext) -> None:
         bounds = [tuple(b) for b in meta["folds"][str(n)]]
         for start in range(0, meta["reps"], REP_CHUNK):  # chunks of reps bound the memory
             part = slice(start, start + REP_CHUNK)
-            rows = coverage_rows(data["x"][part].double(), data["y"][part].double(),
-                                 {k: v[part] for k, v in coefs.items()}, bounds, beta_star,
+            rows = coverage_rows(data["x"][part].double().to(device), data["y"][part].double().to(device),
+                                 {k: v[part].to(device) for k, v in coefs.items()}, bounds, beta_star,
                                  meta["noise_sd"], cfg.level, n)
             per_rep.append(rows.with_columns(pl.col("rep") + start))
     per_rep = pl.concat(per_rep)
@@ -129,14 +155,19 @@ def run(cfg: Config, ctx: StageContext) -> None:
     coverage.write_parquet(ctx.out / "coverage.parquet")
 
     pens = Penalties(**tmeta["scales"])  # the penalty constants train used
-    rows = []
+    rows, groups = [], []
     for n in tqdm(meta["ns"], desc="evaluate: Monte-Carlo r(h_n) per n"):
-        rows.extend(stability_rows(cfg, meta, pens, n, beta_star))
+        r, g = stability_rows(cfg, meta, pens, n, beta_star, rec)
+        rows.extend(r)
+        groups.extend(g)
     stability = pl.DataFrame(rows)
     stability.write_parquet(ctx.out / "stability.parquet")
+    pl.DataFrame(groups).explode("group", "r").write_parquet(ctx.out / "stability_groups.parquet")
+    rec.save(ctx.out)
     write_json(ctx.out / "meta.json", {"level": cfg.level, "reps": meta["reps"], "ns": meta["ns"], "k": meta["k"],
                                        "contrasts": {k: list(v) for k, v in CONTRASTS.items()},
-                                       "singles": list(SINGLES), "stability_draws": cfg.stability_draws})
-    for row in coverage.iter_rows(named=True):
+                                       "singles": list(SINGLES), "stability_draws": cfg.stability_draws,
+                                       "stability_groups": cfg.stability_groups})
+    for row in coverage.filter(pl.col("method") == "cv").iter_rows(named=True):
         ctx.tracker.log({f"coverage/{row['contrast']}/{row['estimator']}/n{row['n']}": row["coverage"]})
 

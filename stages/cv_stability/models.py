@@ -4,8 +4,8 @@
     ST:      β̂_ST = S_λ(β̂_OLS),  λ_n = c_ST / √n         (soft-thresholded OLS)
     Lasso:   argmin 1/(2m)‖y − Xβ‖² + α_n‖β‖₁,  α_n = c_L / √n   (scikit-learn scaling; m = training size)
 
-The Lasso runs through kernels.batched_lasso (Triton on CUDA / under the interpreter, else the
-vectorised torch reference). Contrasts are what CV inference is run on: a single model (its loss)
+The Lasso runs through kernels.batched_lasso with the backend the calling stage's KernelRecord
+chose (Triton on CUDA, the vectorised torch reference on CPU); the stage records which path ran. Contrasts are what CV inference is run on: a single model (its loss)
 or a comparison (loss of A minus loss of B, point by point).
 """
 from __future__ import annotations
@@ -52,14 +52,14 @@ def fit_models(gram: torch.Tensor, xty: torch.Tensor, m: torch.Tensor | float, l
     Lasso iteration counts (...))."""
     batch, d = xty.shape[:-1], xty.shape[-1]
     ols = torch.linalg.solve(gram, xty[..., None])[..., 0]  # (XᵀX)⁻¹ Xᵀy
-    m = torch.as_tensor(m, dtype=gram.dtype)
+    m = torch.as_tensor(m, dtype=gram.dtype, device=gram.device)
     m = m.expand(batch)[..., None]
     lasso, iters = batched_lasso((gram / m[..., None]).reshape(-1, d, d), (xty / m).reshape(-1, d),
                                  lam["lasso"], tol=tol, max_iter=max_iter, backend=backend, return_iters=True)
     coefs = {
         "ols": ols,
-        "st_low": soft_threshold(ols, torch.tensor(lam["st_low"], dtype=ols.dtype)),
-        "st_high": soft_threshold(ols, torch.tensor(lam["st_high"], dtype=ols.dtype)),
+        "st_low": soft_threshold(ols, torch.tensor(lam["st_low"], dtype=ols.dtype, device=ols.device)),
+        "st_high": soft_threshold(ols, torch.tensor(lam["st_high"], dtype=ols.dtype, device=ols.device)),
         "lasso": lasso.reshape(*batch, d),
     }
     return coefs, iters.reshape(batch)

@@ -7,7 +7,7 @@ import matplotlib.pyplot as plt
 import numpy as np
 import polars as pl
 
-from stages.common.claims import Claim
+from stages.common.claims import Better, Bound, Claim, Near  # noqa: F401
 from stages.common.config import StageConfig
 from stages.common.paths import read_json
 from stages.common.reporting import Report
@@ -21,27 +21,58 @@ CLAIM = ("Cross-validation gives asymptotically exact confidence intervals for t
          "thresholds) are relatively unstable, and their CV intervals under-cover even in a sparse, "
          "low-dimensional Gaussian linear model.")
 
-CLAIMS = [
-    Claim("single_models_cover",
-          "CV confidence intervals for single models (OLS, ST at two thresholds, Lasso) cover at ≈95% at every n "
-          "(within 3 Monte-Carlo s.e. of the nominal level, both variance estimators)",
-          "single.min_coverage >= nominal - 3 * mc_se_nominal and single.max_coverage <= nominal + 3 * mc_se_nominal"),
-    Claim("comparisons_undercover",
-          "CV intervals for ST vs OLS and Lasso vs OLS under-cover at every n (below nominal − 3 s.e., both "
-          "estimators) and do not improve with n (coverage gain from the smallest to the largest n < 3 s.e.)",
-          "st_vs_ols.max_coverage < nominal - 3 * mc_se_nominal and lasso_vs_ols.max_coverage < nominal - 3 * mc_se_nominal"
-          " and st_vs_ols.improvement_z < 3 and lasso_vs_ols.improvement_z < 3"),
-    Claim("st_thresholds_undercover",
-          "The CV interval comparing ST at two thresholds also under-covers at every n and does not improve with n",
-          "st_high_vs_st_low.max_coverage < nominal - 3 * mc_se_nominal and st_high_vs_st_low.improvement_z < 3"),
-    Claim("relative_stability",
-          "r(h_n) goes to 0 for single models (falls ≥4× from the smallest to the largest n; theory ∝ 1/n) but not "
-          "for comparisons (falls < 2×; theory: bounded away from 0)",
-          "stability.single_max_ratio < 0.25 and stability.comparison_min_ratio > 0.5"),
-]
+SLOPE_BOUND = 0.01  # coverage gain per doubling of n that would count as "improving with n"
+
+
+def _claims() -> list:
+    out = [
+        Claim("single_models_cover",
+              "CV confidence intervals for single models (OLS, ST at two thresholds, Lasso) cover at ≈95% at every n "
+              "(within 3 Monte-Carlo s.e. of the nominal level, both variance estimators)",
+              "single.min_coverage >= nominal - 3 * mc_se_nominal and single.max_coverage <= nominal + 3 * mc_se_nominal",
+              refuted_by="any single model's coverage at any n outside nominal ± 3 MC s.e."),
+        Near("single_models_near_nominal",
+             "Pooled over single models, sizes and estimators, single-model coverage is within 0.02 of nominal "
+             "(per replication batch)",
+             value="batch.single_pooled", ref="nominal", tol=0.02,
+             refuted_by="pooled single-model coverage more than 0.02 from nominal beyond 2 s.e. over batches"),
+    ]
+    for name in COMPARISONS:
+        out.append(Bound(f"{name}_undercovers",
+                         f"The CV interval for {LABELS[name]} under-covers at every n: even its best coverage over n "
+                         "and both estimators is below nominal (per replication batch)",
+                         value=f"batch.{name}.max_coverage", below="nominal",
+                         refuted_by="the batch-wise best coverage over n not below nominal beyond 2 s.e."))
+        out.append(Bound(f"{name}_does_not_improve",
+                         f"Coverage of the CV interval for {LABELS[name]} does not improve with n: the slope of coverage "
+                         f"vs log₂ n (σ̂_out) is below {SLOPE_BOUND} per doubling (per replication batch, 2-s.e. bound)",
+                         value=f"batch.{name}.slope_per_doubling", below=SLOPE_BOUND,
+                         refuted_by=f"a coverage slope ≥ {SLOPE_BOUND} per doubling of n within 2 s.e."))
+    out += [
+        Claim("bonferroni_covers",
+              "Recommendation: the conservative interval for a difference built from the two single-model intervals "
+              "at level 1 − α/2 covers at ≥ nominal − 3 MC s.e. for every comparison, n and estimator",
+              "bonferroni.min_coverage >= nominal - 3 * mc_se_nominal",
+              refuted_by="any comparison's Bonferroni coverage below nominal − 3 MC s.e."),
+        Bound("single_r_goes_to_zero",
+              "r(h_n) goes to 0 for single models: r̂(n_max)/r̂(n_min) below 0.25 for the least-shrinking single model "
+              "(theory ∝ 1/n), per batch-means group",
+              value="stab_groups.single_max_ratio", below=0.25,
+              refuted_by="a single model's r̂ shrinking less than 4× from the smallest to the largest n"),
+        Bound("comparison_r_does_not_vanish",
+              "r(h_n) does not go to 0 for comparisons: r̂(n_max)/r̂(n_min) above 0.5 for the most-shrinking comparison, "
+              "per batch-means group",
+              value="stab_groups.comparison_min_ratio", above=0.5,
+              refuted_by="a comparison's r̂ shrinking more than 2× from the smallest to the largest n"),
+    ]
+    return out
+
 
 LABELS = {"ols": "OLS", "st_low": "ST (c=low)", "st_high": "ST (c=high)", "lasso": "Lasso",
           "st_vs_ols": "ST − OLS", "lasso_vs_ols": "Lasso − OLS", "st_high_vs_st_low": "ST high − ST low"}
+
+
+CLAIMS = _claims()
 
 
 class Config(StageConfig):
@@ -129,9 +160,13 @@ def run(cfg: Config, ctx: StageContext) -> None:
     emeta = read_json(ev / "meta.json")
     tmeta = read_json(ctx.input("train") / "meta.json")
     pmeta = read_json(ctx.input("prepare") / "meta.json")
-    cov = pl.read_parquet(ev / "coverage.parquet")
+    cov_all = pl.read_parquet(ev / "coverage.parquet")
+    cov = cov_all.filter(pl.col("method") == "cv").drop("method")
+    bonf = cov_all.filter(pl.col("method") == "bonferroni").drop("method")
     stab = pl.read_parquet(ev / "stability.parquet")
-    per_rep = pl.read_parquet(ev / "per_rep.parquet")
+    groups = pl.read_parquet(ev / "stability_groups.parquet")
+    per_rep_all = pl.read_parquet(ev / "per_rep.parquet")
+    per_rep = per_rep_all.filter(pl.col("method") == "cv")
     level, reps, ns = emeta["level"], emeta["reps"], emeta["ns"]
     singles, comparisons = list(SINGLES), list(COMPARISONS)
     n_min, n_max = min(ns), max(ns)
@@ -143,6 +178,37 @@ def run(cfg: Config, ctx: StageContext) -> None:
         return float(stab.filter((pl.col("contrast") == name) & (pl.col("n") == n))["r"][0])
 
     ratios = {name: r_at(name, n_max) / r_at(name, n_min) for name in singles + comparisons}
+    # per batch-means group: r̂ ratio n_max / n_min (groups are independent draws at each n)
+    g = groups.filter(pl.col("n").is_in([n_min, n_max])).pivot(on="n", index=["contrast", "group"], values="r")
+    g = g.with_columns((pl.col(str(n_max)) / pl.col(str(n_min))).alias("ratio")).sort("contrast", "group")
+    group_ratio = {name: g.filter(pl.col("contrast") == name)["ratio"].to_list() for name in singles + comparisons}
+    n_groups = len(group_ratio[singles[0]])
+    stab_groups = {
+        "single_max_ratio": [max(group_ratio[s][i] for s in singles) for i in range(n_groups)],
+        "comparison_min_ratio": [min(group_ratio[c][i] for c in comparisons) for i in range(n_groups)],
+        "ratio": group_ratio}
+    # per replication batch (independent data streams): coverage, its slope vs log2 n
+    batches = pmeta["batches"]
+    pb = (per_rep.with_columns((pl.col("rep") % batches).alias("batch"))
+          .group_by("batch", "n", "contrast", "kind", "estimator").agg(pl.col("covered").mean().alias("coverage"))
+          .sort("batch", "n"))
+    batch: dict = {"single_pooled": pb.filter(pl.col("kind") == "single").group_by("batch")
+                   .agg(pl.col("coverage").mean()).sort("batch")["coverage"].to_list()}
+    log2n = np.log2(np.array(ns, dtype=float))
+    for name in comparisons:
+        rows = pb.filter(pl.col("contrast") == name)
+        maxc = rows.group_by("batch").agg(pl.col("coverage").max()).sort("batch")["coverage"].to_list()
+        slopes = []
+        for b in range(batches):
+            y = rows.filter((pl.col("batch") == b) & (pl.col("estimator") == "out")).sort("n")["coverage"].to_numpy()
+            slopes.append(float(np.polyfit(log2n, y, 1)[0]) if len(ns) > 1 else 0.0)  # ALGO: coverage ~ a + b log2 n
+        batch[name] = {"max_coverage": maxc, "slope_per_doubling": slopes}
+    width = (bonf.select("contrast", "n", "estimator", pl.col("coverage").alias("bonf_coverage"),
+                         pl.col("mean_half_width").alias("bonf_half_width"))
+             .join(cov.select("contrast", "n", "estimator", pl.col("coverage").alias("cv_coverage"),
+                              pl.col("mean_half_width").alias("cv_half_width")), on=["contrast", "n", "estimator"])
+             .with_columns((pl.col("bonf_half_width") / pl.col("cv_half_width")).alias("width_ratio"))
+             .sort("contrast", "estimator", "n"))
     metrics = {
         "nominal": level, "reps": reps, "ns": ns, "k": pmeta["k"], "mc_se_nominal": mc_se_nominal,
         "single": {"min_coverage": float(single_cov.min()), "max_coverage": float(single_cov.max())},
@@ -155,6 +221,15 @@ def run(cfg: Config, ctx: StageContext) -> None:
         "stability": {"single_max_ratio": max(ratios[s] for s in singles),
                       "comparison_min_ratio": min(ratios[c] for c in comparisons),
                       "ratio": ratios},
+        "stab_groups": stab_groups,
+        "batch": batch, "batches": batches,
+        "bonferroni": {"min_coverage": float(bonf["coverage"].min()),
+                       "coverage": {name: {est: {f"n{r['n']}": r["bonf_coverage"] for r in width.filter(
+                           (pl.col("contrast") == name) & (pl.col("estimator") == est)).iter_rows(named=True)}
+                           for est in ("out", "in")} for name in comparisons},
+                       "width_ratio": {name: {f"n{r['n']}": r["width_ratio"] for r in width.filter(
+                           (pl.col("contrast") == name) & (pl.col("estimator") == "out")).iter_rows(named=True)}
+                           for name in comparisons}},
     }
 
     rep = Report(ctx, "Cross-validation inference needs relative stability (cv_stability)", CLAIM)
@@ -164,7 +239,10 @@ Y = Xᵀβ* + ε with X ~ N(0, I_{pmeta['d']}), ε ~ N(0, {pmeta['noise_sd']}²)
 For each n ∈ {ns}: **{reps} independent data sets**, k = {pmeta['k']}-fold CV (contiguous folds of i.i.d. points).
 Models, refitted on every training split: OLS; ST = soft-threshold of OLS at λ_n = c/√n with c = {scales['st_low']}
 ("low") and c = {scales['st_high']} ("high"); Lasso with scikit-learn scaling 1/(2m)‖y − Xβ‖² + α_n‖β‖₁,
-α_n = {scales['lasso']}/√n, solved by the batched ISTA kernel (`kernels/batched_lasso.py`; all reps × folds at once).
+α_n = {scales['lasso']}/√n, all reps × folds solved at once by batched ISTA (`kernels/batched_lasso.py`; the
+kernel record below says which path ran). Claims that compare a rate with a bound use {pmeta['batches']} replication
+batches (reps split into interleaved groups, each an independent set of data streams) as their per-seed lists, and
+the relative-stability claims use the {emeta.get('stability_groups', '?')} batch-means groups of Monte-Carlo draws.
 
 CV inference (Bayle et al. 2020): h_i = out-of-fold loss (single model) or loss difference (comparison);
 CI = R̂ ± z σ̂/√n with σ̂² either the all-pairs estimator mean(h²) − R̂² (σ̂_out) or the within-fold one (σ̂_in).
@@ -193,9 +271,44 @@ expectations over the test point (quadratic forms in Gaussian (x, ε)), σ² as 
                "Monte-Carlo relative stability r(h_n) vs n (log-log); the dotted line is ∝ 1/n through OLS at the smallest n.")
     rep.figure("studentized_error", zscore_figure(per_rep, n_max),
                f"Distribution of the studentized CV error at n = {n_max}; a valid CI needs ≈ N(0, 1).")
-    rep.plot("coverage_vs_n", cov.select("n", "contrast", "estimator", "coverage", "mc_se").sort("contrast", "estimator", "n"))
-    rep.plot("r_vs_n", stab.select("n", "contrast", "kind", "r", "r_se", "gamma", "sigma2").sort("contrast", "n"))
+    cov_wide = cov.filter(pl.col("estimator") == "out").pivot(on="contrast", index="n", values="coverage").sort("n")
+    rep.plot("coverage_vs_n", cov_wide, x="n", y=[c for c in cov_wide.columns if c != "n"],
+             title="CV interval coverage (σ̂_out) vs n")
+    bonf_wide = bonf.filter(pl.col("estimator") == "out").pivot(on="contrast", index="n", values="coverage").sort("n")
+    rep.plot("bonferroni_coverage_vs_n", bonf_wide, x="n", y=[c for c in bonf_wide.columns if c != "n"],
+             title="Bonferroni difference interval coverage (σ̂_out) vs n")
+    r_wide = stab.pivot(on="contrast", index="n", values="r").sort("n")
+    rep.plot("r_vs_n", r_wide, x="n", y=[c for c in r_wide.columns if c != "n"], title="relative stability r(h_n) vs n",
+             template="linear")
+    rep.table("Recommendation: the Bonferroni interval for a comparison", width.with_columns(
+        pl.col("contrast").replace_strict(LABELS)), note=(
+        "bonf: [L_A − U_B, U_A − L_B] from the two single-model CV intervals at level 1 − α/2 each, valid whenever the "
+        "single models are (they are relatively stable); width_ratio = its mean half-width / the CV difference "
+        "interval's (the price of validity)."))
+    slope_rows = [{"comparison": LABELS[c], "slope per doubling (mean)": float(np.mean(batch[c]["slope_per_doubling"])),
+                   "2 s.e.": float(2 * np.std(batch[c]["slope_per_doubling"], ddof=1) / np.sqrt(batches)),
+                   "per batch": ", ".join(f"{v:.3f}" for v in batch[c]["slope_per_doubling"])} for c in comparisons]
+    rep.table("Coverage slope vs log₂ n (σ̂_out), per replication batch", pl.DataFrame(slope_rows),
+              note=f"Claimed bound: < {SLOPE_BOUND} per doubling of n (upper end of the 2-s.e. interval).")
     rep.section("Reading the verdicts", _reading(metrics, singles, comparisons, ns, level, band))
+    rep.section("Deviations", f"""
+| what | paper | here | why |
+| --- | --- | --- | --- |
+| sizes n | asymptotics n → ∞; simulations to large n | n ∈ {ns} at this profile (the `full` profile adds 12,800) | 2 CPU cores, ≤ 5 min; data are reps × n × d floats |
+| replications | thousands | {reps} per n, split into {pmeta['batches']} batches for seed-aware verdicts | budget |
+| target | k-fold test error | the same, computed exactly from σ² + ‖β̂_j − β*‖² (Gaussian design) | exact coverage, no test-set noise |
+| r(h_n) | defined by expectations | Monte Carlo over training sets, exact in the test point | see `stability.py` |
+| Bonferroni interval | not in the paper | added as the practitioner's fallback | issue: what to do instead |
+""")
+    rep.section("Discussion", f"""
+The paper proves CV-interval validity under relative stability and shows by simulation that comparisons of
+individually stable models (ST vs OLS, Lasso vs OLS, ST at two thresholds) can be relatively unstable, so their CV
+intervals under-cover however large n is. This miniature reproduces the design (sparse β*, d = {pmeta['d']}, k = {pmeta['k']})
+at n ≤ {n_max}: it cannot show the asymptote itself, only that coverage does not trend upward over a {n_max // n_min}×
+range of n (the slope claims) and that r̂ for comparisons does not shrink while single models' r̂ does. The
+Bonferroni interval stays valid because it only needs the single models' intervals, at the price of a much wider
+interval (the noise variance no longer cancels in the difference).
+""")
     rep.finish(CLAIMS, metrics)
 
 

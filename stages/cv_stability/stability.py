@@ -71,12 +71,13 @@ def relative_stability(c: float, a: torch.Tensor, s: torch.Tensor, a_rep: torch.
     out = {"gamma": gamma, "sigma2": sigma2, "r": n * gamma / sigma2 if sigma2 > 0 else float("inf"),
            "gamma_se": float(gamma_draws.std() / len(gamma_draws) ** 0.5)}
     if groups > 1:
-        idx = torch.arange(a.shape[0]).chunk(groups)
+        idx = torch.arange(a.shape[0], device=a.device).chunk(groups)
         rs = []
         for g in idx:
             s2g = float(sigma2_ustat(c, a[g], s[g], noise_sd))
             rs.append(n * float(gamma_draws[g].mean()) / s2g if s2g > 0 else float("nan"))
         out["r_se"] = float(np.nanstd(rs, ddof=1) / np.sqrt(len(rs)))
+        out["r_groups"] = rs
     return out
 
 

@@ -7,13 +7,14 @@ and meta.json (penalties per n, Lasso iteration counts).
 """
 from __future__ import annotations
 
-from typing import Literal
-
 import torch
 from pydantic import Field, model_validator
 from tqdm import tqdm
 
+from kernels.batched_lasso import batched_lasso
+from kernels.record import KernelRecord
 from stages.common.config import StageConfig
+from stages.common.device import DeviceName, pick_device
 from stages.common.paths import read_json, write_json
 from stages.common.runner import StageContext
 from stages.cv_stability.models import MODELS, Penalties, fit_models
@@ -22,13 +23,12 @@ REP_CHUNK = 250  # replications processed at once (memory only; results do not d
 
 
 class Config(StageConfig):
-    seed: int = 0
-    st_scale_low: float = Field(1.0, gt=0, description="ST threshold λ_n = c/√n (the lower of the two)")
-    st_scale_high: float = Field(2.0, gt=0, description="second ST threshold constant (> st_scale_low)")
-    lasso_scale: float = Field(1.0, gt=0, description="Lasso penalty α_n = c/√n (scikit-learn scaling)")
-    lasso_tol: float = Field(1e-10, gt=0, description="ISTA stops when max |Δβ| <= tol")
-    lasso_max_iter: int = Field(10_000, ge=1)
-    backend: Literal["auto", "triton", "torch"] = "auto"
+    st_scale_low: float = Field(1.0, gt=0, le=100.0, description="ST threshold λ_n = c/√n (the lower of the two)")
+    st_scale_high: float = Field(2.0, gt=0, le=100.0, description="second ST threshold constant (> st_scale_low)")
+    lasso_scale: float = Field(1.0, gt=0, le=100.0, description="Lasso penalty α_n = c/√n (scikit-learn scaling)")
+    lasso_tol: float = Field(1e-10, gt=0, le=1e-2, description="ISTA stops when max |Δβ| <= tol")
+    lasso_max_iter: int = Field(10_000, ge=1, le=1_000_000)
+    device: DeviceName = "auto"
 
     @model_validator(mode="after")
     def _check_thresholds(self):
@@ -51,26 +51,35 @@ def fold_statistics(x: torch.Tensor, y: torch.Tensor, bounds: list[tuple[int, in
 
 def run(cfg: Config, ctx: StageContext) -> None:
     torch.set_num_threads(1)
+    device = pick_device(cfg.device)
+    rec = KernelRecord(device)
     prep = ctx.input("prepare")
     meta = read_json(prep / "meta.json")
     pens = cfg.penalties()
     info = {"models": list(MODELS), "scales": {"st_low": pens.st_low, "st_high": pens.st_high, "lasso": pens.lasso},
-            "penalties": {}, "lasso_iters": {}, "backend": cfg.backend}
+            "penalties": {}, "lasso_iters": {}}
     for n in tqdm(meta["ns"], desc="train: fit models on every (rep, fold)"):
         data = torch.load(prep / f"n{n}.pt")
         bounds = [tuple(b) for b in meta["folds"][str(n)]]
         stats = [fold_statistics(x.double(), y.double(), bounds)  # chunks of reps bound the memory
                  for x, y in zip(data["x"].split(REP_CHUNK), data["y"].split(REP_CHUNK))]
-        gram, xty = torch.cat([s[0] for s in stats]), torch.cat([s[1] for s in stats])
-        sizes = stats[0][2]
+        gram, xty = torch.cat([s[0] for s in stats]).to(device), torch.cat([s[1] for s in stats]).to(device)
+        sizes = stats[0][2].to(device)
         lam = pens.at(n)
         coefs, iters = fit_models(gram, xty, sizes.expand(gram.shape[:2]), lam, cfg.lasso_tol,
-                                  cfg.lasso_max_iter, cfg.backend)
-        torch.save({k: v.contiguous() for k, v in coefs.items()}, ctx.out / f"coefs_n{n}.pt")
+                                  cfg.lasso_max_iter, rec.backend)
+        rec.count("batched_lasso")
+        if n == meta["ns"][0]:  # the Triton path vs the reference on this n's first 64 fold problems
+            m = sizes.expand(gram.shape[:2])[..., None]
+            g, b = (gram / m[..., None]).reshape(-1, *gram.shape[-2:])[:64], (xty / m).reshape(-1, xty.shape[-1])[:64]
+            rec.parity("batched_lasso", batched_lasso, g, b, lam["lasso"], tol=cfg.lasso_tol,
+                       max_iter=cfg.lasso_max_iter, slice=f"first 64 (rep, fold) Lasso problems at n = {n}")
+        torch.save({k: v.contiguous().cpu() for k, v in coefs.items()}, ctx.out / f"coefs_n{n}.pt")
         info["penalties"][str(n)] = lam
         info["lasso_iters"][str(n)] = {"mean": float(iters.float().mean()), "max": int(iters.max())}
         if int(iters.max()) >= cfg.lasso_max_iter:
             raise RuntimeError(f"train@cv_stability: the Lasso did not reach tol={cfg.lasso_tol} within "
                                f"lasso_max_iter={cfg.lasso_max_iter} at n={n}; raise lasso_max_iter")
         ctx.tracker.log({f"lasso_iters_mean/n{n}": info["lasso_iters"][str(n)]["mean"]})
+    rec.save(ctx.out)
     write_json(ctx.out / "meta.json", info)

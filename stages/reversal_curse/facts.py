@@ -71,8 +71,8 @@ def arm_mask(kind: np.ndarray, split: np.ndarray, arm: str) -> np.ndarray:
 
 def mean_onehot(entity: torch.Tensor, relation: torch.Tensor, vocab_size: int) -> torch.Tensor:
     """x̄ = (e_entity + e_relation) / 2: the uniform-attention input of the one-layer model.  (N, V)"""
-    x = torch.zeros(len(entity), vocab_size)
-    rows = torch.arange(len(entity))
+    x = torch.zeros(len(entity), vocab_size, device=entity.device)
+    rows = torch.arange(len(entity), device=entity.device)
     x[rows, entity] += 0.5
     x[rows, relation] += 0.5
     return x

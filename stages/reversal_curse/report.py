@@ -1,33 +1,75 @@
-"""report: claims with verdicts, tables, accuracy/nuclear-norm curves and W_OV block heat-maps."""
+"""report: seed-aware claims with verdicts, per-seed tables, accuracy / nuclear-norm-at-margin curves
+and W_OV block heat-maps."""
 from __future__ import annotations
 
 import matplotlib.pyplot as plt
 import numpy as np
 import polars as pl
 
-from stages.common.claims import Claim
+from stages.common.claims import Better, Bound, Claim
 from stages.common.config import StageConfig
 from stages.common.paths import read_json
 from stages.common.reporting import Report
 from stages.common.runner import StageContext
 
+ZERO = 0.05  # "does not reverse": held-out reversal accuracy below 5% (chance is 1/n = 0.5% at n = 200)
+
 CLAIMS = [
-    Claim("bridge_reverses",
-          "With identity facts on A∪B the one-layer model W_O W_V reverses held-out facts (≫ chance), "
-          "while forward-only training stays ≈ 0",
-          "theory.AB.reverse_acc >= 10 * chance and theory.none.reverse_acc <= 2 * chance"),
-    Claim("symmetric_only_with_bridge",
-          "The learned W_OV block on held-out pairs is symmetric (W[a,b] ≈ W[b,a]) only with the bridge "
-          "(relative asymmetry ‖M−Mᵀ‖/‖M‖ < 0.3 with it, > 0.7 without)",
-          "theory.AB.asymmetry < 0.3 and theory.none.asymmetry > 0.7"),
-    Claim("implicit_bias_needed",
-          "The mechanism is the small-init low-nuclear-norm bias of the factorized W_OV: a large init (0.1) "
-          "or an unfactorized W with the same A∪B bridge does not reverse",
-          "theory.AB_large_init.reverse_acc <= 2 * chance and theory.AB_unfactorized.reverse_acc <= 2 * chance"),
-    Claim("transformer_bridge_helps",
-          "On a real one-layer causal transformer the A∪B bridge raises held-out reversal accuracy over "
-          "forward-only data (the paper: ≈50% vs ≈0% for a fine-tuned 1B LM)",
-          "transformer.AB.reverse_acc > transformer.none.reverse_acc"),
+    Better("bridge_reverses",
+           "With identity facts on A∪B the one-layer model W_O W_V reverses held-out facts: its held-out "
+           "reversal accuracy exceeds forward-only training's by more than 0.5 on every seed's held-out set",
+           a="main.AB.reverse_acc", b="main.none.reverse_acc", margin=0.5,
+           refuted_by="A∪B accuracy not above forward-only's by 0.5 beyond 2 s.e. on a majority of seeds"),
+    Bound("forward_only_fails",
+          "Forward-only training (no bridge) leaves held-out reversal at ≈ 0 (the reversal curse)",
+          value="main.none.reverse_acc", below=ZERO,
+          refuted_by="forward-only held-out reversal accuracy ≥ 0.05"),
+    Bound("bridge_block_symmetric",
+          "With the A∪B bridge the learned held-out pair entries are symmetric: off-diagonal asymmetry "
+          "‖u−v‖/√(‖u‖²+‖v‖²) (u = W[a_i,b_i], v = W[b_i,a_i]) below 0.3",
+          value="main.AB.offdiag_asym", below=0.3,
+          refuted_by="A∪B off-diagonal asymmetry ≥ 0.3 (W[a,b] and W[b,a] of held-out pairs differ)"),
+    Better("asymmetric_without_bridge",
+           "Without the bridge the held-out block stays one-directional: asymmetry higher than A∪B's by > 0.5",
+           a="main.none.offdiag_asym", b="main.AB.offdiag_asym", margin=0.5,
+           refuted_by="forward-only asymmetry not above A∪B's by 0.5"),
+    Better("asymmetric_with_large_init",
+           "With the same A∪B data but a large init (0.1) the held-out block is asymmetric too: asymmetry "
+           "higher than small-init A∪B's by > 0.1",
+           a="main.AB_large_init.offdiag_asym", b="main.AB.offdiag_asym", margin=0.1,
+           refuted_by="large-init asymmetry within 0.1 of small-init A∪B's (symmetry without the small-init bias)"),
+    Bound("large_init_does_not_reverse",
+          "The mechanism needs the small-init bias: A∪B with a large init (0.1) does not reverse",
+          value="main.AB_large_init.reverse_acc", below=ZERO,
+          refuted_by="large-init A∪B held-out reversal ≥ 0.05"),
+    Bound("unfactorized_does_not_reverse",
+          "The mechanism needs the factorization W_O W_V: an unfactorized W on A∪B does not reverse",
+          value="main.AB_unfactorized.reverse_acc", below=ZERO,
+          refuted_by="unfactorized A∪B held-out reversal ≥ 0.05"),
+    Claim("min_nuclear_norm_completion_reverses",
+          "The minimum-nuclear-norm solution (convex solver) of the A∪B problem reverses every held-out fact, "
+          "that of the forward-only problem none (reference world, every seed)",
+          "convex.AB.reverse_acc_min >= 0.99 and convex.none.reverse_acc_max <= 0.05",
+          refuted_by="the convex A∪B solution missing a held-out reversal, or the forward-only one reversing some"),
+    Bound("gd_near_min_nuclear_norm",
+          "Small-init GD on W_O W_V approaches the minimum-nuclear-norm solution: its nuclear norm at unit "
+          "margin ‖W‖_*/γ_min is within 1.5× the convex optimum of the same A∪B problem (reference world)",
+          value="ref.AB.nuc_ratio", below=1.5,
+          refuted_by="‖W‖_*/γ_min of small-init A∪B GD ≥ 1.5× the convex minimum"),
+    Better("factorization_lowers_nuclear_norm",
+           "The implicit bias is a property of the factorization: the unfactorized W (GD's bias there is the "
+           "minimum Frobenius norm) ends farther from the nuclear-norm optimum than W_O W_V",
+           a="ref.AB_unfactorized.nuc_ratio", b="ref.AB.nuc_ratio",
+           refuted_by="unfactorized ratio not above the factorized one beyond 2 s.e."),
+    Better("small_init_lowers_nuclear_norm",
+           "A small init ends closer to the nuclear-norm optimum than a large one (same steps)",
+           a="ref.AB_large_init.nuc_ratio", b="ref.AB.nuc_ratio",
+           refuted_by="large-init ratio not above small-init's beyond 2 s.e."),
+    Better("transformer_bridge_helps",
+           "On a real one-layer causal transformer the A∪B bridge raises held-out reversal accuracy over "
+           "forward-only data (the paper: ≈50% vs ≈0% for a fine-tuned 1B LM)",
+           a="transformer.AB.reverse_acc", b="transformer.none.reverse_acc",
+           refuted_by="A∪B transformer accuracy not above forward-only beyond 2 s.e."),
 ]
 
 
@@ -35,30 +77,47 @@ class Config(StageConfig):
     pass
 
 
+def fmt_seeds(vals: list[float]) -> str:
+    return ", ".join(f"{v:.3g}" for v in vals)
+
+
 def arm_table(metrics: dict, family: str, keys: list[str]) -> pl.DataFrame:
     rows = []
     for arm, m in metrics[family].items():
-        rows.append({"arm": arm, "seeds": len(m["seeds"]), **{k: m[k] for k in keys if k in m},
-                     "reverse_acc per seed": ", ".join(f"{v:.2f}" for v in m["reverse_acc_per_seed"])})
+        row = {"arm": arm}
+        for k in keys:
+            if k in m:
+                vals = np.array(m[k], dtype=float)
+                row[k] = f"{vals.mean():.3g} ± {vals.std(ddof=1) if len(vals) > 1 else 0:.2g} ({fmt_seeds(m[k])})"
+        rows.append(row)
     return pl.DataFrame(rows)
 
 
+ARM_ORDER = ["none", "A", "B", "AB", "AB_large_init", "AB_unfactorized"]  # one colour per arm in every panel
+
+
+def _rank(arm: str) -> tuple[int, str]:
+    return (ARM_ORDER.index(arm) if arm in ARM_ORDER else len(ARM_ORDER) + sum(map(ord, arm)) % 4, arm)
+
+
 def curves_figure(history: pl.DataFrame, chance: float):
-    fig, axes = plt.subplots(1, 3, figsize=(15, 4))
-    for ax, model, col, title in [(axes[0], "theory", "reverse_acc", "one-layer W_O W_V: held-out reversal"),
-                                  (axes[1], "theory", "nuclear_norm", "one-layer: nuclear norm of W_OV"),
-                                  (axes[2], "transformer", "reverse_acc", "1-layer transformer: held-out reversal")]:
-        sub = history.filter(pl.col("model") == model)
+    fig, axes = plt.subplots(1, 4, figsize=(20, 4))
+    panels = [(axes[0], "theory", "main", "reverse_acc", "one-layer W_O W_V (main world): held-out reversal"),
+              (axes[1], "theory", "main", "nuclear_at_margin", "main world: ‖W_OV‖_* / γ_min"),
+              (axes[2], "theory", "ref", "nuclear_at_margin", "reference world: ‖W_OV‖_* / γ_min"),
+              (axes[3], "transformer", "main", "reverse_acc", "1-layer transformer: held-out reversal")]
+    for ax, model, world, col, title in panels:
+        sub = history.filter((pl.col("model") == model) & (pl.col("world") == world)).drop_nulls(col)
         mean = sub.group_by(["arm", "step"]).agg(pl.col(col).mean()).sort("step")
-        for arm in sub["arm"].unique(maintain_order=True):
+        for arm in sorted(sub["arm"].unique(), key=_rank):
             a = mean.filter(pl.col("arm") == arm)
-            ax.plot(a["step"], a[col], label=arm)
+            ax.plot(a["step"], a[col], label=arm, color=f"C{_rank(arm)[0] % 10}")
         if col == "reverse_acc":
             ax.axhline(chance, color="grey", ls=":", label="chance 1/n")
             ax.set_ylim(-0.03, 1.03)
         else:
             ax.set_yscale("log")
-        ax.set_title(title)
+        ax.set_title(title, fontsize=9)
         ax.set_xlabel("step")
         ax.legend(fontsize=7)
     fig.tight_layout()
@@ -66,7 +125,7 @@ def curves_figure(history: pl.DataFrame, chance: float):
 
 
 def blocks_figure(blocks: dict):
-    arms = [a for a in ("none", "AB") if a in blocks]
+    arms = [a for a in ("none", "AB", "AB_large_init") if a in blocks]
     fig, axes = plt.subplots(2, len(arms), figsize=(5 * len(arms), 9), squeeze=False)
     for j, arm in enumerate(arms):
         pb = np.array(blocks[arm]["pair_block"])
@@ -77,13 +136,16 @@ def blocks_figure(blocks: dict):
             ax.text(c, r, f"{v:.2f}", ha="center", va="center")
         ax.set_xticks([0, 1], ["in a_i", "in b_i"])
         ax.set_yticks([0, 1], ["out a_i", "out b_i"])
-        ax.set_title(f"bridge={arm}: mean held-out 2×2 block")
+        ax.set_title(f"{arm}: mean held-out 2×2 block")
         fig.colorbar(im, ax=ax, fraction=0.046)
         eb = np.array(blocks[arm]["entity_block"])
         lim = np.abs(eb).max() or 1.0
         ax = axes[1, j]
         im = ax.imshow(eb, cmap="RdBu_r", vmin=-lim, vmax=lim)
-        ax.set_title(f"bridge={arm}: W_OV on entities (a | b)")
+        k = blocks[arm].get("entity_block_k", len(eb) // 2)
+        ax.axhline(k - 0.5, color="k", lw=0.6)
+        ax.axvline(k - 0.5, color="k", lw=0.6)
+        ax.set_title(f"{arm}: W_OV on a_0..a_{k - 1} | b_0..b_{k - 1}")
         ax.set_xlabel("input token")
         ax.set_ylabel("output token")
         fig.colorbar(im, ax=ax, fraction=0.046)
@@ -94,8 +156,9 @@ def blocks_figure(blocks: dict):
 def run(cfg: Config, ctx: StageContext) -> None:
     metrics = read_json(ctx.input("evaluate") / "metrics.json")
     blocks = read_json(ctx.input("evaluate") / "blocks.json")
-    history = pl.read_csv(ctx.input("train") / "history.csv")
+    history = pl.read_csv(ctx.input("train") / "history.csv", infer_schema_length=None)
     models = read_json(ctx.input("train") / "models.json")
+    mw, rw = metrics["main_world"], metrics["ref_world"]
     rep = Report(ctx, "Reversal curse: the Identity Bridge (one-layer models)",
                  "Training an autoregressive model on A→B facts does not teach B←A (the reversal curse). "
                  "Adding identity facts A→A (the Identity Bridge) lets even a one-layer transformer learn the "
@@ -103,32 +166,71 @@ def run(cfg: Config, ctx: StageContext) -> None:
                  "low nuclear norm, and with the identity facts the minimum-nuclear-norm completion is symmetric. "
                  "A 1B LM fine-tuned with the recipe reaches ≈50% reversal vs ≈0% without.")
     th = models["theory"]
-    arm_inits = ", ".join(dict.fromkeys(
-        f"{a['name']}: {a['init_scale']:g}{'' if a['factorized'] else ' (unfactorized W)'}" for a in th["arms"]))
+    arm_inits = ", ".join(f"{a['name']}: {a['init_scale']:g}{'' if a['factorized'] else ' (unfactorized W)'}"
+                          for a in th["arms"])
     rep.section("Setup", f"""
-- Facts: n = {metrics['n_pairs']} pairs (a_i, b_i); vocabulary 2n + 3 (entities, r₊, r₋, r_id). Every pair's
-  forward fact [a_i, r₊] → b_i is trained; 80% of pairs also train [b_i, r₋] → a_i; the other
-  {metrics['n_heldout']} pairs' reverse facts are the test set (top-1 over the full vocabulary, chance 1/n =
-  {metrics['chance']:.3f}). Bridge arms add [e, r_id] → e for e in none / A / B / A∪B.
-- One-layer theoretical model: logits = W_O W_V x̄ with x̄ the mean one-hot of the two input tokens
-  (uniform attention), d = {th['d']}, init scales {arm_inits}, full-batch gradient descent
-  (SGD, no momentum, no weight decay); the ablations test the mechanism. Seeds
-  {sorted({a['seed'] for a in th['arms']})}; arms with the same seed share one initialization.
-- Real model: the shared TinyTransformer with one layer (causal attention, RoPE, RMSNorm, GELU MLP,
-  untied unembedding) on the 2-token sequence, AdamW; arms {sorted({a['name'] for a in models['transformer']['arms']})}.
-- Losses and evaluation go through the fused linear + cross-entropy kernel (`kernels/fused_linear_ce.py`).
+- Facts: pairs (a_i, b_i); vocabulary 2n + 3 (entities, r₊, r₋, r_id). Every pair's forward fact
+  [a_i, r₊] → b_i is trained; 80% of pairs also train [b_i, r₋] → a_i; the other pairs' reverse facts are
+  the test set (top-1 over the full vocabulary). Bridge arms add [e, r_id] → e for e in none / A / B / A∪B.
+  **Each seed draws its own held-out pairs** (and its own initializations); seeds {metrics['seeds']}.
+- Main world: n = {mw['n_pairs']} pairs, {mw['n_heldout']} held out per seed, chance 1/n = {mw['chance']:.4f};
+  one-layer model logits = W_O W_V x̄ (x̄ the mean one-hot of the two input tokens: uniform attention),
+  d = {th['main']['d']} ≥ n, full-batch GD (SGD, no momentum, no weight decay, lr {th['main']['lr']:g} on the mean
+  cross-entropy, {th['main']['steps']} steps); init scales {arm_inits}. Arms with the same seed share one init.
+- Reference world (for the convex solver): n = {rw['n_pairs']} pairs ({rw['n_heldout']} held out), d = {th['ref']['d']},
+  lr {th['ref']['lr']:g}, {th['ref']['steps']} steps; the same arms. The minimum-nuclear-norm solution of each bridge's
+  separable problem (min ‖W‖_* s.t. every training margin ≥ 1) is solved by cvxpy/SCS per seed, and GD's
+  ‖W‖_*/γ_min (γ_min the smallest training margin) is reported as a ratio to that optimum.
+- Real model: the shared TinyTransformer with one layer (causal attention, RoPE, RMSNorm, GELU MLP, untied
+  unembedding) on the 2-token sequence, AdamW lr {models['transformer']['lr']:g}, {models['transformer']['steps']} steps,
+  on the main world, every seed.
+- Off-diagonal held-out asymmetry: u_i = W[a_i, b_i] (the reversal entry), v_i = W[b_i, a_i] (the forward entry)
+  over held-out pairs, ‖u − v‖ / √(‖u‖² + ‖v‖²): 0 symmetric, 1 one-directional (diagonal entries, which the
+  identity facts inflate, are excluded).
 """)
-    rep.table("One-layer model (mean over seeds)",
-              arm_table(metrics, "theory", ["reverse_acc", "indist_reverse_acc", "forward_acc", "asymmetry",
-                                            "nuclear_norm"]),
-              "reverse_acc: held-out reversals; indist_reverse_acc: trained reversals; forward_acc: all forward "
-              "facts; asymmetry: ‖M−Mᵀ‖_F/‖M‖_F of W_OV on the held-out entities.")
-    rep.table("One-layer transformer (mean over seeds)",
-              arm_table(metrics, "transformer", ["reverse_acc", "indist_reverse_acc", "forward_acc", "reverse_loss"]))
-    rep.figure("curves", curves_figure(history, metrics["chance"]),
-               "Held-out reversal accuracy and nuclear norm of W_OV vs step (mean over seeds)")
+    rep.table("One-layer model, main world (mean ± sd over seeds; per-seed values in brackets)",
+              arm_table(metrics, "main", ["reverse_acc", "indist_reverse_acc", "forward_acc", "offdiag_asym",
+                                          "nuclear_at_margin"]),
+              "reverse_acc: held-out reversals; indist_reverse_acc: trained reversals; forward_acc: all forward facts.")
+    rep.table("Reference world: GD vs the convex minimum-nuclear-norm solution",
+              arm_table(metrics, "ref", ["reverse_acc", "offdiag_asym", "nuclear_at_margin", "nuc_ratio"]),
+              "nuc_ratio = GD's ‖W‖_*/γ_min divided by the convex optimum of the same bridge's problem (1 = optimal).")
+    rep.table("Convex minimum-nuclear-norm solutions (reference world)",
+              arm_table(metrics, "convex", ["value", "reverse_acc", "offdiag_asym"]))
+    rep.table("One-layer transformer, main world",
+              arm_table(metrics, "transformer", ["reverse_acc", "indist_reverse_acc", "forward_acc"]))
+    rep.figure("curves", curves_figure(history, mw["chance"]),
+               "Held-out reversal accuracy and nuclear norm at unit margin ‖W_OV‖_*/γ_min vs step (mean over seeds)")
     rep.figure("w_ov_blocks", blocks_figure(blocks),
-               "W_OV without and with the A∪B bridge: mean 2×2 {a_i, b_i} block over held-out pairs, and "
-               "the whole entity block (first seed)")
-    rep.plot("reverse_acc_vs_step", history.select(["model", "arm", "seed", "step", "reverse_acc"]))
+               "W_OV without the bridge, with the A∪B bridge, and with A∪B from a large init: mean 2×2 {a_i, b_i} "
+               "block over held-out pairs, and W_OV on the first 20 a's and b's (first seed; forward entries W[b_i, a_i] "
+               "bottom-left, reverse entries W[a_i, b_i] top-right)")
+    for model, world, col in (("theory", "main", "reverse_acc"), ("transformer", "main", "reverse_acc"),
+                              ("theory", "ref", "nuclear_at_margin")):
+        wide = (history.filter((pl.col("model") == model) & (pl.col("world") == world))
+                .group_by("arm", "step").agg(pl.col(col).mean()).sort("step")
+                .pivot(on="arm", index="step", values=col))
+        label = f"{model}_{world}_{col}" if model == "theory" else f"{model}_{col}"
+        rep.plot(label, wide, x="step", y=[c for c in wide.columns if c != "step"],
+                 title=f"{model} ({world} world): {col.replace('_', ' ')} vs step, mean over seeds")
+    rep.section("Deviations", """
+| what | paper / official code | here | why |
+| --- | --- | --- | --- |
+| model | 1B pretrained LM fine-tuned with the recipe; the theory's one-layer model | the theory's one-layer model trained from scratch, and a from-scratch 1-layer transformer | the CPU budget; the one-layer model is what the theorem is about |
+| data | natural-language facts about people | synthetic entity pairs with relation tokens r₊, r₋, r_id | no download; the structure of the task is kept |
+| convex reference | stated in the theorem | solved numerically on a smaller reference world (cvxpy/SCS), GD rerun there | SCS on the main world's 403×403 nuclear norm takes minutes |
+| unfactorized ablation | — | trained with plain cross-entropy on gathered logits (no hidden layer to fuse) | the fused kernel fuses a hidden→vocabulary product the unfactorized W does not have |
+| GD step | — | lr on the mean loss over all facts of the world | full-batch GD; a step that is too large (50 at n = 200) breaks the reversal |
+""")
+    rep.section("Discussion", f"""
+The paper fine-tunes a pretrained 1B-parameter LM on natural-language facts and reports ≈50% reversal
+with the Identity Bridge vs ≈0% without; it proves the mechanism for a one-layer transformer whose
+W_OV = W_O W_V is trained by GD from small init. This miniature trains the one-layer model and a
+one-layer transformer from scratch on {mw['n_pairs']} synthetic pairs, so it tests the mechanism, not the
+LM result: it does not reproduce pretraining, natural-language entity names, multi-token entities, or
+the 1B model's partial (≈50%) success. The nuclear-norm claims are measured where the convex problem is
+solvable on 2 CPU cores (n = {rw['n_pairs']}); GD converges to the max-margin direction only logarithmically
+in the number of steps, so the ratio to the optimum stays above 1 at any finite budget. Which kernel path
+ran (and its parity against the torch reference on real inputs) is stated below from the stages' records.
+""")
     rep.finish(CLAIMS, metrics)

@@ -137,7 +137,8 @@ class IQL(nn.Module):
         self.target = copy.deepcopy(self.critic).requires_grad_(False)
         self.value = Value(seeds, obs_dim, num_labels, hidden)
 
-    def losses(self, obs, act, next_obs, reward, mask, label, expectile, discount, adv_label=None):
+    def losses(self, obs, act, next_obs, reward, mask, label, expectile, discount, adv_label=None,
+               backend: str = "auto"):
         """Value (expectile) and critic (TD) losses at ``label``, plus the advantage A = Q' − V used by
         the actor at ``adv_label`` (same rows; computed in the same batched forwards). Inputs (E, B, ...)."""
         E, B = obs.shape[:2]
@@ -155,7 +156,8 @@ class IQL(nn.Module):
             v_adv = v
         next_v = next_v.detach()
         td_target = reward + discount * mask * next_v                     # ALGO: r + γ·mask·V(s')
-        value_loss = E * expectile_loss(q_target.reshape(-1), v.reshape(-1), expectile)  # ALGO: expectile τ
+        value_loss = E * expectile_loss(q_target.reshape(-1), v.reshape(-1), expectile,
+                                        backend=backend)                  # ALGO: expectile τ
         q = self.critic(obs, act, label)                                  # (2, E, B)
         critic_loss = ((q - td_target) ** 2).mean(-1).sum()              # both twins, every seed
         advantage = q_adv - v_adv.detach()                                # ALGO: A = Q − V (no gradient)
@@ -184,8 +186,13 @@ class OfflinePolicyModule(L.LightningModule):
 
     def __init__(self, obs_dim: int, act_dim: int, num_labels: int, obs_mean, obs_std, n_seeds: int = 1,
                  hidden: int = 64, lr: float = 1e-3, expectile: float = 0.7, discount: float = 0.99,
-                 polyak: float = 0.005, beta: float = 3.0, clip: float = 100.0, max_steps: int = 1000):
+                 polyak: float = 0.005, beta: float = 3.0, clip: float = 100.0, max_steps: int = 1000,
+                 curve_every: int = 0):
         super().__init__()
+        self.kernel_backend = "auto"   # the train stage sets KernelRecord.backend here
+        self.kernel_calls = {"gawr_actor_loss": 0, "expectile_loss": 0}
+        self.curve: list[dict] = []                 # (step, per-seed losses) every curve_every steps
+        self.snapshots: dict[int, dict] = {}        # step -> actor weights (learning curves in evaluate)
         self.automatic_optimization = False
         self.save_hyperparameters(ignore=["obs_mean", "obs_std"])
         E = n_seeds
@@ -204,7 +211,7 @@ class OfflinePolicyModule(L.LightningModule):
         E = self.hparams.n_seeds
         x = self.norm(obs).unsqueeze(0).expand(E, *obs.shape)
         if label is None:  # an unconditioned actor: the conditioned members just see label 0
-            label = torch.zeros(obs.shape[0], dtype=torch.long)
+            label = torch.zeros(obs.shape[0], dtype=torch.long, device=obs.device)
         labels = {n: label.unsqueeze(0).expand(E, *label.shape) for n, (c, _) in self.actors.items() if c}
         mu, _ = self.policies(x, labels)[name]
         return mu[seed_index]
@@ -223,10 +230,14 @@ class OfflinePolicyModule(L.LightningModule):
             z = batch["value_label"]
             r_style = (batch["cur_label"] == z).float() - 1.0                 # ALGO: r_z = 1[label_t = z] − 1
             losses["style_value"], losses["style_critic"], a_style = self.style.losses(
-                obs, act, next_obs, r_style, mask, z, hp.expectile, hp.discount, adv_label=batch["actor_label"])
+                obs, act, next_obs, r_style, mask, z, hp.expectile, hp.discount, adv_label=batch["actor_label"],
+                backend=self.kernel_backend)
+            self.kernel_calls["expectile_loss"] += 1
         if self.task_iql:
             losses["task_value"], losses["task_critic"], a_task = self.task.losses(
-                obs, act, next_obs, batch["reward"], mask, None, hp.expectile, hp.discount)
+                obs, act, next_obs, batch["reward"], mask, None, hp.expectile, hp.discount,
+                backend=self.kernel_backend)
+            self.kernel_calls["expectile_loss"] += 1
         flat = lambda x: x.reshape(-1, *x.shape[2:])                         # (E, B, ...) -> (E·B, ...)
         labels = {name: batch["actor_label"] if mode in ("style", "gawr") else batch["cur_label"]
                   for name, (cond, mode) in self.actors.items() if cond}
@@ -239,7 +250,8 @@ class OfflinePolicyModule(L.LightningModule):
             # ALGO: GAWR  A = A_z + σ(A_z)·A_r,  w = min(exp(β A), 100),  L = −E[w log π(a|s,z)]
             losses[f"actor_{name}"] = E * gawr_actor_loss(flat(mu), flat(log_std), flat(act), flat(adv_z),
                                                           flat(adv_r), beta=beta, clip=hp.clip,
-                                                          gated=(mode == "gawr"))
+                                                          gated=(mode == "gawr"), backend=self.kernel_backend)
+            self.kernel_calls["gawr_actor_loss"] += 1
         return losses
 
     def training_step(self, batch, batch_idx):
@@ -258,6 +270,13 @@ class OfflinePolicyModule(L.LightningModule):
             for sys in ("style", "task"):
                 if hasattr(self, sys):
                     getattr(self, sys).polyak(self.hparams.polyak)
+            step = self.trainer.global_step
+            every = self.hparams.curve_every
+            if every and (step % every == 0 or step == self.hparams.max_steps):
+                # learning curves: per-seed losses and a snapshot of the actors at this step
+                self.curve.append({"step": step, **{k: float(v.detach()) / self.hparams.n_seeds
+                                                    for k, v in losses.items()}})
+                self.snapshots[step] = {k: v.detach().clone() for k, v in self.policies.state_dict().items()}
         E = self.hparams.n_seeds
         self.log_dict({f"loss/{k}": v.detach() / E for k, v in losses.items()}, prog_bar=False)
 

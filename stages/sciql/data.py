@@ -35,50 +35,52 @@ def circle_controller(xy, theta, center, radius, direction, max_dtheta, gain=1.5
     return float(np.clip(wrap_angle(theta_des - theta) / max_dtheta, -1, 1))
 
 
-def circle2d_segment_policy(rng: np.random.Generator, env: Circle2D, target_prob: float):
-    """A random scripted behaviour: circle (maybe the target circle), straight line, zig-zag, wander."""
-    kind = rng.choice(["circle", "line", "zigzag", "wander"], p=[0.55, 0.15, 0.15, 0.15])
-    speed = rng.uniform(-1, 1)  # normalised speed action, constant within the segment
-    if kind == "circle":
-        on_target = rng.random() < target_prob
-        center = env.center if on_target else rng.uniform(-15, 15, size=2)
-        radius = env.radius if on_target else rng.uniform(4, 14)
-        direction = rng.choice([-1.0, 1.0])
-        return lambda t, xy, th: (circle_controller(xy, th, center, radius, direction, env.max_delta_theta), speed)
-    if kind == "line":
-        drift = rng.uniform(-0.05, 0.05)
-        return lambda t, xy, th: (drift, speed)
-    if kind == "zigzag":
-        period, amp = int(rng.integers(4, 12)), rng.uniform(0.4, 1.0)
-        return lambda t, xy, th: (amp if (t // period) % 2 == 0 else -amp, speed)
-    state = {"turn": 0.0}
-
-    def wander(t, xy, th):
-        state["turn"] = 0.8 * state["turn"] + 0.4 * rng.normal()
-        return (float(np.clip(state["turn"], -1, 1)), speed)
-    return wander
+def speed_action(speed: float, env: Circle2D) -> float:
+    """Normalised speed action in [-1, 1] for a speed in [min_speed, max_speed] (inverse of env.speed_of)."""
+    return 2.0 * (speed - env.min_speed) / (env.max_speed - env.min_speed) - 1.0
 
 
-def generate_circle2d(n_episodes: int, max_steps: int, noise: float, target_prob: float,
-                      seed: int) -> list[dict]:
+def near_task_circle(center, radius, env: Circle2D, margin: float) -> bool:
+    """A behaviour circle that (nearly) coincides with the task circle: |c − c*| + |R − R*| < margin."""
+    return float(np.linalg.norm(np.asarray(center) - env.center) + abs(radius - env.radius)) < margin
+
+
+def generate_circle2d(n_episodes: int, max_steps: int, turn_noise_max: float, center_box: float,
+                      radius_range: tuple[float, float], task_margin: float, seed: int) -> list[dict]:
+    """Official traj2d data: one circle-follower per episode — centre U(±center_box)², radius
+    U(radius_range), direction ±1, constant speed U(0.5, 3), turn noise std U(0, turn_noise_max)
+    (radians, on Δθ), starting on its circle heading along it. Circles within ``task_margin`` of
+    the task circle are redrawn: the dataset holds no demonstration of the task, so task return must
+    come from stitching."""
     rng = np.random.default_rng(seed)
     env = Circle2D(max_steps=max_steps)
     episodes = []
     for ep in range(n_episodes):
-        obs, info = env.reset(seed=int(rng.integers(2**31)))
-        switch = int(rng.integers(max_steps // 4, 3 * max_steps // 4))
-        segments = [circle2d_segment_policy(rng, env, target_prob) for _ in range(2)]
-        rec = {"obs": [obs], "action": [], "reward": [], "xy": [info["xy"]], "heading": [info["heading"]]}
+        while True:
+            center = rng.uniform(-center_box, center_box, size=2)
+            radius = rng.uniform(*radius_range)
+            if not near_task_circle(center, radius, env, task_margin):
+                break
+        direction = rng.choice([-1.0, 1.0])
+        speed = rng.uniform(env.min_speed, env.max_speed)
+        noise = rng.uniform(0.0, turn_noise_max)
+        phi = rng.uniform(-np.pi, np.pi)
+        start = center + radius * np.array([np.cos(phi), np.sin(phi)])
+        obs, info = env.reset(seed=int(rng.integers(2**31)),
+                              options={"xy": start, "theta": phi + direction * np.pi / 2})
+        rec = {"obs": [obs], "action": [], "reward": [], "xy": [info["xy"]], "heading": [info["heading"]],
+               "speed": []}
         for t in range(max_steps):
-            policy = segments[0] if t < switch else segments[1]
-            a = np.asarray(policy(t, env.state[:2], env.state[2]), dtype=np.float64)
-            a = np.clip(a + noise * rng.normal(size=2), -1, 1).astype(np.float32)
+            turn = circle_controller(env.state[:2], env.state[2], center, radius, direction, env.max_delta_theta)
+            turn = turn + noise * rng.normal() / env.max_delta_theta
+            a = np.clip([turn, speed_action(speed, env)], -1, 1).astype(np.float32)
             obs, r, term, trunc, info = env.step(a)
             rec["obs"].append(obs)
             rec["action"].append(a)
             rec["reward"].append(r)
             rec["xy"].append(info["xy"])
             rec["heading"].append(info["heading"])
+            rec["speed"].append(info["speed"])
             if term or trunc:
                 break
         episodes.append(_finish(rec))
@@ -220,8 +222,9 @@ class HindsightSampler:
     """Batches for SCIQL: observations, actions, task rewards, current / value / actor labels."""
 
     def __init__(self, data: dict[str, torch.Tensor], style: str | None, value_probs, actor_probs,
-                 geom_lambda: float, generator: torch.Generator):
+                 geom_lambda: float, generator: torch.Generator, reward_scale: float = 1.0):
         self.data = data
+        self.reward_scale = float(reward_scale)
         self.n = len(data["reward"])
         self.gen = generator
         self.geom_lambda = geom_lambda
@@ -249,10 +252,18 @@ class HindsightSampler:
         idx = torch.randint(0, self.n, (batch_size,), generator=self.gen)
         d = self.data
         return {"obs": d["obs"][idx], "action": d["action"][idx], "next_obs": d["next_obs"][idx],
-                "reward": d["reward"][idx], "mask": 1.0 - d["terminated"][idx],
+                "reward": d["reward"][idx] * self.reward_scale, "mask": 1.0 - d["terminated"][idx],
                 "cur_label": self.labels[idx],
                 "value_label": self.relabel(idx, self.value_probs),
                 "actor_label": self.relabel(idx, self.actor_probs)}
+
+
+def return_scale(data: dict[str, torch.Tensor], horizon: int) -> float:
+    """Official sampler's task-reward normalisation (normalize_reward_by_returns): rewards are divided by
+    (max − min episode return) / horizon, so episode returns span ``horizon`` (1000 in the reference)."""
+    returns = torch.zeros(int(data["episode"].max()) + 1).index_add_(0, data["episode"], data["reward"].double().float())
+    span = float(returns.max() - returns.min())
+    return horizon / span if span > 0 else 1.0
 
 
 class BatchStream(torch.utils.data.IterableDataset):

@@ -1,10 +1,11 @@
 """The two environments of the miniature SCIQL study and their style labelling functions.
 
 * ``Circle2D`` — the paper's 2-D unicycle ("traj2d" / circle drawing) re-implemented as a
-  gymnasium ``Env``: state (x, y, θ); action (Δθ, speed) in [-1, 1]² mapped to
-  Δθ ∈ [-max_dθ, max_dθ] and speed ∈ [0.5, 3]; the unicycle turns by Δθ then moves forward.
-  Task reward r = exp(-d² / 2σ²) with d = | ‖p − c‖ − R | the distance to the target circle
-  (c = (0, 0), R = 10, σ = 5), i.e. the task is to draw that circle.
+  gymnasium ``Env`` with the official settings: state (x, y, θ); action (Δθ, speed) in [-1, 1]²
+  mapped to Δθ ∈ [-π, π] (max turn π per step) and speed ∈ [0.5, 3]; the unicycle turns by Δθ
+  then moves forward; walls at ±50 (positions are clipped). Task reward r = exp(-d² / 2σ²) with
+  d = | ‖p − c‖ − R | the distance to the task circle (c = (0, 5), R = 5, σ = 5).
+  Evaluation starts: x, y ~ U(±14), θ = 0 (the official reset: 0.7 × 20).
 * ``HalfCheetah-v5`` from ``gymnasium[mujoco]`` (its XML assets ship with the package; nothing is
   downloaded), with a gait clock appended to its observation (``GaitClock``). Task reward = the
   env's reward (forward velocity − control cost).
@@ -17,8 +18,8 @@ commanded to follow; e.g. "straight" is a turn label but not a commandable style
     labeller = LABELLERS["circle2d"]["speed"]
     labels = labeller(episode)      # episode: dict of numpy arrays (see Episode keys below)
 
-Episode arrays (T = steps): ``xy`` (T+1, 2) positions, ``heading`` (T+1,) θ (circle2d only),
-``x_velocity`` (T,) forward velocity (halfcheetah only).
+Episode arrays (T = steps): ``xy`` (T+1, 2) positions, ``heading`` (T+1,) θ and ``speed`` (T,) the
+commanded speed of each step (circle2d only), ``x_velocity`` (T,) forward velocity (halfcheetah only).
 """
 from __future__ import annotations
 
@@ -42,9 +43,9 @@ class Circle2D(gym.Env):
 
     metadata = {"render_modes": []}
 
-    def __init__(self, max_steps: int = 100, center=(0.0, 0.0), radius: float = 10.0,
+    def __init__(self, max_steps: int = 100, center=(0.0, 5.0), radius: float = 5.0,
                  sigma_reward: float = 5.0, min_speed: float = 0.5, max_speed: float = 3.0,
-                 max_delta_theta: float = np.pi / 4, limit: float = 30.0, start_box: float = 20.0):
+                 max_delta_theta: float = np.pi, limit: float = 50.0, start_box: float = 14.0):
         super().__init__()
         self.max_steps = int(max_steps)
         self.center = np.asarray(center, dtype=np.float64)
@@ -81,7 +82,7 @@ class Circle2D(gym.Env):
         xy = options.get("xy")
         if xy is None:
             xy = self.np_random.uniform(-self.start_box, self.start_box, size=2)
-        theta = options.get("theta", self.np_random.uniform(-np.pi, np.pi))
+        theta = options.get("theta", 0.0)
         self.state = np.array([xy[0], xy[1], wrap_angle(theta)], dtype=np.float64)
         self.t = 0
         return self.observe(), {"xy": self.state[:2].copy(), "heading": float(self.state[2])}
@@ -177,34 +178,35 @@ class Labeller:
 
 
 def _c2d_speed(ep, edges=(1.333, 2.167)):
-    # speed bins over [0.5, 3]: slow / medium / fast, from the per-step displacement
-    step = np.linalg.norm(np.diff(ep["xy"], axis=0), axis=-1)
-    return np.digitize(step, edges)
+    # commanded speed (true speed of the action, not the displacement) in 3 bins over [0.5, 3]
+    return np.digitize(ep["speed"], edges)
 
 
-def _c2d_turn(ep, window=5, min_rot=0.1):
-    # windowed mean turning rate: right (0) / left (1) / straight (2, not promptable)
+def _c2d_turn(ep, window=11, min_rot=0.1):
+    # mean turning rate over a centred 11-step window of Δθ (truncated at the episode ends):
+    # right (0) / left (1) / straight (2, not promptable)
     dth = np.diff(np.unwrap(ep["heading"]))  # (T,) Δθ of each step
-    kernel = np.ones(window) / window
-    pad = window // 2
-    avg = np.convolve(np.pad(dth, pad, mode="edge"), kernel, mode="valid")
+    c = np.concatenate([[0.0], np.cumsum(dth)])
+    half, T = window // 2, len(dth)
+    lo, hi = np.clip(np.arange(T) - half, 0, T), np.clip(np.arange(T) + half + 1, 0, T)
+    avg = (c[hi] - c[lo]) / (hi - lo)
     out = np.full(dth.shape, 2)
     out[avg >= min_rot] = 1
     out[avg <= -min_rot] = 0
     return out
 
 
-def _c2d_direction(ep):
-    # movement direction in 4 bins of 90° (east, north, west, south)
+def _c2d_direction(ep, bins=8):
+    # movement direction of the step in 8 bins of 45° (bin 0 = [0°, 45°), counter-clockwise)
     d = np.diff(ep["xy"], axis=0)
-    ang = (np.arctan2(d[:, 1], d[:, 0]) + np.pi / 4) % (2 * np.pi)
-    return np.minimum((ang // (np.pi / 2)).astype(np.int64), 3)
+    ang = np.arctan2(d[:, 1], d[:, 0]) % (2 * np.pi)
+    return np.minimum((ang // (2 * np.pi / bins)).astype(np.int64), bins - 1)
 
 
-def _c2d_position(ep):
-    # quadrant of the position reached by the step: 2 * (y > 0) + (x > 0)
-    xy = ep["xy"][1:]
-    return 2 * (xy[:, 1] > 0) + (xy[:, 0] > 0)
+def _c2d_position(ep, x_edges=(-15.0, 0.0, 15.0)):
+    # cell of the position s_t: 4 x-bins (edges −15, 0, 15) × sign of y  ->  2 · x_bin + (y > 0)
+    xy = ep["xy"][:-1]
+    return 2 * np.digitize(xy[:, 0], x_edges) + (xy[:, 1] > 0)
 
 
 HC_SPEED_EDGES = (-0.5, 0.5)
@@ -225,8 +227,10 @@ LABELLERS: dict[str, dict[str, Labeller]] = {
     "circle2d": {
         "speed": Labeller("speed", 3, (0, 1, 2), ("slow", "medium", "fast"), _c2d_speed),
         "turn": Labeller("turn", 3, (0, 1), ("right", "left", "straight"), _c2d_turn),
-        "direction": Labeller("direction", 4, (0, 1, 2, 3), ("east", "north", "west", "south"), _c2d_direction),
-        "position": Labeller("position", 4, (0, 1, 2, 3), ("x-y-", "x+y-", "x-y+", "x+y+"), _c2d_position),
+        "direction": Labeller("direction", 8, tuple(range(8)), ("E", "NE", "N", "NW", "W", "SW", "S", "SE"),
+                              _c2d_direction),
+        "position": Labeller("position", 8, tuple(range(8)),
+                             tuple(f"x{i}{'y+' if j else 'y-'}" for i in range(4) for j in range(2)), _c2d_position),
     },
     "halfcheetah": {
         "speed": Labeller("speed", 3, (0, 1, 2), ("backward", "slow", "forward"), _hc_speed),

@@ -2,8 +2,10 @@
 
     python -m stages prepare sciql [--profile smoke]
 
-Per environment: episodes of two scripted behaviour segments plus Gaussian action noise, labelled
-by the configured labelling functions (``styles``), stored as an HF ``datasets`` table under
+Circle2D: the official traj2d data — one circle-follower per episode (random centre, radius,
+direction, constant speed, turn noise), none on the task circle. HalfCheetah: episodes of two
+scripted sinusoidal gait segments plus Gaussian action noise. Both are labelled by the configured
+labelling functions (``styles``) and stored as an HF ``datasets`` table under
 ``<out>/<env>/``; ``meta.json`` holds observation statistics, label vocabularies and the reference
 returns used to normalise task return (uniform-random policy = 0, scripted expert = 1).
 """
@@ -12,32 +14,43 @@ from __future__ import annotations
 import time
 
 import numpy as np
+from typing import Literal
+
 from pydantic import Field, model_validator
 
-from stages.common.config import StageConfig
+from stages.common.config import Seed, StageConfig
 from stages.common.paths import write_json
 from stages.sciql import data as D
 from stages.sciql.envs import LABELLERS, make_env
 
 
+C2D_STYLES = Literal["speed", "turn", "direction", "position"]
+HC_STYLES = Literal["speed", "direction"]
+
+
 class EnvData(StageConfig):
-    episodes: int = Field(..., ge=2)
-    max_steps: int = Field(..., ge=10)
-    noise: float = Field(0.1, ge=0.0, le=1.0)       # std of Gaussian noise on normalised actions
-    styles: list[str]                               # labelling-function names (see stages/sciql/envs.py)
+    episodes: int = Field(..., ge=2, le=100_000)
+    max_steps: int = Field(..., ge=10, le=1000)     # episode length (the reference: 1000)
 
 
 class Circle2DData(EnvData):
-    target_prob: float = Field(0.3, ge=0.0, le=1.0)  # share of circle segments drawn on the task circle
+    styles: list[C2D_STYLES] = Field(..., min_length=1)      # labelling functions (stages/sciql/envs.py)
+    turn_noise_max: float = Field(0.2, ge=0.0, le=1.0)       # per-episode turn-noise std ~ U(0, this), rad
+    center_box: float = Field(30.0, gt=0.0, le=40.0)         # behaviour circle centres ~ U(±this)²
+    radius_min: float = Field(3.0, gt=0.0, le=10.0)          # behaviour radii ~ U(radius_min, radius_max)
+    radius_max: float = Field(10.0, gt=0.0, le=10.0)         # (centre_box + radius_max < walls at 50)
+    task_margin: float = Field(2.0, ge=0.0, le=10.0)         # redraw circles with |c−c*| + |R−R*| < this
 
 
 class HalfCheetahData(EnvData):
-    gaits: int = Field(48, ge=4)                    # size of the random sinusoidal gait bank
+    styles: list[HC_STYLES] = Field(..., min_length=1)
+    noise: float = Field(0.1, ge=0.0, le=1.0)       # std of Gaussian noise on normalised actions
+    gaits: int = Field(48, ge=4, le=1024)           # size of the random sinusoidal gait bank
 
 
 class Config(StageConfig):
-    seed: int = 0
-    reference_episodes: int = Field(8, ge=1)        # episodes to measure the random / expert returns
+    seed: Seed = 0
+    reference_episodes: int = Field(8, ge=1, le=1000)  # episodes to measure the random / expert returns
     circle2d: Circle2DData
     halfcheetah: HalfCheetahData | None = None      # null drops the MuJoCo part
 
@@ -47,15 +60,10 @@ class Config(StageConfig):
             block = getattr(self, env)
             if block is None:
                 continue
-            if not block.styles:
-                raise ValueError(f"{env}.styles: the style set is empty; name at least one labelling "
-                                 f"function ({', '.join(LABELLERS[env])})")
-            unknown = [s for s in block.styles if s not in LABELLERS[env]]
-            if unknown:
-                raise ValueError(f"{env}.styles: unknown labelling function {unknown[0]!r} "
-                                 f"(known for {env}: {', '.join(LABELLERS[env])})")
             if len(set(block.styles)) != len(block.styles):
                 raise ValueError(f"{env}.styles: duplicate labelling function in {block.styles}")
+        if self.circle2d.radius_min > self.circle2d.radius_max:
+            raise ValueError("circle2d.radius_min: must not exceed circle2d.radius_max")
         return self
 
 
@@ -95,7 +103,8 @@ def run(cfg: Config, ctx) -> None:
             continue
         print(f"prepare@sciql: generating {block.episodes} {env_name} episodes of {block.max_steps} steps")
         if env_name == "circle2d":
-            episodes = D.generate_circle2d(block.episodes, block.max_steps, block.noise, block.target_prob, cfg.seed)
+            episodes = D.generate_circle2d(block.episodes, block.max_steps, block.turn_noise_max, block.center_box,
+                                           (block.radius_min, block.radius_max), block.task_margin, cfg.seed)
             act_dim = 2
         else:
             episodes = D.generate_halfcheetah(block.episodes, block.max_steps, block.noise, block.gaits, cfg.seed)
@@ -112,11 +121,16 @@ def run(cfg: Config, ctx) -> None:
         best = D.gait_bank(block.gaits, cfg.seed)[-1] if env_name == "halfcheetah" else None
         refs = reference_returns(env_name, block.max_steps, cfg.reference_episodes, cfg.seed + 100, best)
         ep_returns = [float(ep["reward"].sum()) for ep in episodes]
+        extra = {}
+        if env_name == "circle2d":  # share of dataset steps pinned at a wall (the official walls at ±50)
+            lim = make_env("circle2d", 1).limit
+            extra["wall_step_share"] = float(np.mean([np.mean(np.abs(ep["xy"][1:]).max(-1) >= lim) for ep in episodes]))
         meta = {"env": env_name, "styles": block.styles, "labels": labels, "obs_dim": int(table["obs"].shape[1]),
                 "act_dim": act_dim, "max_steps": block.max_steps, "transitions": int(len(table["reward"])),
                 "episodes": block.episodes, "obs_mean": table["obs"].mean(0).tolist(),
                 "obs_std": table["obs"].std(0).tolist(), "reference_return": refs,
-                "dataset_return": {"mean": float(np.mean(ep_returns)), "max": float(np.max(ep_returns))}}
+                "dataset_return": {"mean": float(np.mean(ep_returns)), "max": float(np.max(ep_returns)),
+                                   "min": float(np.min(ep_returns))}, **extra}
         write_json(ctx.out / env_name / "meta.json", meta)
         print(f"  {meta['transitions']} transitions; label counts "
               + "; ".join(f"{s}: {labels[s]['counts']}" for s in block.styles)

@@ -29,10 +29,16 @@ def test_params_load_for_every_profile(stage, profile):
     ({"ns": [0, 200]}, ["ns", "positive", "got 0"]),
     ({"ns": [-50, 200]}, ["ns", "positive"]),
     ({"ns": [800, 200]}, ["ns", "increasing"]),
-    ({"ns": [20], "k": 2}, ["ns", "OLS"]),
+    ({"ns": [20, 400], "k": 2}, ["ns", "OLS"]),
+    ({"ns": [200]}, ["prepare.ns", "at least 2"]),
     ({"reps": 1}, ["prepare.reps"]),
     ({"noise_sd": -1.0}, ["prepare.noise_sd"]),
     ({"folds": 5}, ["prepare.folds", "unknown key"]),
+    ({"reps": 10**6}, ["prepare.reps"]),
+    ({"ns": [200, 10**6]}, ["ns", "50,000"]),
+    ({"seed": -1}, ["prepare.seed"]),
+    ({"reps": 10, "batches": 6}, ["batches", "reps"]),
+    ({"k": 1000}, ["prepare.k"]),
 ])
 def test_prepare_bad_input(block, keys):
     with pytest.raises(ConfigError) as err:
@@ -46,7 +52,9 @@ def test_prepare_bad_input(block, keys):
     ({"st_scale_low": -1.0}, ["train.st_scale_low"]),
     ({"st_scale_high": -2.0}, ["train.st_scale_high"]),
     ({"st_scale_low": 2.0, "st_scale_high": 1.0}, ["st_scale_high", "st_scale_low"]),
-    ({"backend": "cuda"}, ["train.backend"]),
+    ({"backend": "torch"}, ["train.backend", "unknown key"]),
+    ({"device": "tpu"}, ["train.device"]),
+    ({"lasso_max_iter": 10**9}, ["train.lasso_max_iter"]),
     ({"lasso_max_iter": 0}, ["train.lasso_max_iter"]),
 ])
 def test_train_bad_input(block, keys):
@@ -59,6 +67,9 @@ def test_train_bad_input(block, keys):
 @pytest.mark.parametrize("block,keys", [
     ({"level": 1.5}, ["evaluate.level"]),
     ({"stability_draws": 10, "stability_groups": 20}, ["stability_groups", "stability_draws"]),
+    ({"stability_draws": 10**8}, ["evaluate.stability_draws"]),
+    ({"level": 1.0}, ["evaluate.level"]),
+    ({"device": "gpu"}, ["evaluate.device"]),
 ])
 def test_evaluate_bad_input(block, keys):
     with pytest.raises(ConfigError) as err:
@@ -70,11 +81,12 @@ def test_evaluate_bad_input(block, keys):
 def test_bad_params_file_fails_at_load(tmp_path: Path):
     """Through the real loader: a params.yaml with k > n fails before any stage runs."""
     params = yaml.safe_load(Path("params.yaml").read_text())
-    params["papers"]["cv_stability"]["prepare"]["k"] = 500
+    params["papers"]["cv_stability"]["prepare"]["k"] = 100
+    params["papers"]["cv_stability"]["prepare"]["ns"] = [50, 200]
     params["papers"]["cv_stability"]["train"]["lasso_scale"] = -1.0
     path = tmp_path / "params.yaml"
     path.write_text(yaml.safe_dump(params))
-    with pytest.raises(ConfigError, match=r"papers\.cv_stability\.prepare.*k: 500 folds exceed the sample size n = 200"):
+    with pytest.raises(ConfigError, match=r"papers\.cv_stability\.prepare.*k: 100 folds exceed the sample size n = 50"):
         load_config("cv_stability", "prepare", "default", params_path=path)
     with pytest.raises(ConfigError, match=r"papers\.cv_stability\.train\.lasso_scale"):
         load_config("cv_stability", "train", "default", params_path=path)

@@ -24,7 +24,8 @@ def test_smoke_pipeline_end_to_end(smoke_run):
     assert bool(((coefs["st_high"] == 0) >= (coefs["st_low"] == 0)).all())
 
     cov = pl.read_parquet(out["evaluate"] / "coverage.parquet")
-    assert cov.height == len(ns) * len(CONTRASTS) * 2
+    n_comp = sum(b is not None for _, b in CONTRASTS.values())
+    assert cov.height == len(ns) * (len(CONTRASTS) + n_comp) * 2  # CV for all, Bonferroni for comparisons
     assert cov["coverage"].is_between(0, 1).all() and (cov["reps"] == reps).all()
     stab = pl.read_parquet(out["evaluate"] / "stability.parquet")
     assert stab.height == len(ns) * len(CONTRASTS)
@@ -33,14 +34,21 @@ def test_smoke_pipeline_end_to_end(smoke_run):
     metrics = json.loads((out["report"] / "metrics.json").read_text())
     assert [c["name"] for c in metrics["claims"]] == [c.name for c in CLAIMS]
     for claim in metrics["claims"]:
-        assert set(claim) >= {"name", "statement", "holds", "values"}
-        assert isinstance(claim["holds"], bool) and claim["values"]
-        assert all(isinstance(v, (int, float)) for v in claim["values"].values())
+        assert set(claim) >= {"name", "statement", "holds", "verdict", "values", "refuted_by"}
+        assert isinstance(claim["holds"], bool) and claim["values"] and claim["refuted_by"]
+        assert claim["verdict"] in ("holds", "fails", "inconclusive")
+    m = metrics["metrics"]
+    assert len(m["batch"]["single_pooled"]) == prep_meta["batches"]
+    assert m["bonferroni"]["min_coverage"] >= 0 and m["bonferroni"]["width_ratio"]
+    for stage in ("train", "evaluate"):
+        rec = json.loads((out[stage] / "kernels.json").read_text())["batched_lasso"]
+        assert rec["calls"] > 0 and rec["backend"] == "torch-reference"
+        assert rec["parity_backend"] == "triton-interpret" and rec["parity_max_abs_err"] < 1e-8
     assert set(metrics["runtime_s"]) == {"prepare", "train", "evaluate", "report"}
     assert all(v >= 0 for v in metrics["runtime_s"].values())
     for fig in ("coverage_vs_n", "r_vs_n", "studentized_error"):
         assert (out["report"] / "figures" / f"{fig}.png").stat().st_size > 0
-    for plot in ("coverage_vs_n", "r_vs_n"):
+    for plot in ("coverage_vs_n", "r_vs_n", "bonferroni_coverage_vs_n"):
         assert pl.read_csv(out["report"] / "plots" / f"{plot}.csv").height > 0
     text = (out["report"] / "report.md").read_text()
     assert "## Verdicts" in text and "coverage_vs_n.png" in text

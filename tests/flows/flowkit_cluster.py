@@ -142,7 +142,7 @@ class Cluster:
 def stage_rows(table: Any) -> dict[str, dict[str, Any]]:
     """The per-stage rows of a paper flow's claims table artifact: {stage: {dvc, runtime_s}}."""
     rows = table if isinstance(table, list) else []
-    return {r["name"]: {"dvc": r["verdict"].removeprefix("dvc: "), "runtime_s": r["runtime_s"]}
+    return {r["name"].removeprefix("stage "): {"dvc": r["verdict"].removeprefix("dvc: "), "runtime_s": r["runtime_s"]}
             for r in rows if r.get("kind") == "stage"}
 
 

@@ -45,14 +45,15 @@ def test_paper_flow_runs_stages_and_publishes_artifacts(prefect_harness, smoke_f
     md = (paper_repo / "reports" / SLUG / "report.md").read_text()
     assert "](figures/" in md and "](figures/" not in report.data  # figures inlined: they render in the UI
     assert report.data.count("](data:image/png;base64,") == md.count("](figures/")
-    assert report.data.split("## Runtime")[0].replace("](data:image/png;base64,", "](") .count("## Verdicts") == 1
+    assert "| claim | verdict |" in md and "| claim | verdict |" not in report.data  # verdicts as a wrapping list
+    assert all(f"- **{c['name']}** — " in report.data for c in metrics["claims"])
     table = arts[artifact_key(SLUG, "claims")]
     assert table.type == "table"
     rows = json.loads(table.data) if isinstance(table.data, str) else table.data
     claim_rows = {r["name"]: r for r in rows if r["kind"] == "claim"}
     assert {n: r["verdict"] for n, r in claim_rows.items()} == result["claims"]
     assert all("{" not in r["measured"] for r in rows)  # numbers in words, not raw JSON
-    stage_rows = {r["name"]: r["runtime_s"] for r in rows if r["kind"] == "stage"}
+    stage_rows = {r["name"].removeprefix("stage "): r["runtime_s"] for r in rows if r["kind"] == "stage"}
     assert stage_rows == {s: metrics["runtime_s"][s] for s in STAGES if s != "report"} | {"report": stage_rows["report"]}
     runs = task_runs(run_id)
     assert [t.name for t in sorted(runs, key=lambda t: t.expected_start_time)][:4] == [f"{s}@{SLUG}" for s in STAGES]

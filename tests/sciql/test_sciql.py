@@ -16,6 +16,15 @@ from stages.sciql import prepare, train
 from stages.sciql.envs import LABELLERS, Circle2D, get_labeller, make_env
 
 
+@pytest.fixture(autouse=True)
+def _one_thread():
+    """Tiny networks: one intra-op thread (two threads on a loaded 2-core machine are ~20x slower here)."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
 # ---------------------------------------------------------------------------------------------- env
 def test_circle2d_passes_gymnasium_checker():
     from gymnasium.utils.env_checker import check_env
@@ -35,13 +44,23 @@ def test_circle2d_is_registered_with_gymnasium():
 
 def test_circle2d_unicycle_step_and_reward():
     env = Circle2D(max_steps=5)
-    env.reset(seed=0, options={"xy": (10.0, 0.0), "theta": math.pi / 2})  # on the task circle, heading north
+    env.reset(seed=0, options={"xy": (5.0, 5.0), "theta": math.pi / 2})  # on the task circle (0, 5) R 5, north
     _, r0, *_ = env.step(np.array([0.0, -1.0]))  # no turn, min speed 0.5
-    np.testing.assert_allclose(env.state[:2], [10.0, 0.5], atol=1e-9)
-    assert r0 == pytest.approx(math.exp(-((math.hypot(10, 0.5) - 10) ** 2) / 50))
-    _, _, _, trunc, info = env.step(np.array([1.0, 1.0]))  # turn left by π/4 then move at max speed 3
-    assert info["heading"] == pytest.approx(math.pi / 2 + math.pi / 4)
-    assert info["speed"] == pytest.approx(3.0) and not trunc
+    np.testing.assert_allclose(env.state[:2], [5.0, 5.5], atol=1e-9)
+    assert r0 == pytest.approx(math.exp(-((math.hypot(5, 0.5) - 5) ** 2) / 50))
+    _, _, _, trunc, info = env.step(np.array([0.5, 1.0]))  # turn left by π/2 (max turn π) then max speed 3
+    assert abs(info["heading"]) == pytest.approx(math.pi) and info["speed"] == pytest.approx(3.0) and not trunc
+    np.testing.assert_allclose(env.state[:2], [2.0, 5.5], atol=1e-9)
+    env.reset(seed=0, options={"xy": (49.0, 0.0), "theta": 0.0})
+    env.step(np.array([0.0, 1.0]))
+    assert env.state[0] == pytest.approx(50.0)   # walls at ±50 clip the position
+
+
+def test_circle2d_evaluation_starts_follow_the_official_reset():
+    env = Circle2D(max_steps=5)
+    starts = np.array([env.reset(seed=s)[1]["xy"] for s in range(200)])
+    assert np.abs(starts).max() <= 14.0 and np.abs(starts).max() > 12.0   # x, y ~ U(±14)
+    assert env.reset(seed=3)[1]["heading"] == 0.0                           # θ = 0
 
 
 def test_halfcheetah_v5_runs_offline():
@@ -56,30 +75,65 @@ def test_halfcheetah_v5_runs_offline():
 
 
 # ---------------------------------------------------------------------------------------------- labels
-def _circle_episode(turn: float, speed_action: float, steps: int = 30):
+def _circle_episode(turn: float, speed_action: float, steps: int = 30, xy=(0.0, 0.0)):
     env = Circle2D(max_steps=steps)
-    _, info = env.reset(seed=1, options={"xy": (0.0, 0.0), "theta": 0.0})
-    ep = {"xy": [info["xy"]], "heading": [info["heading"]]}
+    _, info = env.reset(seed=1, options={"xy": xy, "theta": 0.0})
+    ep = {"xy": [info["xy"]], "heading": [info["heading"]], "speed": []}
     for _ in range(steps):
         _, _, _, _, info = env.step(np.array([turn, speed_action]))
         ep["xy"].append(info["xy"])
         ep["heading"].append(info["heading"])
+        ep["speed"].append(info["speed"])
     return {k: np.asarray(v) for k, v in ep.items()}
 
 
 def test_labelling_functions_on_scripted_motion():
-    left_fast = _circle_episode(turn=0.5, speed_action=1.0)
-    right_slow = _circle_episode(turn=-0.5, speed_action=-1.0)
-    straight = _circle_episode(turn=0.0, speed_action=0.0, steps=15)  # stays inside the ±30 walls
+    left_fast = _circle_episode(turn=0.1, speed_action=1.0)      # Δθ = 0.1π per step, speed 3
+    right_slow = _circle_episode(turn=-0.1, speed_action=-1.0)   # speed 0.5
+    straight = _circle_episode(turn=0.0, speed_action=0.0, steps=15, xy=(-20.0, -3.0))  # speed 1.75, east
     lab = LABELLERS["circle2d"]
     assert (lab["turn"](left_fast) == 1).all() and (lab["turn"](right_slow) == 0).all()
     assert (lab["turn"](straight) == 2).all()                      # straight: not a promptable style
     assert (lab["speed"](left_fast) == 2).all() and (lab["speed"](right_slow) == 0).all()
     assert (lab["speed"](straight) == 1).all()
-    assert (lab["direction"](straight) == 0).all()                  # heading east
-    assert set(np.unique(lab["direction"](left_fast))) == {0, 1, 2, 3}
+    assert (lab["direction"](straight) == 0).all()                  # heading east: bin [0°, 45°)
+    # 20 steps of 18° turns: the heading sweeps every 45° bin; bins follow the heading counter-clockwise
+    d = lab["direction"](left_fast)
+    assert set(np.unique(d)) == set(range(8)) and d[0] == 0 and d[2] == 1 and d[5] == 2
+    # position at s_t: x-bins (−∞, −15), [−15, 0), [0, 15), [15, ∞) × (y > 0): 2·bin + (y > 0)
+    p = lab["position"](straight)
+    assert p[0] == 0 and (p == 0).sum() == 3 and (p[3:12] == 2).all() and (p[12:] == 4).all()
+    assert lab["position"]({"xy": np.array([[20.0, 1.0], [0.0, 0.0]])})[0] == 7
+    # the commanded speed decides the speed label, not the displacement (a wall stops the unicycle)
+    wall = _circle_episode(turn=0.0, speed_action=1.0, steps=4, xy=(49.0, 0.0))
+    assert (lab["speed"](wall) == 2).all() and np.linalg.norm(np.diff(wall["xy"], axis=0), axis=-1)[-1] == 0.0
     with pytest.raises(ValueError, match="unknown labelling function 'gait'"):
         get_labeller("circle2d", "gait")
+
+
+def test_turn_label_uses_a_centred_11_step_window():
+    # 10 straight steps, then left turns of 0.3 rad from step 10: the centred window sees them early
+    heading = np.concatenate([np.zeros(11), 0.3 * np.arange(1, 21)])
+    labels = LABELLERS["circle2d"]["turn"]({"heading": heading})
+    mean_dth = [np.mean(np.diff(heading)[max(0, t - 5):t + 6]) for t in range(30)]   # brute force
+    np.testing.assert_array_equal(labels, np.where(np.array(mean_dth) >= 0.1, 1, 2))
+    assert labels[7] == 2 and labels[8] == 1   # 4 turning steps of 0.3 in the window: mean 0.109 ≥ 0.1
+
+
+def test_dataset_follows_circles_and_never_draws_the_task_circle():
+    eps = D.generate_circle2d(30, 60, 0.0, 30.0, (3.0, 10.0), 2.0, seed=4)
+    env = Circle2D()
+    for ep in eps:
+        assert np.ptp(ep["speed"]) < 1e-9                       # constant speed per episode
+        assert np.abs(ep["xy"]).max() < 45.0                    # never at the ±50 walls
+        assert np.mean(env.ring_distance(ep["xy"]) < 1.0) < 0.5  # not a demonstration of the task circle
+    # a circle follower without noise stays near its own circle: fit a circle to its positions
+    xy = eps[0]["xy"]
+    A = np.c_[2 * xy, np.ones(len(xy))]
+    c = np.linalg.lstsq(A, (xy ** 2).sum(1), rcond=None)[0]
+    r = np.linalg.norm(xy - c[:2], axis=1)
+    assert r.std() < 0.1 * r.mean()
+    assert D.near_task_circle((0.5, 5.5), 5.2, env, 2.0) and not D.near_task_circle((10, 5), 5, env, 2.0)
 
 
 # ---------------------------------------------------------------------------------------------- relabelling
@@ -223,6 +277,120 @@ def test_style_reward_and_td_target():
     torch.testing.assert_close(adv, iql.advantage(obs, act, z_actor))  # A = min(Q1', Q2') − V at the actor's z
 
 
+def _hand_log_prob(mu, log_std, a):
+    # independent Gaussian log-density via torch.distributions (not the kernel's formula)
+    return torch.distributions.Normal(mu.double(), log_std.double().exp()).log_prob(a.double()).sum(-1)
+
+
+def _expectile_by_hand(u, tau):
+    # L_τ(u) = |τ − 1(u < 0)| u², written with explicit branches
+    return torch.where(u < 0, (1 - tau) * u ** 2, tau * u ** 2).mean()
+
+
+def test_compute_losses_whole_by_hand():
+    """Every loss of SCIQLSuite.compute_losses rebuilt per seed from network outputs on one small batch with
+    terminals: style reward offset, expectile τ ≠ 0.5, terminal mask, min over twin target critics, GAWR
+    advantage, gate, β and the weight clip."""
+    torch.manual_seed(0)
+    E, B, tau, gamma, beta, clip = 2, 12, 0.8, 0.9, 2.0, 4.0
+    mean, std = torch.tensor([0.5, -1.0, 2.0]), torch.tensor([2.0, 0.5, 1.5])
+    m = algos.SCIQLSuite(obs_dim=3, act_dim=2, num_labels=4, obs_mean=mean, obs_std=std, n_seeds=E, hidden=8,
+                         expectile=tau, discount=gamma, beta=beta, clip=clip)
+    with torch.no_grad():   # targets differ from the online critics; values and advantages of both signs
+        for sys in (m.style, m.task):
+            for p_ in sys.target.parameters():
+                p_.add_(0.5 * torch.randn_like(p_))
+            for p_ in sys.value.parameters():
+                p_.add_(0.3 * torch.randn_like(p_))
+    g = torch.Generator().manual_seed(1)
+    cur = torch.randint(0, 4, (E, B), generator=g)
+    z_v = torch.where(torch.arange(B) % 2 == 0, cur, (cur + 1) % 4)       # half the rows: r_z = 0, half −1
+    batch = {"obs": 2 * torch.randn(E, B, 3, generator=g), "next_obs": 2 * torch.randn(E, B, 3, generator=g),
+             "action": torch.rand(E, B, 2, generator=g) * 1.8 - 0.9, "reward": 1.5 * torch.randn(E, B, generator=g),
+             "mask": (torch.arange(B) % 3 != 0).float().expand(E, B).clone(),   # every third row terminal
+             "cur_label": cur, "value_label": z_v, "actor_label": torch.randint(0, 4, (E, B), generator=g)}
+    losses = m.compute_losses(batch)
+
+    with torch.no_grad():
+        on, nn_ = (batch["obs"] - mean) / std, (batch["next_obs"] - mean) / std
+        act, mask, z_a = batch["action"], batch["mask"], batch["actor_label"]
+        expected = {k: 0.0 for k in losses}
+        ws = []
+        for e in range(E):
+            def twins(net, o, a, lab):
+                q = net(o, a, lab)                                       # (2, E, B)
+                return q[0, e], q[1, e]
+            r_style = torch.where(cur[e] == z_v[e], 0.0, -1.0)          # r_z = 1[label = z] − 1
+            adv = {}
+            for sys, r, lab, lab_a in (("style", r_style, z_v, z_a), ("task", batch["reward"][e], None, None)):
+                iql = getattr(m, sys)
+                t1, t2 = twins(iql.target, on, act, lab)
+                q_min = torch.minimum(t1, t2)
+                v = iql.value(on, lab)[e]
+                next_v = iql.value(nn_, lab)[e]
+                expected[f"{sys}_value"] += _expectile_by_hand(q_min - v, tau)
+                y = r + gamma * mask[e] * next_v                          # terminal rows: y = r
+                c1, c2 = twins(iql.critic, on, act, lab)
+                expected[f"{sys}_critic"] += ((c1 - y) ** 2).mean() + ((c2 - y) ** 2).mean()
+                a1, a2 = twins(iql.target, on, act, lab_a)
+                adv[sys] = torch.minimum(a1, a2) - iql.value(on, lab_a)[e]
+            a_z, a_r = adv["style"], adv["task"]
+            dists = m.policies(on, {"cbc": cur, "sciql": z_a, "gawr": z_a})
+            for name, A in (("bc", None), ("cbc", None), ("sciql", a_z), ("task_iql", a_r),
+                            ("gawr", a_z + torch.sigmoid(a_z) * a_r)):       # GAWR gate: style first
+                w = torch.ones(B) if A is None else torch.clamp(torch.exp(beta * A), max=clip)
+                if name == "gawr":
+                    ws.append(w)
+                mu, ls = dists[name]
+                expected[f"actor_{name}"] += -(w.double() * _hand_log_prob(mu[e], ls[e], act[e])).mean()
+    assert set(losses) == set(expected)
+    for k in losses:
+        torch.testing.assert_close(losses[k].double(), torch.as_tensor(expected[k]).double(), rtol=1e-5, atol=1e-5,
+                                   msg=lambda s, k=k: f"{k}: {s}")
+    w = torch.cat(ws)
+    assert 0 < (w >= clip).sum() < len(w) and (w < 1).any()   # the batch exercises the clip and negative A
+
+
+def test_iql_learns_analytic_style_values_on_a_chain():
+    """A tiny chain MDP with analytic V_z: states 0..4 step right (4 → terminal 5); at state 0 a second action
+    ends the episode. label(s) = s mod 2, r_z(s) = 1[label(s) = z] − 1, γ = 0.9, τ = 0.7. Then
+    V_z(4) = r_z(4), V_z(s) = r_z(s) + γ V_z(s+1) (1 ≤ s ≤ 3) and V_z(0) = τ·max(Q+, Q−) + (1 − τ)·min(Q+, Q−)
+    with Q+ = r_z(0) + γ V_z(1), Q− = r_z(0) — the τ-expectile of two equally likely actions."""
+    torch.manual_seed(0)
+    gamma, tau, n = 0.9, 0.7, 7
+    rows = [(0, 1.0, 1, 1.0), (0, -1.0, 6, 0.0)] + [(s, 1.0, s + 1, 0.0 if s == 4 else 1.0) for s in (1, 2, 3, 4)]
+    obs = torch.eye(n)[[r[0] for r in rows]].repeat(2, 1)
+    act = torch.tensor([[r[1]] for r in rows]).repeat(2, 1)
+    nxt = torch.eye(n)[[r[2] for r in rows]].repeat(2, 1)
+    mask = torch.tensor([r[3] for r in rows]).repeat(2)
+    z = torch.tensor([0] * len(rows) + [1] * len(rows))
+    label = torch.tensor([r[0] % 2 for r in rows]).repeat(2)
+    reward = (label == z).float() - 1.0
+    iql = algos.IQL(1, n, 1, 2, 32)
+    opt = torch.optim.Adam(iql.parameters(), lr=3e-3)
+    u = lambda x: x.unsqueeze(0)
+    for _ in range(1500):
+        v_loss, q_loss, _ = iql.losses(u(obs), u(act), u(nxt), u(reward), u(mask), u(z), tau, gamma, adv_label=u(z),
+                                       backend="torch")
+        opt.zero_grad()
+        (v_loss + q_loss).backward()
+        opt.step()
+        iql.polyak(0.05)
+
+    def r(s, zz):
+        return float(s % 2 == zz) - 1.0
+    with torch.no_grad():
+        for zz in (0, 1):
+            V = {4: r(4, zz)}
+            for s in (3, 2, 1):
+                V[s] = r(s, zz) + gamma * V[s + 1]
+            q_plus, q_minus = r(0, zz) + gamma * V[1], r(0, zz)
+            V[0] = tau * max(q_plus, q_minus) + (1 - tau) * min(q_plus, q_minus)
+            learned = iql.value(u(torch.eye(n)[:5]), u(torch.full((5,), zz))).squeeze(0)
+            np.testing.assert_allclose(learned.numpy(), [V[s] for s in range(5)], atol=0.05)
+    assert abs(V[0] - (q_plus + q_minus) / 2) > 0.1   # the expectile differs from the mean: τ is tested
+
+
 @pytest.mark.parametrize("kind", ["bc", "cbc", "task_iql", "sciql"])
 def test_standalone_modules_train_with_make_trainer(kind):
     data = _toy_data()
@@ -230,7 +398,10 @@ def test_standalone_modules_train_with_make_trainer(kind):
     meta = {"obs_dim": 3, "act_dim": 2, "obs_mean": [0.0] * 3, "obs_std": [1.0] * 3, "labels": {"s": {"num_labels": 3}}}
     cfg = train.Config(seeds=[0, 1], circle2d={"steps": 5}, hidden=8, batch_size=8, inner_steps=2,
                        trainer={"enable_progress_bar": False})
-    module, logged = train.fit_module(kind, "s" if kind in ("cbc", "sciql") else None, [0, 1], data, meta, cfg, 5)
+    meta["max_steps"] = 50
+    module, logged, extra = train.fit_module(kind, "s" if kind in ("cbc", "sciql") else None, [0, 1], data, meta,
+                                             cfg, 5)
+    assert extra["value_relabel"] == [0.0, 0.0, 1.0]                                   # official default
     assert module.trainer.global_step == 5 and all(math.isfinite(v) for v in logged.values())  # exact step count
     assert any(k.startswith("loss/actor_") for k in logged)
 
@@ -248,7 +419,7 @@ def test_unknown_labelling_function_fails_at_load():
 
 def test_empty_style_set_fails_at_load():
     bad = {**PREP, "halfcheetah": {**PREP["halfcheetah"], "styles": []}}
-    with pytest.raises(ConfigError, match=r"halfcheetah\.styles.*empty"):
+    with pytest.raises(ConfigError, match=r"halfcheetah\.styles.*at least 1"):
         validate(prepare.Config, bad, "papers.sciql.prepare")
 
 
@@ -257,6 +428,18 @@ def test_expectile_outside_unit_interval_fails_at_load(tau):
     block = {"seeds": [0], "circle2d": {"steps": 5}, "expectile": tau}
     with pytest.raises(ConfigError, match=r"papers\.sciql\.train\.expectile"):
         validate(train.Config, block, "papers.sciql.train")
+
+
+@pytest.mark.parametrize("block, match", [
+    ({"seeds": [0, 0]}, r"seeds.*duplicate"),
+    ({"value_relabel": [0.5, 0.6, 0.0]}, r"value_relabel.*sum"),
+    ({"circle2d": {"steps": 10**9}}, r"circle2d\.steps"),
+    ({"device": "tpu"}, r"device"),
+    ({"ablation_style": "gait"}, r"ablation_style"),
+])
+def test_bad_train_config_fails_at_load(block, match):
+    with pytest.raises(ConfigError, match=match):
+        validate(train.Config, {"seeds": [0], "circle2d": {"steps": 5}, **block}, "papers.sciql.train")
 
 
 def test_params_yaml_profiles_load():
@@ -274,12 +457,19 @@ def test_smoke_pipeline(smoke_run):
     out = smoke_run("sciql")
     metrics = json.loads((out["report"] / "metrics.json").read_text())
     assert set(metrics["runtime_s"]) == {"prepare", "train", "evaluate", "report"}
-    assert metrics["claims"] and all({"name", "statement", "holds", "values"} <= set(c) for c in metrics["claims"])
-    assert all(isinstance(c["holds"], bool) and c["values"] for c in metrics["claims"])
+    assert metrics["claims"] and all({"name", "statement", "holds", "verdict", "values", "refuted_by"} <= set(c)
+                                     for c in metrics["claims"])
+    assert all(c["refuted_by"] for c in metrics["claims"])
+    assert all(c["verdict"] == "inconclusive" for c in metrics["claims"])      # smoke: one seed decides nothing
     for env in ("circle2d", "halfcheetah"):
         for m in algos.METHODS:
-            assert 0.0 <= metrics["metrics"][env]["alignment"][m] <= 1.0
-    for fig in ("trajectories_circle2d", "alignment_vs_return", "alignment_per_style"):
+            assert all(0.0 <= a <= 1.0 for a in metrics["metrics"][env]["alignment"][m])
+    # the GAWR / expectile kernels ran in train's loss and evaluate's batched policy loss, with parity checked
+    k = metrics["kernels"]
+    assert {"gawr_actor_loss", "expectile_loss", "gawr_weights"} <= set(k)
+    assert k["gawr_actor_loss"]["calls"] >= 5 * 20 and k["gawr_actor_loss"]["parity_max_abs_err"] < 1e-4
+    for fig in ("trajectories_circle2d", "alignment_vs_return", "learning_curves", "loss_curves"):
         assert (out["report"] / "figures" / f"{fig}.png").stat().st_size > 0
-    assert (out["report"] / "plots" / "alignment_vs_return.csv").exists()
-    assert "SCIQL" in (out["report"] / "report.md").read_text()
+    assert (out["report"] / "plots" / "learning_curves.csv").exists()
+    text = (out["report"] / "report.md").read_text()
+    assert "Relabelling ablation" in text and "Deviations" in text

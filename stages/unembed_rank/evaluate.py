@@ -1,0 +1,88 @@
+"""evaluate: every trained run's final in-domain and OOD loss over the whole val / OOD splits through
+the fused linear+CE kernel, the geometry of its final W_U and last-token representations, and the
+grid analyses (hyperparameter effects on erank, raw / partial / within-stratum correlations,
+incremental R², late saturation).
+
+    python -m stages evaluate unembed_rank
+"""
+from __future__ import annotations
+
+import numpy as np
+import polars as pl
+import torch
+from pydantic import Field
+
+from kernels.fused_linear_ce import linear_cross_entropy_stats
+from kernels.record import KernelRecord
+from stages.common.config import StageConfig
+from stages.common.device import DeviceName, pick_device
+from stages.common.paths import read_json, write_json
+from stages.common.runner import StageContext
+from stages.common.tiny_transformer import TinyTransformer, TinyTransformerConfig
+from stages.unembed_rank import analysis as A
+from stages.unembed_rank.geometry import geometry
+from stages.unembed_rank.lm import KERNEL, eval_loss, eval_windows
+
+METRICS = ("erank", "erank_sq", "cosine", "isotropy", "h_erank", "h_erank_sq", "h_cosine", "h_isotropy")
+
+
+class Config(StageConfig):
+    device: DeviceName = "auto"
+    torch_threads: int = Field(1, ge=1, le=64, description="intra-op threads; the models are tiny, so 1 is fastest")
+    max_windows: int = Field(128, ge=1, le=1_000_000, description="val / OOD windows per final evaluation")
+
+
+@torch.no_grad()
+def run(cfg: Config, ctx: StageContext) -> None:
+    torch.set_num_threads(cfg.torch_threads)
+    device = pick_device(cfg.device)
+    rec = KernelRecord(device)
+    info = read_json(ctx.input("train") / "runs.json")
+    T = info["seq_len"]
+    states = torch.load(ctx.input("train") / "models.pt", map_location=device)
+    splits = {s: torch.from_numpy(np.load(ctx.input("prepare") / f"{s}.npy")) for s in ("val", "ood")}
+    val = eval_windows(splits["val"], T, cfg.max_windows).to(device)  # the first non-overlapping windows
+    ood = eval_windows(splits["ood"], T, cfg.max_windows).to(device)
+    mcfg = TinyTransformerConfig(**info["model"])
+    rows = []
+    for i, spec in enumerate(info["runs"]):
+        model = TinyTransformer(mcfg).to(device)
+        model.load_state_dict(states[spec["name"]])
+        model.eval()
+        id_loss, h = eval_loss(model, val, rec)
+        ood_loss, _ = eval_loss(model, ood, rec)
+        rows.append({"run": spec["name"], **{k: spec[k] for k in ("batch_size", "weight_decay", "lr", "seed")},
+                     "steps": spec["steps"], "val_loss": id_loss, "ood_loss": ood_loss,
+                     **geometry(model.unembed, h)})
+        if i == 0:
+            w = val[:2]
+            hh = model.hidden(w[:, :-1]).reshape(-1, mcfg.d_model)[:96].contiguous()
+            rec.parity(KERNEL, linear_cross_entropy_stats, hh, model.unembed, w[:, 1:].reshape(-1)[:96],
+                       slice=f"96 positions of the first 2 in-domain val windows, run {spec['name']}")
+    history = pl.read_csv(ctx.input("train") / "history.csv")
+    sat = A.saturation(history)
+    res = pl.DataFrame(rows).join(sat, on="run", how="left").sort("seed", "lr", "batch_size", "weight_decay")
+    res.write_csv(ctx.out / "results.csv")
+
+    out: dict = {"grid": {k: info[k] for k in ("seeds", "batch_sizes", "weight_decays", "lrs", "tokens")},
+                 "n_runs": res.height}
+    out["erank_effects"] = A.hparam_effects(res, "erank")
+    out["erank_sq_effects"] = A.hparam_effects(res, "erank_sq")
+    out["corr"] = {loss: {m: A.correlations(res, m, loss) for m in METRICS} for loss in ("val_loss", "ood_loss")}
+    out["delta_r2"] = {loss: {m: A.delta_r2(res, m, loss) for m in METRICS} for loss in ("val_loss", "ood_loss")}
+    out["saturation"] = A.saturation_counts(res)
+    init = history.filter(pl.col("step") == 0)
+    out["init"] = {"erank": float(init["erank"].mean()), "erank_sq": float(init["erank_sq"].mean()),
+                   "val_loss": float(init["val_loss"].mean())}
+    # agreement of the other geometry metrics with erank (pooled Spearman over runs)
+    out["agreement"] = {m: A.spearman(res["erank"].to_numpy(), res[m].to_numpy()) for m in METRICS if m != "erank"}
+    A.strata(res, "erank", "val_loss").write_csv(ctx.out / "strata_val.csv")
+    A.strata(res, "erank", "ood_loss").write_csv(ctx.out / "strata_ood.csv")
+    # best run per seed: is it also the run with the highest erank?
+    best = res.sort("val_loss").group_by("seed", maintain_order=True).first().sort("seed")
+    top = res.sort("erank", descending=True).group_by("seed", maintain_order=True).first().sort("seed")
+    out["best"] = {"best_run": best["run"].to_list(), "top_erank_run": top["run"].to_list(),
+                   "best_erank_rank": [int((res.filter(pl.col("seed") == s)["erank"] > e).sum()) + 1
+                                       for s, e in zip(best["seed"], best["erank"])]}
+    write_json(ctx.out / "analysis.json", out)
+    rec.save(ctx.out)

@@ -1,0 +1,232 @@
+"""report: seed-aware claims on the batch-size × weight-decay grid, tables and figures (erank vs the
+hyperparameters, erank vs loss coloured by stratum, trajectories).
+
+    python -m stages report unembed_rank
+"""
+from __future__ import annotations
+
+import matplotlib.pyplot as plt
+import polars as pl
+
+from stages.common.claims import Better, Bound, Claim
+from stages.common.config import StageConfig
+from stages.common.paths import read_json
+from stages.common.reporting import Report
+from stages.common.runner import StageContext
+
+CLAIMS = [
+    Bound("erank_driven_by_hparams",
+          "Effective rank of W_U is strongly driven by batch size and weight decay: their main effects explain "
+          "more than half of the variance of the final erank over the grid (η² > 0.5, per seed)",
+          value="erank_effects.eta2", above=0.5,
+          refuted_by="η² of erank on batch size + weight decay ≤ 0.5 beyond 2 s.e. on a majority of seeds"),
+    Better("larger_batch_higher_erank",
+           "Larger batches give a higher erank (paper §4), at equal token budget: mean erank at the largest "
+           "batch size above that at the smallest",
+           a="erank_effects.bs_max", b="erank_effects.bs_min",
+           refuted_by="erank at the largest batch not above the smallest's beyond 2 s.e."),
+    Better("strong_wd_keeps_erank",
+           "Strong weight decay keeps the rank (paper §4): mean erank at the largest weight decay above that "
+           "at the smallest",
+           a="erank_effects.wd_max", b="erank_effects.wd_min",
+           refuted_by="erank at the largest weight decay not above the smallest's beyond 2 s.e."),
+    Claim("correlation_confounded",
+          "erank's correlation with loss is confounded by the hyperparameters: over all runs the partial Spearman ρ "
+          "controlling for batch size and weight decay is smaller in magnitude than the raw ρ and not significant "
+          "(p > 0.05), for in-domain and OOD loss (paper: −0.70 → −0.13 n.s., −0.67 → −0.13 n.s.)",
+          "abs(corr.val_loss.erank.pooled_partial) < abs(corr.val_loss.erank.pooled_raw) and "
+          "corr.val_loss.erank.pooled_partial_p > 0.05 and "
+          "abs(corr.ood_loss.erank.pooled_partial) < abs(corr.ood_loss.erank.pooled_raw) and "
+          "corr.ood_loss.erank.pooled_partial_p > 0.05",
+          refuted_by="a partial ρ as large as the raw one, or significant at p ≤ 0.05 (erank still tracks loss "
+                     "among runs with the same hyperparameters)"),
+    Claim("no_incremental_r2",
+          "Once the hyperparameters are known, erank adds little out-of-sample predictive power for loss: "
+          "added to a one-hot hyperparameter baseline it explains < 10% of the variance the baseline leaves "
+          "(leave-one-out ΔR² / (1 − R²_base) < 0.1), for in-domain and OOD loss (paper: ΔR² −0.003 / −0.004)",
+          "delta_r2.val_loss.erank.rel_delta_r2 < 0.1 and delta_r2.ood_loss.erank.rel_delta_r2 < 0.1",
+          refuted_by="erank explaining ≥ 10% of the loss variance left by the hyperparameters, out of sample"),
+    Claim("saturation_low_rank_not_causal",
+          "Low erank co-occurs with late saturation (saturated runs have lower erank) but low-rank runs "
+          "without saturation exist (adversarial cases)",
+          "saturation.low_sat >= 1 and saturation.low_nosat >= 1 and saturation.erank_gap_nosat_minus_sat > 0",
+          refuted_by="no saturated low-rank run, saturated runs not lower in erank, or every low-rank run saturating"),
+]
+
+
+class Config(StageConfig):
+    pass
+
+
+def grid_table(res: pl.DataFrame) -> pl.DataFrame:
+    return (res.group_by("batch_size", "weight_decay", "lr").agg(
+        pl.len().alias("seeds"),
+        pl.col("erank").mean().alias("erank %"), pl.col("erank").std().alias("erank sd"),
+        pl.col("erank_sq").mean().alias("erank σ² %"), pl.col("h_erank").mean().alias("erank(H) %"),
+        pl.col("cosine").mean().alias("cos"), pl.col("isotropy").mean().alias("I(W)"),
+        pl.col("val_loss").mean().alias("ID loss"), pl.col("ood_loss").mean().alias("OOD loss"),
+        pl.col("saturated").sum().alias("saturated"))
+        .sort("lr", "batch_size", "weight_decay"))
+
+
+def corr_table(an: dict) -> pl.DataFrame:
+    rows = []
+    for loss in ("val_loss", "ood_loss"):
+        for m, c in an["corr"][loss].items():
+            d = an["delta_r2"][loss][m]
+            rows.append({"loss": loss, "metric": m, "ρ raw (pooled)": c["pooled_raw"],
+                         "ρ partial (pooled)": c["pooled_partial"], "p partial": c["pooled_partial_p"],
+                         "ρ raw per seed": ", ".join(f"{x:.2f}" for x in c["raw"]),
+                         "R² hparams (LOO)": d["r2_base"], "ΔR² (LOO)": d["delta_r2"],
+                         "ΔR² / (1 − R²)": d["rel_delta_r2"]})
+    return pl.DataFrame(rows)
+
+
+def fig_hparams(res: pl.DataFrame):
+    fig, axes = plt.subplots(1, 3, figsize=(13, 3.8))
+    for ax, metric, label in zip(axes, ("erank", "erank_sq", "val_loss"),
+                                 ("erank(W_U) % (σ)", "erank(W_U) % (σ²)", "in-domain val loss")):
+        for wd in sorted(res["weight_decay"].unique().to_list()):
+            g = res.filter(pl.col("weight_decay") == wd).group_by("batch_size").agg(
+                pl.col(metric).mean().alias("m"), pl.col(metric).std().alias("s")).sort("batch_size")
+            ax.errorbar(g["batch_size"].to_numpy(), g["m"].to_numpy(), yerr=g["s"].fill_null(0).to_numpy(),
+                        marker="o", capsize=3, label=f"wd={wd:g}")
+        ax.set_xscale("log", base=2)
+        ax.set_xlabel("batch size (equal tokens)")
+        ax.set_ylabel(label)
+        ax.legend(fontsize=7)
+    fig.tight_layout()
+    return fig
+
+
+def fig_scatter(res: pl.DataFrame):
+    fig, axes = plt.subplots(1, 2, figsize=(10, 4))
+    markers = ["o", "s", "^", "D", "v", "P", "X", "*"]
+    wds = sorted(res["weight_decay"].unique().to_list())
+    for ax, loss in zip(axes, ("val_loss", "ood_loss")):
+        for j, bs in enumerate(sorted(res["batch_size"].unique().to_list())):
+            for k, wd in enumerate(wds):
+                f = res.filter((pl.col("batch_size") == bs) & (pl.col("weight_decay") == wd))
+                ax.scatter(f["erank"], f[loss], color=f"C{j}", marker=markers[k % len(markers)],
+                           label=f"bs={bs}, wd={wd:g}", s=30)
+        ax.set_xlabel("erank(W_U) % of max rank")
+        ax.set_ylabel(loss.replace("_", " "))
+    axes[1].legend(fontsize=6, ncol=2)
+    fig.suptitle("erank vs loss, coloured by batch-size stratum (marker = weight decay)")
+    fig.tight_layout()
+    return fig
+
+
+def fig_traj(hist: pl.DataFrame, seed: int):
+    fig, axes = plt.subplots(1, 3, figsize=(14, 3.8))
+    styles = ["-", "--", ":", "-."]
+    h = hist.filter(pl.col("seed") == seed)
+    wds = sorted(h["weight_decay"].unique().to_list())
+    for j, bs in enumerate(sorted(h["batch_size"].unique().to_list())):
+        for k, wd in enumerate(wds):
+            f = h.filter((pl.col("batch_size") == bs) & (pl.col("weight_decay") == wd)).sort("tokens")
+            for ax, col in zip(axes, ("erank", "val_loss", "ood_loss")):
+                ax.plot(f["tokens"], f[col], color=f"C{j}", linestyle=styles[k % 4], label=f"bs={bs}, wd={wd:g}")
+    for ax, lab in zip(axes, ("erank(W_U) %", "in-domain val loss", "OOD val loss")):
+        ax.set_xlabel("training tokens")
+        ax.set_ylabel(lab)
+    axes[0].legend(fontsize=6, ncol=2)
+    fig.suptitle(f"trajectories (seed {seed})")
+    fig.tight_layout()
+    return fig
+
+
+def run(cfg: Config, ctx: StageContext) -> None:
+    ev, tr = ctx.input("evaluate"), ctx.input("train")
+    an = read_json(ev / "analysis.json")
+    res = pl.read_csv(ev / "results.csv")
+    hist = pl.read_csv(tr / "history.csv")
+    info = read_json(tr / "runs.json")
+    g = an["grid"]
+    rep = Report(ctx, "Unembedding effective rank vs performance (miniature)",
+                 "Across controlled OLMo-style training runs the best models often have a high effective rank of "
+                 "the unembedding matrix, but the effective rank is strongly driven by batch size and weight "
+                 "decay; once those are controlled its correlation with (ID and OOD) loss is weak, and low rank "
+                 "co-occurs with late saturation without causing it.")
+    m = info["model"]
+    rep.section("Setup", f"""
+- Corpus (prepare, offline): bytes of the Python standard library's top-level `*.py` sources
+  (in-domain; every 10th file → val) and CPython's C headers `include/*.h` (OOD: another file family). Vocab = 256 bytes.
+- Model: shared tiny transformer, OLMo-style (pre-norm RMSNorm, no biases, SwiGLU, RoPE, **untied** W_U of
+  shape {m['vocab_size']}×{m['d_model']}), {m['n_layers']} layers, {m['n_heads']} heads, context {info['seq_len']}.
+  AdamW (β = 0.9/0.95), linear warm-up then cosine to 10% of the peak LR; weight decay on 2-D weights incl. W_U, not on
+  the input embedding or norms.
+- Grid (one train stage, one Lightning fit per run): batch size {g['batch_sizes']} × weight decay {g['weight_decays']}
+  × lr {g['lrs']} × seeds {g['seeds']} = {an['n_runs']} runs, each **{g['tokens']:,} tokens** (steps = tokens / (batch × context)).
+  Same seed ⇒ same initialization in every cell; same seed and batch size ⇒ same batches for every weight decay.
+- Metrics: erank R(W) = exp(−Σ p_k log p_k), p_k = σ_k/Σσ_j (and the σ²-normalized variant), in % of
+  min(V, C); mean cosine similarity of W_U rows; isotropy I(W); the same on H (last-token final-layer
+  representations of the val windows). Logged at 10 token-aligned points during training; final losses over the
+  whole val / OOD splits through the fused linear+CE kernel.
+- Saturation: ID val loss rising by > 0.01 nats over the last 20% of tokens. Low erank: below the median final erank.
+""")
+    rep.table("Results: grid means over seeds", grid_table(res))
+    ini = an["init"]
+    rep.section("At initialization", f"Mean over runs at step 0: erank(W_U) = {ini['erank']:.1f}% (σ), "
+                f"{ini['erank_sq']:.1f}% (σ²), ID val loss = {ini['val_loss']:.3f} (ln 256 = 5.545). Training lowers the "
+                "rank from this near-full value; runs with fewer optimizer steps (larger batches at equal tokens) "
+                "stay closer to it.")
+    rep.figure("erank_vs_hparams", fig_hparams(res),
+               "Final erank (σ and σ² variants) and in-domain loss vs batch size, one line per weight decay (mean ± sd over seeds)")
+    rep.figure("erank_vs_loss", fig_scatter(res), "Final erank vs in-domain / OOD loss, coloured by batch-size stratum")
+    rep.figure("trajectories", fig_traj(hist, g["seeds"][0]), "erank and losses during training (first seed)")
+    rep.table("Correlations with loss: raw and partial Spearman, incremental R²", corr_table(an),
+              note="Partial ρ controls for log batch size and log(weight decay + 1e-3) (rank-based); ΔR² is the "
+                   "leave-one-out R² of loss ~ one-hot hyperparameters + metric minus that without the metric, pooled over seeds.")
+    strata = pl.read_csv(ev / "strata_val.csv").join(pl.read_csv(ev / "strata_ood.csv"), on=["stratum", "n"],
+                                                      suffix="_ood").rename({"rho": "ρ(erank, ID loss)",
+                                                                             "rho_ood": "ρ(erank, OOD loss)"})
+    rep.table("Within and across strata", strata)
+    cv, co = an["corr"]["val_loss"]["erank"], an["corr"]["ood_loss"]["erank"]
+    within = strata.filter(pl.col("stratum").str.starts_with("batch_size"))["ρ(erank, ID loss)"].to_list()
+    rep.section("Reading the correlations", f"""
+Pooled over all {an['n_runs']} runs, erank vs in-domain loss: raw ρ = {cv['pooled_raw']:.2f}, partial ρ (batch size and
+weight decay controlled) = {cv['pooled_partial']:.2f} (p = {cv['pooled_partial_p']:.2g}); OOD: raw {co['pooled_raw']:.2f},
+partial {co['pooled_partial']:.2f} (p = {co['pooled_partial_p']:.2g}). Within each batch-size stratum ρ(erank, ID loss) =
+{', '.join(f'{x:.2f}' for x in within)}. A positive raw ρ means higher erank goes with *worse* loss across strata (the
+opposite sign to the paper's −0.70): here the across-strata association is carried by the number of optimizer steps
+(large batches at equal tokens take few steps and stay near the near-full-rank initialization), while the sign within a
+stratum is the one to compare with the paper's "best models have high rank".""")
+    s = an["saturation"]
+    rep.table("Saturation vs erank (counts over all runs)", pl.DataFrame([
+        {"": "low erank (< median)", "saturated": s["low_sat"], "not saturated": s["low_nosat"]},
+        {"": "high erank", "saturated": s["high_sat"], "not saturated": s["high_nosat"]}]),
+        note=f"{s['n_sat']} of {s['n_runs']} runs saturate; {s['n_rank_drop_late']} runs lose erank over the last 20%.")
+    agree = pl.DataFrame([{"metric": k, "Spearman ρ with erank(W_U)": v} for k, v in an["agreement"].items()])
+    rep.table("Agreement of the other geometry metrics with erank", agree)
+    b = an["best"]
+    rep.section("Best models", "Per seed, the lowest-ID-loss run and where its erank ranks among that seed's runs "
+                f"(1 = highest): {', '.join(f'{r} (rank {k})' for r, k in zip(b['best_run'], b['best_erank_rank']))}; "
+                f"highest-erank run per seed: {', '.join(b['top_erank_run'])}.")
+    rep.plot("erank_vs_loss", res.select("erank", "val_loss", "ood_loss").sort("erank"), x="erank",
+             y=["val_loss", "ood_loss"], title="unembed_rank: loss vs erank (all runs)")
+    bym = res.group_by("batch_size").agg(pl.col("erank").mean(), pl.col("erank_sq").mean()).sort("batch_size")
+    rep.plot("erank_vs_batch", bym, x="batch_size", y=["erank", "erank_sq"], title="unembed_rank: erank vs batch size")
+    rep.section("Deviations", """
+| paper / official setup | here | why |
+| --- | --- | --- |
+| 108 OLMo LMs, 4–75M non-embedding params, the Pile, 8–128B tokens | one ~30k-param model size, stdlib Python bytes, ~10⁵ tokens per run | 2-CPU budget of a few minutes for the whole grid |
+| bs 32–512, WD 0.01/0.1/0.5, peak-LR multipliers, final-LR 0/1/10% | bs {8, 32, 128} × WD {0, 0.1, 1.0} (card's grid), one LR, final LR 10% | card's miniature grid; LR axis only in the `full` profile |
+| BPE vocab (50k) ≫ d_model | byte vocab 256 vs d_model 32 (max rank 32) | offline byte-level corpus |
+| OOD: Dolma code / Paloma; GPTQ and fine-tuning losses | OOD: C headers; no quantization / fine-tuning | no downloads; scope |
+| partial Spearman over 18 configs per size, 5-fold ΔR² with size/compute/token controls | per-seed partial Spearman over the 9 cells, LOO ΔR² pooled over seeds with hyperparameter controls | one model size, small n |
+| saturation shown on single cases (Pythia-14M) | counted over every run with a fixed rule (loss rise > 0.01 nats in the last 20%) | the card asks for counts |
+""")
+    rep.section("Discussion", """
+The paper trains 108 models up to 75M non-embedding parameters on 8–128B Pile tokens and finds raw ρ ≈ −0.7 between
+erank and loss that drops to ≈ −0.13 (n.s.) with the hyperparameters partialled out, with ΔR² ≈ 0; saturation with rank
+collapse appears in a single small model (Pythia-14M). This miniature trains one tiny byte-level model size for a few
+hundred steps: its runs are far from convergence, so batch size at equal tokens mostly trades the number of optimizer
+steps against gradient noise, and late-stage saturation (a phenomenon of over-trained small models) has little room to
+occur; the saturation claim is therefore a weak test here and the counts are reported as measured. The vocabulary
+(256 bytes) is only 8× the hidden width, unlike the paper's 50k-vs-512, so erank saturates near the maximal rank more
+easily. The model-size axis, quantization and fine-tuning evaluations are not reproduced.
+""")
+    metrics = {k: an[k] for k in ("grid", "n_runs", "erank_effects", "erank_sq_effects", "corr", "delta_r2",
+                                  "saturation", "agreement", "best", "init")}
+    rep.finish(CLAIMS, metrics)
