@@ -25,7 +25,10 @@ ROOT = Path(__file__).resolve().parents[1]
 CORE: dict[str, list[str]] = {
     "stages/common/claims.py": ["tests/common/test_claims_and_reporting.py"],
     "stages/l2g_net/gft.py": ["tests/l2g_net/test_gft.py"],
-    "stages/cv_stability/stability.py": ["tests/cv_stability/test_method.py"],
+    "stages/cv_stability/stability.py": ["tests/cv_stability/test_method.py", "tests/cv_stability/test_identities.py"],
+    "stages/reversal_curse/measures.py": ["tests/reversal_curse"],
+    "stages/fair_bandits/scm.py": ["tests/fair_bandits/test_scm.py"],
+    "stages/unembed_rank/geometry.py": ["tests/unembed_rank"],
     "stages/opus/selection.py": ["tests/opus/test_selection.py", "tests/opus/test_selection_math.py"],
     "stages/induction/semantics.py": ["tests/induction/test_semantics.py"],
     "stages/sciql/algos.py": ["tests/sciql"],
@@ -90,17 +93,15 @@ def main(argv: list[str] | None = None) -> int:
     if unknown:
         print(f"error: {unknown[0]}: not a core module (known: {', '.join(CORE)})", file=sys.stderr)
         return 2
-    results = []
+    out = ROOT / "reports" / "mutation.json"
     with tempfile.TemporaryDirectory(prefix="mutants-") as tmp:
         for module in modules:
             res = run_module(module, CORE[module], Path(tmp))
-            results.append(res)
             print(f"{module}: {res['kill_rate']:.0%} killed ({res['killed']} killed, {res['timeout']} timeout, "
                   f"{res['survived']} survived, {res['other']} not run)", flush=True)
-    out = ROOT / "reports" / "mutation.json"
-    previous = json.loads(out.read_text()) if out.exists() else {}
-    previous.update({r["module"]: r for r in results})
-    out.write_text(json.dumps(previous, indent=2, sort_keys=True) + "\n")
+            previous = json.loads(out.read_text()) if out.exists() else {}
+            previous[module] = res  # written after each module: a long run keeps what it finished
+            out.write_text(json.dumps(previous, indent=2, sort_keys=True) + "\n")
     return 0
 
 

@@ -12,7 +12,7 @@ import pytest
 
 from flowkit import SLUG
 from flowkit_cluster import kill_tree
-from flows.paper_flow import STAGES, artifact_key
+from flows.paper_flow import STAGES, artifact_key, compact_verdicts, embed_figures
 
 pytestmark = pytest.mark.slow
 
@@ -54,9 +54,11 @@ def test_served_deployment_runs_through_the_api(cluster, smoke_flow, tmp_path):
             arts = cluster.artifacts(run.id)
     finally:
         kill_tree(proc.pid)
-    assert arts[artifact_key(SLUG, "report")] == (repo / "reports" / SLUG / "report.md").read_text()
+    report_dir = repo / "reports" / SLUG
+    assert arts[artifact_key(SLUG, "report")] == embed_figures(compact_verdicts((report_dir / "report.md").read_text()),
+                                                               report_dir)
     rows = arts[artifact_key(SLUG, "claims")]
-    stages = {r["name"]: r["statement"] for r in rows if r["kind"] == "stage"}
+    stages = {r["name"].removeprefix("stage "): r["verdict"] for r in rows if r["kind"] == "stage"}
     assert stages == {s: "dvc: unchanged" for s in STAGES}
     metrics = json.loads((repo / "reports" / SLUG / "metrics.json").read_text())
     assert {r["name"]: r["verdict"] for r in rows if r["kind"] == "claim"} == \
