@@ -49,6 +49,16 @@ def producing_command(slug: str) -> str:
     return f"python -m stages report {slug}"
 
 
+_TIME_NAME = __import__("re").compile(r"(^|_)(s|ms|sec|seconds|runtime|time|timing)($|_)")
+
+
+def is_wallclock_key(key: str, wallclock=()) -> bool:
+    """A metric measured in wall-clock time: under a declared subtree, or named like one
+    (`*_s`, `*_ms`, `runtime*`, `time_*`, `timing`)."""
+    parts = key.split(".")
+    return any(key == w or key.startswith(w + ".") for w in wallclock) or any(_TIME_NAME.search(p) for p in parts)
+
+
 def flat_scalars(verdicts: list[dict[str, Any]]) -> dict[str, float]:
     """dvc_metrics.json: one scalar per claim verdict and per number a claim reads."""
     out: dict[str, float] = {}
@@ -124,18 +134,25 @@ class Report:
         frame.write_csv(self.ctx.out / "plots" / f"{name}.csv")
         self.plots[name] = {"x": x, "y": ys, "title": title or name.replace("_", " "), "template": template}
 
-    def finish(self, claims: list[AnyClaim], metrics: dict[str, Any]) -> list[dict[str, Any]]:
+    def finish(self, claims: list[AnyClaim], metrics: dict[str, Any],
+               wallclock: tuple[str, ...] | list[str] = ()) -> list[dict[str, Any]]:
+        """wallclock: metric subtrees measured in wall-clock time (speed, scaling exponents). A claim
+        reading them is marked "wall-clock" (its verdict may change with machine load); everything
+        else must be identical across reruns with the same params (tests/common/test_determinism.py)."""
         from kernels.record import describe, merge_records
 
         if not self.figures:
             raise RuntimeError(f"report@{self.ctx.slug}: a report needs at least one figure")
         verdicts = evaluate_claims(claims, metrics)
+        for v in verdicts:
+            if any(is_wallclock_key(k, wallclock) for k in v["values"]):
+                v["wallclock"] = True
         kernels = merge_records(*(stage_dir(self.ctx.slug, s, self.ctx.root) for s in ("train", "evaluate")))
         runtime = self.ctx.upstream_runtimes()
         runtime["report"] = round(self.ctx.elapsed(), 3)
         command = producing_command(self.ctx.slug)
         doc = {"slug": self.ctx.slug, "profile": self.ctx.profile, "command": command, "claims": verdicts,
-               "kernels": kernels, "runtime_s": runtime, "metrics": metrics}
+               "kernels": kernels, "runtime_s": runtime, "wallclock": sorted(wallclock), "metrics": metrics}
         write_json(self.ctx.out / "metrics.json", doc)
         write_json(self.ctx.out / "dvc_metrics.json", flat_scalars(verdicts))
         write_json(self.ctx.out / "plots" / "_specs.json", self.plots)
@@ -161,7 +178,8 @@ class Report:
             st = v.get("stats") or {}
             if "mean" in st:
                 vals += f"; mean gap {st['mean']:.4g} ± {2 * st['se']:.2g} (2 s.e.), n = {int(st['n'])}"
-            lines.append(f"| {v['name']} | {VERDICT_TEXT[v['verdict']]} | {v['statement']} | "
+            clock = " (wall-clock)" if v.get("wallclock") else ""
+            lines.append(f"| {v['name']} | {VERDICT_TEXT[v['verdict']]}{clock} | {v['statement']} | "
                          f"{vals} (check: `{v['check']}`) | {v.get('refuted_by') or '—'} |")
         lines.append("")
         lines.extend(self.parts)

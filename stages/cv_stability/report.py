@@ -190,14 +190,14 @@ def run(cfg: Config, ctx: StageContext) -> None:
     # per replication batch (independent data streams): coverage, its slope vs log2 n
     batches = pmeta["batches"]
     pb = (per_rep.with_columns((pl.col("rep") % batches).alias("batch"))
-          .group_by("batch", "n", "contrast", "kind", "estimator").agg(pl.col("covered").mean().alias("coverage"))
+          .group_by("batch", "n", "contrast", "kind", "estimator", maintain_order=True).agg(pl.col("covered").mean().alias("coverage"))
           .sort("batch", "n"))
-    batch: dict = {"single_pooled": pb.filter(pl.col("kind") == "single").group_by("batch")
+    batch: dict = {"single_pooled": pb.filter(pl.col("kind") == "single").group_by("batch", maintain_order=True)
                    .agg(pl.col("coverage").mean()).sort("batch")["coverage"].to_list()}
     log2n = np.log2(np.array(ns, dtype=float))
     for name in comparisons:
         rows = pb.filter(pl.col("contrast") == name)
-        maxc = rows.group_by("batch").agg(pl.col("coverage").max()).sort("batch")["coverage"].to_list()
+        maxc = rows.group_by("batch", maintain_order=True).agg(pl.col("coverage").max()).sort("batch")["coverage"].to_list()
         slopes = []
         for b in range(batches):
             y = rows.filter((pl.col("batch") == b) & (pl.col("estimator") == "out")).sort("n")["coverage"].to_numpy()

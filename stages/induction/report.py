@@ -184,7 +184,7 @@ a formula that differs only on unsampled completions (completeness), never admit
     rep.table("Inside vs outside the original grammar fragment (enumeration)", pl.DataFrame(frag_rows),
               "inside: every quantifier body mentions x through one guard literal (the original grammar); outside: "
               "two literals over x, y (incl. `(= x y)`) or a nested quantifier that mentions x again.")
-    tmpl = (enum.group_by("template", "fragment").agg(pl.len().alias("n"), pl.col("solved").mean().alias("solve_rate"),
+    tmpl = (enum.group_by("template", "fragment", maintain_order=True).agg(pl.len().alias("n"), pl.col("solved").mean().alias("solve_rate"),
                                                        (pl.col("size") / pl.col("gold_size")).filter(pl.col("solved"))
                                                        .median().alias("median_size/gold"),
                                                        pl.col("heldout_acc").filter(pl.col("solved")).mean()

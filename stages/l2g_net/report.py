@@ -240,7 +240,7 @@ bank on the dense eigh basis of the true L), ChebNet (K = {train['config']['cheb
     ])
     rep.table("Deviations", dev)
     rep.section("Discussion", _discussion(metrics, ttab))
-    rep.finish(CLAIMS, metrics)
+    rep.finish(CLAIMS, metrics, wallclock=("scaling", "scaling_k", "task_graph"))
 
 
 def _discussion(m: dict, ttab: pl.DataFrame) -> str:

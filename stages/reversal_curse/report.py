@@ -108,7 +108,7 @@ def curves_figure(history: pl.DataFrame, chance: float):
               (axes[3], "transformer", "main", "reverse_acc", "1-layer transformer: held-out reversal")]
     for ax, model, world, col, title in panels:
         sub = history.filter((pl.col("model") == model) & (pl.col("world") == world)).drop_nulls(col)
-        mean = sub.group_by(["arm", "step"]).agg(pl.col(col).mean()).sort("step")
+        mean = sub.group_by(["arm", "step"], maintain_order=True).agg(pl.col(col).mean()).sort("step")
         for arm in sorted(sub["arm"].unique(), key=_rank):
             a = mean.filter(pl.col("arm") == arm)
             ax.plot(a["step"], a[col], label=arm, color=f"C{_rank(arm)[0] % 10}")
@@ -208,8 +208,9 @@ def run(cfg: Config, ctx: StageContext) -> None:
     for model, world, col in (("theory", "main", "reverse_acc"), ("transformer", "main", "reverse_acc"),
                               ("theory", "ref", "nuclear_at_margin")):
         wide = (history.filter((pl.col("model") == model) & (pl.col("world") == world))
-                .group_by("arm", "step").agg(pl.col(col).mean()).sort("step")
+                .group_by("arm", "step", maintain_order=True).agg(pl.col(col).mean()).sort("step")
                 .pivot(on="arm", index="step", values=col))
+        wide = wide.select("step", *sorted(c for c in wide.columns if c != "step"))  # group_by order is not stable
         label = f"{model}_{world}_{col}" if model == "theory" else f"{model}_{col}"
         rep.plot(label, wide, x="step", y=[c for c in wide.columns if c != "step"],
                  title=f"{model} ({world} world): {col.replace('_', ' ')} vs step, mean over seeds")

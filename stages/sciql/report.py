@@ -97,8 +97,8 @@ def env_metrics(df: pl.DataFrame, env: str) -> dict:
     criterion weighs equally), commanded z and episodes."""
     d = df.filter(pl.col("env") == env)
     seeds = sorted(d["seed"].unique().to_list())
-    per_style_seed = d.group_by("seed", "style", "method").agg(pl.col("alignment").mean(), pl.col("norm_return").mean())
-    per_seed = per_style_seed.group_by("seed", "method").agg(pl.col("alignment").mean(), pl.col("norm_return").mean())
+    per_style_seed = d.group_by("seed", "style", "method", maintain_order=True).agg(pl.col("alignment").mean(), pl.col("norm_return").mean())
+    per_seed = per_style_seed.group_by("seed", "method", maintain_order=True).agg(pl.col("alignment").mean(), pl.col("norm_return").mean())
     styles = sorted(d["style"].unique().to_list())
     out: dict[str, Any] = {"seeds": seeds, "alignment": {}, "norm_return": {}, "mean": {}, "per_style": {}}
     for m in METHODS:
@@ -169,9 +169,9 @@ def fig_tradeoff(metrics: dict, per_seed: pl.DataFrame, envs: list[str]):
 
 def curve_frame(curves: pl.DataFrame) -> pl.DataFrame:
     """Learning curves: per (env, step, method, seed) the mean over criteria of the mean over commands."""
-    return (curves.group_by("env", "step", "method", "seed", "style")
+    return (curves.group_by("env", "step", "method", "seed", "style", maintain_order=True)
             .agg(pl.col("alignment").mean(), pl.col("norm_return").mean())
-            .group_by("env", "step", "method", "seed").agg(pl.col("alignment").mean(), pl.col("norm_return").mean())
+            .group_by("env", "step", "method", "seed", maintain_order=True).agg(pl.col("alignment").mean(), pl.col("norm_return").mean())
             .sort("env", "method", "seed", "step"))
 
 
@@ -182,7 +182,7 @@ def fig_curves(cf: pl.DataFrame, envs: list[str]):
         for c, col in enumerate(("alignment", "norm_return")):
             ax = axes[r][c]
             for m in METHODS:
-                g = d.filter(pl.col("method") == m).group_by("step").agg(
+                g = d.filter(pl.col("method") == m).group_by("step", maintain_order=True).agg(
                     pl.col(col).mean().alias("mean"), pl.col(col).min().alias("lo"), pl.col(col).max().alias("hi")).sort("step")
                 if len(g):
                     ax.plot(g["step"], g["mean"], marker="o", ms=3, color=COLOR[m], label=LABEL[m])
@@ -302,18 +302,18 @@ seeds, fails when the reverse holds, and is inconclusive otherwise.
                                **{f"{LABEL[m]} return": float(np.mean(by["norm_return"][m]))
                                   for m in ("sciql", "gawr", "task_iql")}})
     rep.table("Per style criterion (means over seeds)", pl.DataFrame(style_rows))
-    per_seed = (df.group_by("env", "seed", "style", "method").agg(pl.col("alignment").mean(), pl.col("norm_return").mean())
-                .group_by("env", "seed", "method").agg(pl.col("alignment").mean(), pl.col("norm_return").mean())
+    per_seed = (df.group_by("env", "seed", "style", "method", maintain_order=True).agg(pl.col("alignment").mean(), pl.col("norm_return").mean())
+                .group_by("env", "seed", "method", maintain_order=True).agg(pl.col("alignment").mean(), pl.col("norm_return").mean())
                 .sort("env", "method", "seed"))
     rep.table("Per seed", per_seed.with_columns(pl.col("method").replace(LABEL)))
     if len(ablation):
-        ab = (ablation.group_by("seed", "style", "method").agg(pl.col("alignment").mean(), pl.col("norm_return").mean()))
+        ab = (ablation.group_by("seed", "style", "method", maintain_order=True).agg(pl.col("alignment").mean(), pl.col("norm_return").mean()))
         main = (df.filter((pl.col("env") == "circle2d") & pl.col("style").is_in(ab["style"].unique().to_list())
                           & pl.col("method").is_in(["cbc", "sciql", "gawr"]))
-                .group_by("seed", "style", "method").agg(pl.col("alignment").mean(), pl.col("norm_return").mean()))
+                .group_by("seed", "style", "method", maintain_order=True).agg(pl.col("alignment").mean(), pl.col("norm_return").mean()))
         abl = (pl.concat([main.with_columns(pl.lit(str(tc["value_relabel"])).alias("relabel")),
                           ab.with_columns(pl.lit(str(ablation["relabel"][0])).alias("relabel"))])
-               .group_by("relabel", "style", "method").agg(pl.col("alignment").mean(), pl.col("norm_return").mean())
+               .group_by("relabel", "style", "method", maintain_order=True).agg(pl.col("alignment").mean(), pl.col("norm_return").mean())
                .sort("style", "method", "relabel"))
         metrics["ablation"] = {"relabel": str(ablation["relabel"][0]),
                                "alignment": {m: _per_seed(ab, metrics["circle2d"]["seeds"], m, "alignment")
@@ -322,7 +322,7 @@ seeds, fails when the reverse holds, and is inconclusive otherwise.
                   note="Main run: the official 100% random relabelling. Ablation: the same suite trained with "
                        "P(current, future, random) as listed, evaluated the same way.")
     rep.table("Batched policy-loss evaluation on the dataset (kernels/gawr_loss.py)",
-              diag.group_by("env", "style").agg(pl.all().exclude("env", "style", "seed").mean()).sort("env", "style"),
+              diag.group_by("env", "style", maintain_order=True).agg(pl.all().exclude("env", "style", "seed").mean()).sort("env", "style"),
               note="GAWR objective −E[w log π] of each actor over the dataset rows with labels relabelled as in "
                    "training, mean weight and share of clipped weights, expectile losses of the values.")
     if len(cf):

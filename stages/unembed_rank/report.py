@@ -59,7 +59,7 @@ class Config(StageConfig):
 
 
 def grid_table(res: pl.DataFrame) -> pl.DataFrame:
-    return (res.group_by("batch_size", "weight_decay", "lr").agg(
+    return (res.group_by("batch_size", "weight_decay", "lr", maintain_order=True).agg(
         pl.len().alias("seeds"),
         pl.col("erank").mean().alias("erank %"), pl.col("erank").std().alias("erank sd"),
         pl.col("erank_sq").mean().alias("erank σ² %"), pl.col("h_erank").mean().alias("erank(H) %"),
@@ -87,7 +87,7 @@ def fig_hparams(res: pl.DataFrame):
     for ax, metric, label in zip(axes, ("erank", "erank_sq", "val_loss"),
                                  ("erank(W_U) % (σ)", "erank(W_U) % (σ²)", "in-domain val loss")):
         for wd in sorted(res["weight_decay"].unique().to_list()):
-            g = res.filter(pl.col("weight_decay") == wd).group_by("batch_size").agg(
+            g = res.filter(pl.col("weight_decay") == wd).group_by("batch_size", maintain_order=True).agg(
                 pl.col(metric).mean().alias("m"), pl.col(metric).std().alias("s")).sort("batch_size")
             ax.errorbar(g["batch_size"].to_numpy(), g["m"].to_numpy(), yerr=g["s"].fill_null(0).to_numpy(),
                         marker="o", capsize=3, label=f"wd={wd:g}")
@@ -205,7 +205,7 @@ stratum is the one to compare with the paper's "best models have high rank".""")
                 f"highest-erank run per seed: {', '.join(b['top_erank_run'])}.")
     rep.plot("erank_vs_loss", res.select("erank", "val_loss", "ood_loss").sort("erank"), x="erank",
              y=["val_loss", "ood_loss"], title="unembed_rank: loss vs erank (all runs)")
-    bym = res.group_by("batch_size").agg(pl.col("erank").mean(), pl.col("erank_sq").mean()).sort("batch_size")
+    bym = res.group_by("batch_size", maintain_order=True).agg(pl.col("erank").mean(), pl.col("erank_sq").mean()).sort("batch_size")
     rep.plot("erank_vs_batch", bym, x="batch_size", y=["erank", "erank_sq"], title="unembed_rank: erank vs batch size")
     rep.section("Deviations", """
 | paper / official setup | here | why |

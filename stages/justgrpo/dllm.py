@@ -1,0 +1,216 @@
+"""The masked-diffusion LM (shared tiny transformer, bidirectional), its pretraining objective, its
+samplers, the two likelihoods GRPO needs, and the two RL policies.
+
+    model = TinyTransformer(TinyTransformerConfig(..., causal=False))
+    gen, info = decode(model, prompts, gen_len=16, block_len=1, tokens_per_step=1, temperature=1.0, generator=g)
+        block_len=1, k=1            AR order (JustGRPO's rollout)
+        block_len=L, k=1            low-confidence arbitrary order
+        block_len=B, k tokens/step  semi-AR blocks with parallel decoding (LLaDA's evaluation)
+    logp = ar_logprobs(model, prompts, gen)        exact AR likelihood under the dLLM (JustGRPO)
+    logp = onestep_logprobs(model, prompts, gen)   one-step masked surrogate (d1-style baseline)
+
+Token log-probs and the sampler's confidences go through ``kernels/token_logprob``.
+"""
+from __future__ import annotations
+
+from typing import Literal
+
+import lightning as L
+import torch
+import torch.nn as nn
+
+from kernels.token_logprob import token_logprob
+from stages.common.tiny_transformer import TinyTransformer, TinyTransformerConfig
+from stages.justgrpo.task import EOS, MASK, PROMPT_LEN, answers, correct
+
+NEG = -1.0e4   # logit of the MASK token at decoding (never sampled); finite so 0·z stays 0
+
+
+class Counter:
+    """Counts kernel calls for kernels.record (rec may be None in tests)."""
+
+    def __init__(self, rec=None):
+        self.rec = rec
+
+    @property
+    def backend(self) -> str:
+        return self.rec.backend if self.rec is not None else "torch"
+
+    def __call__(self, n: int = 1) -> None:
+        if self.rec is not None:
+            self.rec.count("token_logprob", n)
+
+
+def gen_logits(model: TinyTransformer, x: torch.Tensor, positions: slice | None = None) -> torch.Tensor:
+    """Logits with the MASK token excluded (the dLLM never predicts MASK)."""
+    logits = model(x)
+    if positions is not None:
+        logits = logits[:, positions]
+    return logits.index_fill(-1, torch.tensor([MASK], device=x.device), NEG)
+
+
+# ----------------------------------------------------------------------------------------------
+# pretraining: masked diffusion
+# ----------------------------------------------------------------------------------------------
+class MaskedDiffusionLM(L.LightningModule):
+    """ALGO: masked-diffusion objective (LLaDA Eq. 3, SFT form: the prompt is never masked)
+        t ~ U(0, 1],  each completion token masked with prob t,
+        L(θ) = − E_t E_{x_t} [ (1/t) Σ_{i masked} log p_θ(x0_i | prompt, x_t) ] / L_gen
+    """
+
+    def __init__(self, model_cfg: TinyTransformerConfig, lr: float, weight_decay: float, seed: int,
+                 counter: Counter | None = None):
+        super().__init__()
+        self.model = TinyTransformer(model_cfg)
+        self.lr, self.weight_decay, self.seed = lr, weight_decay, seed
+        self.counter = counter or Counter()
+        self.history: list[dict[str, float]] = []
+        self._gen: torch.Generator | None = None
+
+    def configure_optimizers(self):
+        return torch.optim.AdamW(self.model.parameters(), lr=self.lr, weight_decay=self.weight_decay)
+
+    def training_step(self, x0, batch_idx):
+        if self._gen is None:
+            self._gen = torch.Generator(device=self.device).manual_seed(self.seed)
+        P = PROMPT_LEN
+        y = x0[:, P:]                                                        # (B, L)
+        B, Lg = y.shape
+        t = 1e-3 + (1 - 1e-3) * torch.rand(B, generator=self._gen, device=self.device)   # t ~ U(0,1]
+        m = torch.rand(B, Lg, generator=self._gen, device=self.device) < t[:, None]
+        xt = torch.where(m, torch.full_like(y, MASK), y)
+        logits = self.model(torch.cat([x0[:, :P], xt], 1))[:, P:]           # (B, L, V)
+        logp = token_logprob(logits, y, backend=self.counter.backend)
+        self.counter()
+        loss = -(logp * m / t[:, None]).sum() / (B * Lg)                     # ALGO: 1/t-weighted masked CE
+        self.history.append({"step": int(self.global_step), "loss": float(loss.detach())})
+        self.log("pretrain/loss", loss, on_step=True, prog_bar=False)
+        return loss
+
+
+# ----------------------------------------------------------------------------------------------
+# samplers
+# ----------------------------------------------------------------------------------------------
+@torch.no_grad()
+def decode(model: TinyTransformer, prompts: torch.Tensor, gen_len: int, block_len: int, tokens_per_step: int,
+           temperature: float, generator: torch.Generator | None = None, counter: Counter | None = None):
+    """LLaDA-style decoding. Blocks of ``block_len`` left to right; inside a block each step predicts
+    every masked position (Gumbel-max sample at temperature T, argmax at T = 0), scores it by the
+    untempered confidence softmax(l)[x̂], and commits the ``tokens_per_step`` most confident.
+    Returns (gen (B, L), info) with info["step"] (B, L) the step at which each position was decoded
+    and info["entropy"] (B, L) the predictive entropy of that position at that moment, info["logp"]
+    (B, L) the (untempered) log-prob of the committed token in the context it was decoded in."""
+    counter = counter or Counter()
+    B, P = prompts.shape
+    dev = prompts.device
+    x = torch.cat([prompts, torch.full((B, gen_len), MASK, dtype=prompts.dtype, device=dev)], 1)
+    dec_step = torch.full((B, gen_len), -1, dtype=torch.long, device=dev)
+    ent_at = torch.zeros(B, gen_len, device=dev)
+    logp_at = torch.zeros(B, gen_len, device=dev)
+    pos = torch.arange(gen_len, device=dev)
+    step = 0
+    for b0 in range(0, gen_len, block_len):
+        b1 = min(b0 + block_len, gen_len)
+        in_block = (pos >= b0) & (pos < b1)
+        while True:
+            masked = (x[:, P:] == MASK) & in_block[None]
+            remaining = int(masked[0].sum())
+            if remaining == 0:
+                break
+            logits = gen_logits(model, x, slice(P, None)).float()           # (B, L, V)
+            if temperature > 0:                                               # Gumbel-max sampling
+                u = torch.rand(logits.shape, generator=generator, device=dev).clamp_min(1e-20)
+                x0 = (logits / temperature - torch.log(-torch.log(u))).argmax(-1)
+            else:
+                x0 = logits.argmax(-1)
+            logp, ent = token_logprob(logits, x0, with_entropy=True, backend=counter.backend)
+            counter()
+            conf = torch.where(masked, logp.exp(), torch.full_like(logp, -1.0))   # low-confidence remasking
+            k = min(tokens_per_step, remaining)
+            chosen = conf.topk(k, dim=1).indices                              # (B, k)
+            sel = torch.zeros_like(masked).scatter_(1, chosen, True)
+            x[:, P:] = torch.where(sel, x0, x[:, P:])
+            dec_step = torch.where(sel, torch.full_like(dec_step, step), dec_step)
+            ent_at = torch.where(sel, ent, ent_at)
+            logp_at = torch.where(sel, logp, logp_at)
+            step += 1
+    return x[:, P:], {"step": dec_step, "entropy": ent_at, "logp": logp_at, "n_steps": step}
+
+
+# ----------------------------------------------------------------------------------------------
+# likelihoods for GRPO
+# ----------------------------------------------------------------------------------------------
+def ar_logprobs(model: TinyTransformer, prompts: torch.Tensor, gen: torch.Tensor,
+                counter: Counter | None = None) -> torch.Tensor:
+    """ALGO: JustGRPO exact AR likelihood: for each t, input [prompt, y_<t, MASK·(L−t)],
+    logp_t = log_softmax(logits[P+t])[y_t]  — the same masked context as the block-1 rollout."""
+    counter = counter or Counter()
+    B, Lg = gen.shape
+    P = prompts.shape[1]
+    dev = gen.device
+    keep = torch.arange(Lg, device=dev)[None, :] < torch.arange(Lg, device=dev)[:, None]   # (t, pos): pos < t
+    ctx = torch.where(keep[None], gen[:, None, :], torch.full_like(gen[:, None, :], MASK))  # (B, L, L)
+    inp = torch.cat([prompts[:, None, :].expand(B, Lg, P), ctx], -1).reshape(B * Lg, P + Lg)
+    h = model.hidden(inp).view(B, Lg, P + Lg, -1)
+    t = torch.arange(Lg, device=dev)
+    h_t = h[:, t, P + t]                                                      # (B, L, C) position P+t of row t
+    logits = (h_t @ model.unembed.T).index_fill(-1, torch.tensor([MASK], device=dev), NEG)
+    counter()
+    return token_logprob(logits, gen, backend=counter.backend)
+
+
+def onestep_logprobs(model: TinyTransformer, prompts: torch.Tensor, gen: torch.Tensor,
+                     counter: Counter | None = None) -> torch.Tensor:
+    """ALGO: d1-style one-step surrogate: logp_t ≈ log p(y_t | prompt, all completion tokens masked)."""
+    counter = counter or Counter()
+    P = prompts.shape[1]
+    x = torch.cat([prompts, torch.full_like(gen, MASK)], 1)
+    logits = gen_logits(model, x, slice(P, None))
+    counter()
+    return token_logprob(logits, gen, backend=counter.backend)
+
+
+# ----------------------------------------------------------------------------------------------
+# RL policies (stages.common.grpo.GRPOPolicy)
+# ----------------------------------------------------------------------------------------------
+class DLLMPolicy(nn.Module):
+    """justgrpo: AR-order rollout (block 1, T=1) + exact AR likelihood.
+    arbitrary: low-confidence arbitrary-order rollout (T=1) + one-step masked surrogate (d1-style)."""
+
+    def __init__(self, model: TinyTransformer, gen_len: int, arm: Literal["justgrpo", "arbitrary"],
+                 counter: Counter | None = None):
+        super().__init__()
+        self.model, self.gen_len, self.arm = model, gen_len, arm
+        self.counter = counter or Counter()
+
+    def rollout(self, prompts, group_size, generator):
+        p = prompts.repeat_interleave(group_size, 0)                          # prompt-major rows
+        block = 1 if self.arm == "justgrpo" else self.gen_len
+        gen, _ = decode(self.model, p, self.gen_len, block, 1, 1.0, generator, self.counter)
+        # loss covers every position, EOS fill included (official grpo.py:34-50)
+        return {"prompts": p, "tokens": gen, "mask": torch.ones(gen.shape, device=gen.device)}
+
+    def token_logprobs(self, roll):
+        fn = ar_logprobs if self.arm == "justgrpo" else onestep_logprobs
+        return fn(self.model, roll["prompts"], roll["tokens"], self.counter)
+
+
+def reward_fn(prompts, roll) -> torch.Tensor:
+    """ALGO: reward +1 if the answer after '#' is right, −1 otherwise."""
+    ok = correct(roll["tokens"], answers(roll["prompts"]))
+    return ok.float() * 2.0 - 1.0
+
+
+@torch.no_grad()
+def greedy_accuracy(model: TinyTransformer, prompts: torch.Tensor, gen_len: int, block_len: int,
+                    tokens_per_step: int, counter: Counter | None = None, batch: int = 512) -> float:
+    hits = 0
+    for i in range(0, prompts.shape[0], batch):
+        p = prompts[i:i + batch]
+        gen, _ = decode(model, p, gen_len, block_len, tokens_per_step, 0.0, None, counter)
+        hits += int(correct(gen, answers(p)).sum())
+    return hits / max(1, prompts.shape[0])
+
+
+__all__ = ["EOS", "MaskedDiffusionLM", "decode", "ar_logprobs", "onestep_logprobs", "DLLMPolicy",
+           "reward_fn", "greedy_accuracy", "Counter"]

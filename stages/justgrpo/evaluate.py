@@ -1,0 +1,141 @@
+"""evaluate: (1) the flexibility trap on each seed's pretrained dLLM — pass@k (unbiased estimator,
+k up to n_samples = 64, T = 1) under AR order vs low-confidence arbitrary order, and the predictive
+entropy of fork tokens at the moment each sampler decodes them; (2) greedy accuracy of the base
+model and both RL arms with semi-AR parallel decoding at 1, 2 and 4 tokens per step.
+Sampler confidences and token log-probs go through ``kernels/token_logprob``.
+
+    python -m stages evaluate justgrpo [--profile smoke]
+"""
+from __future__ import annotations
+
+import numpy as np
+import polars as pl
+import torch
+from pydantic import Field, field_validator, model_validator
+
+from kernels.record import KernelRecord
+from kernels.token_logprob import token_logprob
+from stages.common.config import PositiveInt, StageConfig, unique_items
+from stages.common.device import DeviceName, generator, pick_device
+from stages.common.paths import read_json, write_json
+from stages.common.runner import StageContext
+from stages.common.tiny_transformer import TinyTransformer, TinyTransformerConfig
+from stages.justgrpo.dllm import Counter, decode, greedy_accuracy
+from stages.justgrpo.prepare import load_prompts
+from stages.justgrpo.task import MASK, PROMPT_LEN, answers, correct, is_fork
+
+SAMPLERS = {"ar": (1, 1), "arbitrary": (None, 1)}   # name -> (block_len (None = whole generation), tokens/step)
+
+
+class Config(StageConfig):
+    device: DeviceName = "auto"
+    torch_threads: int = Field(1, ge=1, le=64)
+    n_samples: PositiveInt = Field(64, le=1024, description="samples per prompt for pass@k (T = 1)")
+    ks: list[PositiveInt] = Field(default_factory=lambda: [1, 2, 4, 8, 16, 32, 64], min_length=1, max_length=16)
+    passk_prompts: PositiveInt = Field(48, le=500, description="test prompts for pass@k and fork entropy")
+    eval_prompts: PositiveInt = Field(100, le=500, description="test prompts for greedy accuracy")
+    tokens_per_step: list[PositiveInt] = Field(default_factory=lambda: [1, 2, 4], min_length=1, max_length=8)
+    eval_block: PositiveInt = Field(7, le=32, description="semi-AR block length of the greedy evaluation")
+    sample_batch: PositiveInt = Field(1024, le=65536)
+    seed: int = Field(0, ge=0, lt=2**32, description="sampling seed (per model: seed + run seed)")
+
+    @field_validator("ks", "tokens_per_step")
+    @classmethod
+    def _distinct(cls, v, info):
+        return unique_items(v, info.field_name)
+
+    @model_validator(mode="after")
+    def _k(self):
+        if max(self.ks) > self.n_samples:
+            raise ValueError(f"ks: k = {max(self.ks)} is larger than n_samples = {self.n_samples} "
+                             "(the unbiased pass@k estimator needs n ≥ k)")
+        if max(self.tokens_per_step) > self.eval_block:
+            raise ValueError(f"tokens_per_step: {max(self.tokens_per_step)} exceeds eval_block {self.eval_block}")
+        return self
+
+
+def pass_at_k(n: int, c: np.ndarray, k: int) -> np.ndarray:
+    """ALGO: unbiased pass@k (Chen et al. 2021): 1 − C(n−c, k)/C(n, k), as a stable product."""
+    out = np.ones(len(c))
+    for j, cj in enumerate(c):
+        if n - cj >= k:
+            out[j] = 1.0 - np.prod(1.0 - k / np.arange(n - cj + 1, n + 1))
+    return out
+
+
+def load_model(path, mcfg: dict, device) -> TinyTransformer:
+    model = TinyTransformer(TinyTransformerConfig(**mcfg)).to(device)
+    model.load_state_dict(torch.load(path, map_location=device, weights_only=True))
+    return model.eval()
+
+
+@torch.no_grad()
+def sample_stats(model, prompts, gen_len: int, sampler: str, n: int, batch: int, g, counter) -> dict:
+    """n samples per prompt: per-prompt correct counts, fork-position entropy and decode step."""
+    block, tps = SAMPLERS[sampler]
+    block = gen_len if block is None else block
+    rows = prompts.repeat_interleave(n, 0)
+    ok, ent0, step0 = [], [], []
+    for i in range(0, rows.shape[0], batch):
+        p = rows[i:i + batch]
+        gen, info = decode(model, p, gen_len, block, tps, 1.0, g, counter)
+        ok.append(correct(gen, answers(p)))
+        ent0.append(info["entropy"][:, 0])
+        step0.append(info["step"][:, 0].float() / (info["n_steps"] - 1))
+    ok = torch.cat(ok).view(-1, n)
+    fork = is_fork(prompts)
+    ent0 = torch.cat(ent0).view(-1, n)
+    step0 = torch.cat(step0).view(-1, n)
+    return {"c": ok.sum(1).cpu().numpy(), "fork_entropy": float(ent0[fork].mean()),
+            "nonfork_entropy": float(ent0[~fork].mean()), "fork_decode_step": float(step0[fork].mean())}
+
+
+def run(cfg: Config, ctx: StageContext) -> None:
+    torch.set_num_threads(cfg.torch_threads)
+    device = pick_device(cfg.device)
+    info = read_json(ctx.input("train") / "models.json")
+    seeds, gen_len, arms, mcfg = info["seeds"], info["gen_len"], info["arms"], info["model"]
+    if cfg.eval_block > gen_len:
+        raise ValueError(f"eval_block: {cfg.eval_block} exceeds gen_len {gen_len}")
+    test = load_prompts(ctx.input("prepare"), "test").to(device)
+    pk_prompts, acc_prompts = test[: cfg.passk_prompts], test[: cfg.eval_prompts]
+    rec = KernelRecord(device)
+    counter = Counter(rec)
+    passk_rows, acc_rows = [], []
+    metrics: dict = {"seeds": seeds, "ks": cfg.ks, "n_samples": cfg.n_samples, "passk": {}, "fork": {}, "acc": {},
+                     "n_fork_prompts": int(is_fork(pk_prompts).sum()), "passk_prompts": int(len(pk_prompts)),
+                     "eval_prompts": int(len(acc_prompts))}
+    for seed in seeds:
+        base = load_model(ctx.input("train") / f"base_s{seed}.pt", mcfg, device)
+        # --- 1. flexibility trap on the pretrained dLLM
+        for sampler in SAMPLERS:
+            g = generator(device, cfg.seed + seed)
+            st = sample_stats(base, pk_prompts, gen_len, sampler, cfg.n_samples, cfg.sample_batch, g, counter)
+            curve = {k: float(pass_at_k(cfg.n_samples, st["c"], k).mean()) for k in cfg.ks}
+            for k, v in curve.items():
+                passk_rows.append({"seed": seed, "sampler": sampler, "k": k, "pass_at_k": v})
+            pk = metrics["passk"].setdefault(sampler, {})
+            for k, v in curve.items():
+                pk.setdefault(f"pass{k}", []).append(v)
+            fk = metrics["fork"].setdefault(sampler, {})
+            for key in ("fork_entropy", "nonfork_entropy", "fork_decode_step"):
+                fk.setdefault(key, []).append(st[key])
+        # --- 2. greedy accuracy with parallel decoding (semi-AR blocks, low-confidence remasking, T = 0)
+        for name in ["base"] + arms:
+            model = base if name == "base" else load_model(ctx.input("train") / f"{name}_s{seed}.pt", mcfg, device)
+            for tps in cfg.tokens_per_step:
+                acc = greedy_accuracy(model, acc_prompts, gen_len, cfg.eval_block, tps, counter)
+                acc_rows.append({"seed": seed, "model": name, "tokens_per_step": tps, "acc": acc})
+                metrics["acc"].setdefault(name, {}).setdefault(f"tps{tps}", []).append(acc)
+        # Triton path vs torch reference on real sampler inputs (this seed's base model)
+        if seed == seeds[0]:
+            with torch.no_grad():
+                x = torch.cat([pk_prompts[:24], torch.full((min(24, len(pk_prompts)), gen_len), MASK, device=device)], 1)
+                logits = base(x)[:, PROMPT_LEN:].float()
+                rec.parity("token_logprob", lambda l, t, backend: token_logprob(l, t, with_entropy=True, backend=backend),
+                           logits.contiguous(), logits.argmax(-1),
+                           slice=f"seed-{seed} base dLLM: first-step logits of 24 test prompts (logp and entropy)")
+    rec.save(ctx.out)
+    pl.DataFrame(passk_rows).write_csv(ctx.out / "passk.csv")
+    pl.DataFrame(acc_rows).write_csv(ctx.out / "accuracy.csv")
+    write_json(ctx.out / "eval.json", metrics)

@@ -1,0 +1,1 @@
+"""tgdt: TG-DT (text-guided decision transformer) in miniature."""

@@ -1,0 +1,183 @@
+"""evaluate@tgdt: zero-shot returns on seen and unseen tasks, text→trajectory retrieval, probes.
+
+    python -m stages evaluate tgdt [--profile smoke]
+
+For every (env, arm, seed): ``episodes`` rollouts per task (all tasks, training and held-out) with
+the DT conditioned on the task's *description only* (TG-DT arms; template = episode index mod 4),
+the task id (onehot), the true target velocity (oracle) or nothing (dt), from the fixed target
+return-to-go R̂_0 = mean training-task expert return, R̂ ← R̂ − r / scale. Normalised return per
+task = (R − R_random) / (R_expert − R_random) from prepare's reference returns.
+
+Retrieval (hot loop through kernels/fused_infonce.py via KernelRecord): for each TG-DT(-noalign)
+seed and ``retrieval_rounds`` rounds, every task's description vs one expert segment of every task
+(held-out tasks' trajectories included) → per-row top-1 hit (text → trajectory), split by seen /
+unseen tasks; the mean cosine-similarity matrix of TG-DT's first seed is kept for the figure.
+``probes``: extra descriptions embedded by TG-DT (nearest task reported); a word never seen in
+training is warned about and listed under ``unknown_words``.
+"""
+from __future__ import annotations
+
+import warnings
+
+import numpy as np
+import torch
+from pydantic import Field
+
+from kernels.fused_infonce import fused_infonce, retrieval_hits
+from kernels.record import KernelRecord
+from stages.common.config import StageConfig
+from stages.common.device import DeviceName, pick_device
+from stages.common.paths import read_json, write_json
+from stages.tgdt import envs as E
+from stages.tgdt.model import TEXT_ARMS, TGDT
+from stages.tgdt.train import load_env
+
+
+class Config(StageConfig):
+    device: DeviceName = "auto"
+    seed: int = Field(0, ge=0, lt=2**32)
+    episodes: int = Field(4, ge=1, le=1000)              # rollouts per task per (arm, seed)
+    retrieval_rounds: int = Field(8, ge=1, le=1000)
+    probes: list[str] = Field(default_factory=list, max_length=64)   # extra descriptions to embed
+
+
+def load_model(path, device) -> TGDT:
+    ck = torch.load(path, map_location=device, weights_only=False)
+    model = TGDT(**ck["hparams"]).to(device)
+    model.load_state_dict(ck["state_dict"])
+    return model.eval()
+
+
+@torch.no_grad()
+def rollout(model: TGDT, tasks: list[E.Task], data: dict, meta: dict, episodes: int, seed: int, device):
+    """Batched rollouts of every task × episode; returns raw returns (n_tasks, episodes)."""
+    K, T = model.hparams.context, meta["max_steps"]
+    mean = torch.tensor(meta["obs_mean"], device=device)
+    std = torch.tensor(meta["obs_std"], device=device)
+    envs = [(task, e, E.make_env(task, T)) for task in tasks for e in range(episodes)]
+    n = len(envs)
+    obs0 = [env.reset(seed=int(seed * 100_003 + 1000 * task.index + e))[0] for task, e, env in envs]
+    O = torch.zeros(n, T, meta["obs_dim"], device=device)
+    A = torch.zeros(n, T, meta["act_dim"], device=device)
+    Rh = torch.zeros(n, T, device=device)
+    O[:, 0] = (torch.tensor(np.stack(obs0), device=device) - mean) / std
+    Rh[:, 0] = meta["target_return"] / meta["rtg_scale"]                 # fixed target return-to-go
+    task_ids = torch.tensor([task.index for task, _, _ in envs], device=device)
+    tmpl = torch.tensor([e % len(E.TEMPLATES) for _, e, _ in envs], device=device)
+    cond = {"task": task_ids, "vector": data["vector"].to(device)[task_ids],
+            "text": data["text"].to(device)[task_ids, tmpl]}
+    ret = np.zeros(n)
+    alive = np.ones(n, dtype=bool)
+    for t in range(T):
+        idx = t + 1 - K + torch.arange(K, device=device)
+        pad = (idx < 0)[None].expand(n, K)
+        idc = idx.clamp_min(0)
+        a = model.act(Rh[:, idc], O[:, idc], A[:, idc], idc[None].expand(n, K), pad, cond)[:, -1]
+        A[:, t] = a
+        a_np = a.cpu().numpy()
+        for i, (_, _, env) in enumerate(envs):
+            if not alive[i]:
+                continue
+            o, r, term, trunc, _ = env.step(a_np[i])
+            ret[i] += r
+            if t + 1 < T:
+                O[i, t + 1] = (torch.tensor(o, device=device) - mean) / std
+                Rh[i, t + 1] = Rh[i, t] - r / meta["rtg_scale"]
+            alive[i] = not (term or trunc)
+    for _, _, env in envs:
+        env.close()
+    return ret.reshape(len(tasks), episodes)
+
+
+@torch.no_grad()
+def retrieval(model: TGDT, data: dict, rounds: int, rec: KernelRecord, seed: int, device, parity: bool, label: str):
+    """Per-task top-1 text→trajectory hit rate (all tasks at once) and the mean cosine matrix."""
+    Lg = model.hparams.seg_len
+    n_tasks, n_tmpl = data["text"].shape[:2]
+    T = data["obs"].shape[1]
+    g = torch.Generator().manual_seed(seed)
+    hits, sim = torch.zeros(n_tasks), torch.zeros(n_tasks, n_tasks)
+    for r in range(rounds):
+        ep = torch.stack([data["expert_eps"][t][r % len(data["expert_eps"][t])] for t in range(n_tasks)])
+        start = torch.randint(0, T - Lg + 1, (n_tasks,), generator=g)
+        idx = start[:, None] + torch.arange(Lg)[None]
+        z = model.traj_embedding(data["obs"][ep[:, None], idx].to(device), data["act"][ep[:, None], idx].to(device))
+        t = model.text_embedding(data["text"][torch.arange(n_tasks), r % n_tmpl].to(device))
+        s = model.logit_scale.exp().clamp(max=100.0)
+        out = rec.call("fused_infonce", fused_infonce, t, z, s)
+        if parity and r == 0:
+            rec.parity("fused_infonce", fused_infonce, t, z, s,
+                       slice=f"{label}: all {n_tasks} tasks' (description, expert segment) pairs, round 0")
+        hits += retrieval_hits(out)[0].float().cpu()
+        sim += (t @ z.T).cpu()
+    return (hits / rounds).numpy(), (sim / rounds).numpy()
+
+
+def run(cfg: Config, ctx) -> None:
+    torch.set_num_threads(1)
+    device = pick_device(cfg.device)
+    rec = KernelRecord(device)
+    prep, trained = ctx.input("prepare"), ctx.input("train")
+    tcfg = read_json(trained / "train_summary.json")["config"]
+    out: dict = {"envs": {}, "probes": [], "unknown_words": []}
+    parity_done = False
+    env_names = read_json(prep / "summary.json")["envs"]
+    probe_env = "pointmass" if "pointmass" in env_names else env_names[0]
+    out["probe_env"] = probe_env
+    for env in env_names:
+        data, meta = load_env(prep / env, tcfg["text_len"])
+        tasks = [E.Task(env, t["index"], t["direction"], t["speed"], tuple(t["vector"]), t["held_out"])
+                 for t in meta["tasks"]]
+        rand = np.array([t["ref_random"] for t in meta["tasks"]])
+        expert = np.array([t["ref_expert"] for t in meta["tasks"]])
+        denom = np.maximum(expert - rand, 0.1 * np.abs(rand) + 1e-3)   # guard: expert ≈ random (HalfCheetah slow)
+        held = np.array([t.held_out for t in tasks])
+        res: dict = {"arms": {}, "tasks": meta["tasks"], "retrieval": {}}
+        for arm in tcfg["arms"]:
+            per = {"seen": [], "unseen": [], "per_task": []}
+            for seed in tcfg["seeds"]:
+                model = load_model(trained / env / f"{arm}_s{seed}.pt", device)
+                raw = rollout(model, tasks, data, meta, cfg.episodes, cfg.seed + seed, device)
+                norm = (raw.mean(1) - rand) / denom                           # normalised return per task
+                per["seen"].append(float(norm[~held].mean()))
+                per["unseen"].append(float(norm[held].mean()))
+                per["per_task"].append(norm.tolist())
+                if arm in TEXT_ARMS:
+                    hit, sim = retrieval(model, data, cfg.retrieval_rounds, rec, cfg.seed + seed, device,
+                                         parity=not parity_done, label=f"{env}/{arm} seed {seed}")
+                    parity_done = True
+                    rr = res["retrieval"].setdefault(arm, {"seen": [], "unseen": [], "sim": None})
+                    rr["seen"].append(float(hit[~held].mean()))
+                    rr["unseen"].append(float(hit[held].mean()))
+                    if rr["sim"] is None:
+                        rr["sim"] = sim.tolist()
+                    if arm == "tgdt" and seed == tcfg["seeds"][0] and env == probe_env:
+                        out["probes"] += probe(model, data, meta, cfg.probes, tcfg["text_len"], device, env, out)
+                print(f"evaluate@tgdt: {env} {arm} seed {seed}: seen {per['seen'][-1]:.3f} unseen {per['unseen'][-1]:.3f}")
+            res["arms"][arm] = per
+        res["chance_retrieval"] = 1.0 / len(tasks)
+        out["envs"][env] = res
+    rec.save(ctx.out)
+    write_json(ctx.out / "eval.json", out)
+
+
+@torch.no_grad()
+def probe(model, data, meta, probes, text_len, device, env, out) -> list[dict]:
+    """Embed extra descriptions; warn about (and record) words never seen in training."""
+    vocab = E.Vocab(meta["vocab"])
+    tasks_emb = model.text_embedding(data["text"][:, 0].to(device))
+    rows = []
+    for i, text in enumerate(probes):
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            ids = vocab.encode(text, text_len, field=f"probes[{i}]")
+        for w in caught:
+            print(f"evaluate@tgdt: warning: {w.message}")
+        unknown = vocab.unknown(text)
+        out["unknown_words"] += [w for w in unknown if w not in out["unknown_words"]]
+        e = model.text_embedding(torch.tensor([ids], device=device))
+        j = int((e @ tasks_emb.T).argmax())
+        t = meta["tasks"][j]
+        rows.append({"env": env, "probe": text, "unknown_words": unknown,
+                     "nearest_task": f"{t['direction']} {t['speed']}"})
+    return rows

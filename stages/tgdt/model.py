@@ -1,0 +1,237 @@
+"""TG-DT: text encoder, trajectory encoder, dual alignment, decision transformer with cross-attention.
+
+    model = TGDT(arm="tgdt", obs_dim=4, act_dim=2, n_tasks=24, task_dim=2, vocab_size=20, ...)
+    model.attach(data)                        # tensors from stages/tgdt/train.load_env (train tasks only)
+    trainer.fit(model, DataLoader(range(steps), batch_size=None))
+    a = model.act(rtg, obs, act, tsteps, pad, cond)      # (B, K, act_dim) at evaluation
+
+Arms (``arm``) differ only in what the decision transformer cross-attends to (the "memory"):
+    tgdt          text-encoder token states of the task description, + InfoNCE + matching losses
+    tgdt_noalign  same, trained with the DT loss only (alignment ablation)
+    dt            one learned constant token (no task information)
+    onehot        an embedding of the task id (held-out ids are never trained)
+    oracle        an MLP of the true task vector (target velocity)
+    tgdt_share    TG-DT fine-tuned with description-guided data sharing (``share_with``): half of each
+                  batch pairs a held-out description with windows of training tasks drawn ∝ softmax of
+                  text-embedding similarity (top-k), the other half as in TG-DT
+
+Losses (tgdt): L = MSE(â, a) + λ_nce L_TBC + λ_itm L_TBM, where
+    # ALGO: TBC — symmetric InfoNCE between L2-normalised text CLS and trajectory CLS projections,
+    #        logits s·cos, s = exp(learnable log-scale, init 2.659); kernels/fused_infonce.py
+    # ALGO: TBM — binary matching head on the trajectory CLS after cross-attending to the text;
+    #        positives = own description, negatives = a mismatched description drawn ∝ softmax(sim)
+    # ALGO: DT  — tokens (R̂_t, s_t, a_t) interleaved, causal self-attention + cross-attention to the
+    #        memory, action predicted from the s_t token through tanh; MSE on the main batch
+"""
+from __future__ import annotations
+
+import math
+
+import lightning as L
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from kernels.fused_infonce import fused_infonce
+
+ARMS = ("tgdt", "tgdt_noalign", "dt", "onehot", "oracle", "tgdt_share")
+TEXT_ARMS = ("tgdt", "tgdt_noalign", "tgdt_share")
+
+
+def _encoder(d, heads, layers):
+    layer = nn.TransformerEncoderLayer(d, heads, 4 * d, dropout=0.0, batch_first=True, norm_first=True)
+    return nn.TransformerEncoder(layer, layers, enable_nested_tensor=False)
+
+
+class TGDT(L.LightningModule):
+    def __init__(self, arm: str, obs_dim: int, act_dim: int, n_tasks: int, task_dim: int, vocab_size: int,
+                 text_len: int, context: int, seg_len: int, max_steps: int, d_model: int = 64, n_layers: int = 2,
+                 n_heads: int = 4, proj_dim: int = 32, lr: float = 1e-3, weight_decay: float = 1e-4,
+                 batch_size: int = 64, nce_weight: float = 1.0, itm_weight: float = 1.0, seed: int = 0):
+        super().__init__()
+        if arm not in ARMS:
+            raise ValueError(f"arm: unknown arm {arm!r} (known: {', '.join(ARMS)})")
+        if context <= 0:
+            raise ValueError(f"context: must be a positive number of timesteps (got {context})")
+        self.save_hyperparameters()
+        d = d_model
+        # --- trajectory token embeddings (shared by the DT and the trajectory encoder)
+        self.embed_s, self.embed_a, self.embed_r = nn.Linear(obs_dim, d), nn.Linear(act_dim, d), nn.Linear(1, d)
+        self.embed_t = nn.Embedding(max_steps + 1, d)
+        self.pad_tok = nn.Parameter(torch.zeros(d))
+        self.ln_in = nn.LayerNorm(d)
+        dec = nn.TransformerDecoderLayer(d, n_heads, 4 * d, dropout=0.0, batch_first=True, norm_first=True)
+        self.dt = nn.TransformerDecoder(dec, n_layers)
+        self.head = nn.Linear(d, act_dim)
+        # --- conditioning
+        if arm in TEXT_ARMS:
+            self.tok = nn.Embedding(vocab_size, d, padding_idx=0)
+            self.tpos = nn.Parameter(0.02 * torch.randn(text_len + 1, d))
+            self.text_enc = _encoder(d, n_heads, 2)
+            self.text_proj = nn.Linear(d, proj_dim)
+            self.traj_cls = nn.Parameter(0.02 * torch.randn(d))
+            self.traj_pos = nn.Parameter(0.02 * torch.randn(seg_len + 1, d))
+            self.traj_enc = _encoder(d, n_heads, 1)
+            self.traj_proj = nn.Linear(d, proj_dim)
+            self.logit_scale = nn.Parameter(torch.tensor(math.log(1 / 0.07)))   # 2.659, as officially
+            fuse = nn.TransformerDecoderLayer(d, n_heads, 4 * d, dropout=0.0, batch_first=True, norm_first=True)
+            self.match_fuse = nn.TransformerDecoder(fuse, 1)
+            self.match_head = nn.Linear(d, 1)
+        elif arm == "dt":
+            self.null = nn.Parameter(0.02 * torch.randn(1, 1, d))
+        elif arm == "onehot":
+            self.task_emb = nn.Embedding(n_tasks, d)
+        elif arm == "oracle":
+            self.task_mlp = nn.Sequential(nn.Linear(task_dim, d), nn.GELU(), nn.Linear(d, d))
+        self.kernel_backend = "torch"
+        self.kernel_calls = 0
+        self.data = None
+        self.share = None            # description-guided data sharing: (held-out task ids, (U, J) weights)
+        self.history: list[dict] = []
+
+    # ------------------------------------------------------------------ encoders
+    def encode_text(self, ids: torch.Tensor):
+        """ids (B, L+1) with [CLS] first -> token states (B, L+1, d), pad mask (B, L+1)."""
+        pad = ids == 0
+        h = self.text_enc(self.tok(ids) + self.tpos[: ids.shape[1]], src_key_padding_mask=pad)
+        return h, pad
+
+    def text_embedding(self, ids):
+        h, _ = self.encode_text(ids)
+        return F.normalize(self.text_proj(h[:, 0]), dim=-1)              # (B, p) CLS projection
+
+    def encode_traj(self, obs, act):
+        """obs (B, L, ds), act (B, L, da) -> token states (B, L+1, d) with a CLS token first."""
+        B, Lg, _ = obs.shape
+        x = self.embed_s(obs) + self.embed_a(act)
+        x = torch.cat([self.traj_cls.expand(B, 1, -1), x], 1) + self.traj_pos[: Lg + 1]
+        return self.traj_enc(x)
+
+    def traj_embedding(self, obs, act):
+        return F.normalize(self.traj_proj(self.encode_traj(obs, act)[:, 0]), dim=-1)
+
+    def memory(self, cond: dict):
+        """What the DT cross-attends to, per arm: (B, M, d) and a key-padding mask (B, M)."""
+        arm = self.hparams.arm
+        if arm in TEXT_ARMS:
+            return self.encode_text(cond["text"])
+        B = cond["task"].shape[0]
+        if arm == "dt":
+            mem = self.null.expand(B, 1, -1)
+        elif arm == "onehot":
+            mem = self.task_emb(cond["task"])[:, None]
+        else:
+            mem = self.task_mlp(cond["vector"])[:, None]
+        return mem, torch.zeros(B, 1, dtype=torch.bool, device=mem.device)
+
+    # ------------------------------------------------------------------ decision transformer
+    def act(self, rtg, obs, act, tsteps, pad, cond):
+        """rtg (B, K), obs (B, K, ds), act (B, K, da), tsteps (B, K), pad (B, K) -> â (B, K, da)."""
+        B, K, _ = obs.shape
+        te = self.embed_t(tsteps)
+        tok = torch.stack([self.embed_r(rtg[..., None]) + te, self.embed_s(obs) + te, self.embed_a(act) + te], 2)
+        tok = torch.where(pad[:, :, None, None], self.pad_tok, tok).reshape(B, 3 * K, -1)   # (B, 3K, d)
+        mem, mem_pad = self.memory(cond)
+        causal = nn.Transformer.generate_square_subsequent_mask(3 * K, device=tok.device)
+        h = self.dt(self.ln_in(tok), mem, tgt_mask=causal, tgt_is_causal=True, memory_key_padding_mask=mem_pad)
+        return torch.tanh(self.head(h[:, 1::3]))                       # predicted from the s_t tokens
+
+    # ------------------------------------------------------------------ training
+    def attach(self, data: dict) -> None:
+        self.data = data
+
+    def on_fit_start(self):
+        dev = self.device
+        self.data = {k: (v.to(dev) if torch.is_tensor(v) else {i: t.to(dev) for i, t in v.items()})
+                     for k, v in self.data.items()}
+        self.gen = torch.Generator(device=self.device).manual_seed(int(self.hparams.seed) + 12345)
+
+    @torch.no_grad()
+    def share_with(self, top_k: int = 3) -> None:
+        """ALGO: description-guided data sharing — weights w_uj ∝ exp(s·cos(text_u, text_j)) over the
+        top-k training tasks j for every held-out description u (template 0 embeddings)."""
+        D = self.data
+        held = torch.tensor([t for t in range(D["text"].shape[0]) if t not in set(D["train_tasks"].tolist())])
+        e = self.text_embedding(D["text"][:, 0].to(self.device))
+        sim = self.logit_scale.exp().clamp(max=100.0) * e[held.to(self.device)] @ e[D["train_tasks"].to(self.device)].T
+        kth = sim.topk(min(top_k, sim.shape[1]), dim=1).values[:, -1:]
+        w = torch.where(sim >= kth, sim, torch.full_like(sim, -float("inf"))).softmax(-1)
+        self.share = (held, w.cpu())
+
+    def sample_windows(self, n: int):
+        """n random context windows (left-padded near the episode start) from training episodes."""
+        D, K = self.data, self.hparams.context
+        N, T = D["obs"].shape[:2]
+        ep = D["train_eps"][torch.randint(len(D["train_eps"]), (n,), generator=self.gen, device=self.device)]
+        shared = None
+        if self.share is not None:              # second half: held-out description on shared data
+            held, w = self.share[0].to(self.device), self.share[1].to(self.device)
+            m = n // 2
+            u = torch.randint(len(held), (m,), generator=self.gen, device=self.device)
+            j = D["train_tasks"][torch.multinomial(w[u], 1, generator=self.gen).squeeze(1)]
+            pick = torch.randint(10**9, (m,), generator=self.gen, device=self.device)
+            ep[n - m:] = torch.stack([D["task_eps"][int(t)][int(p) % len(D["task_eps"][int(t)])]
+                                      for t, p in zip(j.tolist(), pick.tolist())])
+            shared = (n - m, held[u])
+        end = torch.randint(1, T + 1, (n,), generator=self.gen, device=self.device)     # window = [end-K, end)
+        idx = end[:, None] - K + torch.arange(K, device=self.device)[None]
+        pad = idx < 0
+        idx = idx.clamp_min(0)
+        obs = D["obs"][ep[:, None], idx]
+        act = D["act"][ep[:, None], idx]
+        rtg = D["rtg"][ep[:, None], idx]
+        task = D["task"][ep]
+        tmpl = torch.randint(D["text"].shape[1], (n,), generator=self.gen, device=self.device)
+        text_task = task.clone()
+        if shared is not None:
+            text_task[shared[0]:] = shared[1]
+        cond = {"task": task, "vector": D["vector"][task], "text": D["text"][text_task, tmpl]}
+        return rtg, obs, act, idx, pad, cond
+
+    def alignment_losses(self):
+        """TBC (InfoNCE through the fused kernel) + TBM (matching with mismatched-text negatives)."""
+        D, Lg = self.data, self.hparams.seg_len
+        tasks = D["train_tasks"]                                           # one pair per training task
+        n, T = len(tasks), D["obs"].shape[1]
+        pick = torch.randint(10**9, (n,), generator=self.gen, device=self.device)
+        ep = torch.stack([D["expert_eps"][t][pick[i] % len(D["expert_eps"][t])] for i, t in enumerate(tasks.tolist())])
+        start = torch.randint(0, T - Lg + 1, (n,), generator=self.gen, device=self.device)
+        idx = start[:, None] + torch.arange(Lg, device=self.device)[None]
+        obs, act = D["obs"][ep[:, None], idx], D["act"][ep[:, None], idx]
+        tmpl = torch.randint(D["text"].shape[1], (n,), generator=self.gen, device=self.device)
+        text = D["text"][tasks, tmpl]
+        t_emb, z_emb = self.text_embedding(text), self.traj_embedding(obs, act)
+        scale = self.logit_scale.exp().clamp(max=100.0)
+        out = fused_infonce(t_emb, z_emb, scale, backend=self.kernel_backend)  # ALGO: TBC, (CE_row + CE_col)/2
+        self.kernel_calls += 1
+        # ALGO: TBM — hard mismatched text for each trajectory, drawn ∝ softmax of its similarities
+        with torch.no_grad():
+            sim = scale * z_emb @ t_emb.T
+            sim.fill_diagonal_(-float("inf"))
+            neg = torch.multinomial(sim.softmax(-1), 1, generator=self.gen).squeeze(1)
+        traj_tok = self.encode_traj(obs, act)
+        th, tpad = self.encode_text(torch.cat([text, text[neg]]))
+        fused = self.match_fuse(torch.cat([traj_tok, traj_tok]), th, memory_key_padding_mask=tpad)
+        logit = self.match_head(fused[:, 0]).squeeze(-1)
+        label = torch.cat([torch.ones(n, device=self.device), torch.zeros(n, device=self.device)])
+        itm = F.binary_cross_entropy_with_logits(logit, label)
+        return out[0], itm
+
+    def training_step(self, batch, batch_idx):
+        rtg, obs, act, tsteps, pad, cond = self.sample_windows(self.hparams.batch_size)
+        pred = self.act(rtg, obs, act, tsteps, pad, cond)
+        keep = (~pad).float()[..., None]
+        mse = ((pred - act) ** 2 * keep).sum() / (keep.sum() * act.shape[-1])     # ALGO: DT action MSE
+        loss = mse
+        logs = {"mse": mse.detach()}
+        if self.hparams.arm in ("tgdt", "tgdt_share"):
+            nce, itm = self.alignment_losses()
+            loss = loss + self.hparams.nce_weight * nce + self.hparams.itm_weight * itm   # 1:1:1 as officially
+            logs.update(nce=nce.detach(), itm=itm.detach())
+        self.log_dict(logs, prog_bar=True)
+        if batch_idx % 50 == 0 or batch_idx == self.trainer.max_steps - 1:
+            self.history.append({"step": int(batch_idx), **{k: float(v) for k, v in logs.items()}})
+        return loss
+
+    def configure_optimizers(self):
+        return torch.optim.AdamW(self.parameters(), lr=self.hparams.lr, weight_decay=self.hparams.weight_decay)

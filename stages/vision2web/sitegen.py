@@ -1,0 +1,427 @@
+"""Procedural task generator: site specs, their real implementations, and workflows.
+
+A spec (plain JSON) fixes a category, palette, texts, items and per-viewport layout rules
+(columns: desktop ``cols`` -> tablet 2 -> mobile 1; header stacked on mobile). ``render_site`` turns a
+spec into a real site folder, optionally with injected bugs or as a generic template:
+
+* L1 static page (header, hero, card grid, footer);
+* L2 single-page app (hash routes home / about / cart; add-to-cart, cart rows, removal; JS state);
+* L3 full stack: the L3 frontend plus ``server.py`` (stdlib HTTP + SQLite on 127.0.0.1: register,
+  login, notes CRUD, logout; started through start.json).
+
+``workflows(spec)`` returns the workflow.json list (one workflow per viewport, in the order
+desktop, tablet, mobile, all in one un-reset session) and ``BUG_AFFECTS`` says which case indices a
+functional bug can break (the ground truth of the verifier's precision/recall).
+"""
+from __future__ import annotations
+
+import colorsys
+import json
+import random
+from pathlib import Path
+from typing import Any
+
+VIEWPORTS = {"desktop": (1280, 800), "tablet": (768, 1024), "mobile": (390, 844)}
+CATEGORIES = {
+    "shop": ["Lamp", "Chair", "Mug", "Vase", "Clock", "Shelf", "Rug", "Kettle"],
+    "bakery": ["Croissant", "Baguette", "Scone", "Muffin", "Brioche", "Tart", "Eclair", "Bagel"],
+    "books": ["Atlas", "Novel", "Poems", "Memoir", "Guide", "Essays", "Comics", "Diary"],
+    "garden": ["Fern", "Cactus", "Tulip", "Orchid", "Basil", "Ivy", "Rose", "Sage"],
+    "music": ["Vinyl", "Guitar", "Drum", "Flute", "Banjo", "Cello", "Harp", "Piano"],
+    "sport": ["Ball", "Racket", "Helmet", "Glove", "Skates", "Bike", "Kayak", "Rope"],
+    "travel": ["Map", "Tent", "Compass", "Lantern", "Pack", "Boots", "Canteen", "Hammock"],
+    "tech": ["Router", "Mouse", "Keyboard", "Cable", "Speaker", "Webcam", "Dock", "Tablet"],
+}
+ADJ = ["Bright", "Quiet", "Lucky", "Swift", "Golden", "Urban", "Cosy", "Bold", "North", "Blue"]
+NOUN = ["Harbor", "Studio", "Corner", "Market", "Garden", "Works", "House", "Lane", "Yard", "Loft"]
+# functional bugs -> case indices (0-based, within every workflow) they can break
+BUG_AFFECTS = {
+    "L2": {"nav_about_broken": [0], "add_broken": [1, 2, 3, 4], "cart_page_missing": [3, 4],
+           "remove_broken": [4]},
+    "L3": {"register_broken": [0, 1, 2, 3, 4, 5, 6], "create_broken": [1, 2, 3, 4, 5],
+           "reload_broken": [3, 4, 5, 6], "delete_broken": [4, 5], "start_broken": "all"},
+}
+VISUAL_BUGS = ("color_shift", "missing_footer", "responsive_broken", "spacing")
+
+
+def _hex(h: float, s: float, v: float) -> str:
+    r, g, b = colorsys.hsv_to_rgb(h % 1.0, s, v)
+    return "#%02x%02x%02x" % (round(r * 255), round(g * 255), round(b * 255))
+
+
+def make_spec(level: str, seed: int, index: int) -> dict[str, Any]:
+    rng = random.Random(f"v2w-{level}-{seed}-{index}")
+    cat = rng.choice(sorted(CATEGORIES))
+    hue = rng.random()
+    words = rng.sample(CATEGORIES[cat], k=rng.randint(3, 6))
+    items = [{"id": i, "name": f"{rng.choice(ADJ)} {w}", "price": rng.randint(3, 99) + rng.choice([0, 0.5, 0.99]),
+              "color": _hex(hue + rng.uniform(-0.25, 0.25), rng.uniform(0.3, 0.8), rng.uniform(0.6, 0.95))}
+             for i, w in enumerate(words)]
+    return {
+        "level": level, "seed": seed, "index": index, "category": cat,
+        "name": f"{rng.choice(ADJ)} {rng.choice(NOUN)}",
+        "primary": _hex(hue, rng.uniform(0.5, 0.9), rng.uniform(0.35, 0.7)),
+        "accent": _hex(hue + 0.5, rng.uniform(0.08, 0.25), 0.97),
+        "background": _hex(hue, 0.03, 0.99),
+        "radius": rng.choice([0, 4, 8, 14]),
+        "cols": rng.choice([3, 4]),
+        "pad": rng.choice([24, 32, 40]),
+        "hero_title": f"{rng.choice(ADJ)} {cat} for every day",
+        "hero_text": f"Hand-picked {cat} items, delivered by the {rng.choice(NOUN).lower()} team.",
+        "about_title": f"About {rng.choice(ADJ)} {rng.choice(NOUN)}",
+        "about_text": f"We started in {rng.randint(1950, 2020)} with {rng.randint(2, 9)} friends and one idea.",
+        "items": items,
+        "notes": [f"{rng.choice(ADJ)} {w} note" for w in rng.sample(CATEGORIES[cat], k=2)],
+        "footer": f"(c) {rng.randint(2001, 2025)} {cat} collective",
+    }
+
+
+# ---------------------------------------------------------------- rendering
+def _css(spec: dict[str, Any], bugs: set[str], template: bool) -> str:
+    if template:  # a generic, desktop-first template: fixed look, no media queries
+        primary, accent, bg, radius, cols, pad = "#2f3e5c", "#eef1f6", "#ffffff", 6, 3, 28
+    else:
+        primary, accent, bg = spec["primary"], spec["accent"], spec["background"]
+        radius, cols, pad = spec["radius"], spec["cols"], spec["pad"]
+    if "color_shift" in bugs:
+        primary = "#" + "".join("%02x" % ((int(primary[i:i + 2], 16) + 60) % 256) for i in (1, 3, 5))
+    if "spacing" in bugs:
+        pad += 14
+    css = f"""
+body{{margin:0;font-family:'DejaVu Sans',sans-serif;background:{bg};color:#222}}
+.hdr{{display:flex;justify-content:space-between;align-items:center;padding:16px {pad}px;background:{primary};color:#fff}}
+.brand{{font-size:22px;font-weight:bold}}
+.nav a{{color:#fff;margin-left:18px;text-decoration:none;font-size:16px}}
+.hero{{padding:44px {pad}px;background:{accent}}}
+.hero h1{{font-size:38px;margin:0 0 10px;color:{primary}}}
+.hero p{{margin:0;font-size:17px}}
+.grid{{display:grid;grid-template-columns:repeat({cols},1fr);gap:20px;padding:{pad}px}}
+.card{{background:#fff;border-radius:{radius}px;padding:14px;border:1px solid #ddd}}
+.swatch{{height:84px;border-radius:{radius}px;margin-bottom:10px}}
+.card h3{{margin:0 0 6px;font-size:18px}} .price{{color:{primary};font-weight:bold}}
+button{{background:{primary};color:#fff;border:0;border-radius:{radius}px;padding:8px 14px;font-size:15px;margin-top:8px}}
+.panel{{padding:{pad}px}} .row{{display:flex;justify-content:space-between;padding:10px 0;border-bottom:1px solid #ddd}}
+input{{font-size:15px;padding:6px;margin:4px 0;display:block;width:220px}}
+form{{margin-bottom:18px}}
+footer{{padding:22px {pad}px;background:#222;color:#eee;font-size:14px}}
+"""
+    if not template and "responsive_broken" not in bugs:
+        css += f"""
+@media (max-width:1023px){{.grid{{grid-template-columns:repeat(2,1fr)}} .hero h1{{font-size:30px}}}}
+@media (max-width:600px){{.grid{{grid-template-columns:1fr;padding:16px}} .hdr{{flex-direction:column;align-items:flex-start;padding:12px 16px}}
+.nav a{{margin:6px 14px 0 0}} .hero{{padding:26px 16px}} .hero h1{{font-size:24px}} footer{{padding:18px 16px}} .panel{{padding:16px}}}}
+"""
+    return css
+
+
+def _page(spec: dict[str, Any], css: str, nav: str, main: str, footer: bool, script: str = "") -> str:
+    foot = f'<footer data-v2w="footer">{spec["footer"]}</footer>' if footer else ""
+    return (f'<!doctype html><html><head><meta charset="utf-8"><meta name="viewport" '
+            f'content="width=device-width, initial-scale=1"><title>{spec["name"]}</title><style>{css}</style></head>'
+            f'<body><header class="hdr" data-v2w="header"><div class="brand">{spec["name"]}</div>'
+            f'<nav class="nav">{nav}</nav></header><main id="app">{main}</main>{foot}'
+            f'<script>{script}</script></body></html>\n')
+
+
+def _cards(spec: dict[str, Any], buttons: bool) -> str:
+    out = []
+    for it in spec["items"]:
+        btn = f'<button data-testid="add-{it["id"]}" onclick="add({it["id"]})">Add to cart</button>' if buttons else ""
+        out.append(f'<div class="card" data-v2w="card-{it["id"]}"><div class="swatch" style="background:{it["color"]}">'
+                   f'</div><h3>{it["name"]}</h3><div class="price">${it["price"]:.2f}</div>{btn}</div>')
+    return '<div class="grid">' + "".join(out) + "</div>"
+
+
+def _hero(spec: dict[str, Any]) -> str:
+    return f'<section class="hero" data-v2w="hero"><h1>{spec["hero_title"]}</h1><p>{spec["hero_text"]}</p></section>'
+
+
+def _l2_script(spec: dict[str, Any], bugs: set[str], template: bool) -> str:
+    items = json.dumps([{k: it[k] for k in ("id", "name", "price")} for it in spec["items"]])
+    home = json.dumps(_hero(spec) + _cards(spec, True))
+    about = json.dumps(f'<section class="panel" data-v2w="about"><h2 data-testid="about-title">{spec["about_title"]}'
+                       f'</h2><p>{spec["about_text"]}</p></section>')
+    add = "" if "add_broken" in bugs else "cart.push(id);"
+    remove = "" if "remove_broken" in bugs else "const k=cart.indexOf(id); if(k>=0) cart.splice(k,1);"
+    cart_page = "'<p>Not found</p>'" if ("cart_page_missing" in bugs or template) else (
+        "'<section class=\"panel\" data-v2w=\"cart\"><h2>Your cart</h2>' + cart.map(id => {const it=ITEMS[id];"
+        " return '<div class=\"row\" data-testid=\"cart-row\"><span>'+it.name+'</span><span>$'+it.price.toFixed(2)+"
+        "'</span><button data-testid=\"remove-'+id+'\" onclick=\"removeItem('+id+')\">Remove</button></div>';}).join('')"
+        " + '<p data-testid=\"cart-total\">Total: $'+cart.reduce((s,id)=>s+ITEMS[id].price,0).toFixed(2)+'</p></section>'")
+    return f"""
+const ITEMS={items}; let cart=[];
+function add(id){{ {add} render(); }}
+function removeItem(id){{ {remove} render(); }}
+function render(){{
+  const r=(location.hash||'#/').slice(1);
+  document.querySelector('[data-testid=cart-count]').textContent=String(cart.length);
+  const app=document.getElementById('app');
+  if(r==='/about') app.innerHTML={about};
+  else if(r==='/cart') app.innerHTML={cart_page};
+  else app.innerHTML={home};
+}}
+window.addEventListener('hashchange',render); render();
+"""
+
+
+def _l3_script(spec: dict[str, Any], bugs: set[str]) -> str:
+    restore = "" if "reload_broken" in bugs else "if(localStorage.getItem('tok')) showBoard();"
+    return """
+const $=s=>document.querySelector(s);
+async function api(method,path,body){const r=await fetch(path,{method,headers:{'Content-Type':'application/json',
+ 'X-Token':localStorage.getItem('tok')||''},body:body?JSON.stringify(body):undefined});
+ if(!r.ok) throw new Error(r.status); return r.json();}
+function esc(s){return s.replace(/[&<>"]/g,c=>({'&':'&amp;','<':'&lt;','>':'&gt;','"':'&quot;'}[c]));}
+async function auth(kind){const u=$('[data-testid='+kind+'-user]').value,p=$('[data-testid='+kind+'-pass]').value;
+ try{const d=await api('POST','/api/'+kind,{user:u,password:p}); localStorage.setItem('tok',d.token);
+ localStorage.setItem('user',u); showBoard();}catch(e){$('[data-testid=auth-error]').textContent='Error '+e.message;}}
+async function showBoard(){$('#login').style.display='none'; $('#board').style.display='block';
+ $('[data-testid=welcome]').textContent='Welcome, '+localStorage.getItem('user'); await refresh();}
+async function refresh(){let items=[]; try{items=await api('GET','/api/items');}catch(e){}
+ $('[data-testid=items]').innerHTML=items.map(it=>'<div class="row" data-testid="item-row"><span>'+esc(it.title)+
+ '</span><button data-testid="delete" onclick="del('+it.id+')">Delete</button></div>').join('');}
+async function create(){const t=$('[data-testid=new-title]').value; try{await api('POST','/api/items',{title:t});}catch(e){}
+ $('[data-testid=new-title]').value=''; await refresh();}
+async function del(id){try{await api('DELETE','/api/items/'+id);}catch(e){} await refresh();}
+async function logout(){try{await api('POST','/api/logout');}catch(e){} localStorage.removeItem('tok');
+ $('#board').style.display='none'; $('#login').style.display='block';}
+""" + restore
+
+
+def _l3_main(spec: dict[str, Any]) -> str:
+    return ('<section class="panel" id="login" data-v2w="login"><div data-testid="login-form">'
+            '<h2>Create an account</h2><form onsubmit="auth(\'register\');return false">'
+            '<input data-testid="register-user" placeholder="user"><input data-testid="register-pass" '
+            'type="password" placeholder="password"><button data-testid="register-submit">Register</button></form>'
+            '<h2>Log in</h2><form onsubmit="auth(\'login\');return false"><input data-testid="login-user" '
+            'placeholder="user"><input data-testid="login-pass" type="password" placeholder="password">'
+            '<button data-testid="login-submit">Log in</button></form><p data-testid="auth-error"></p></div></section>'
+            '<section class="panel" id="board" data-v2w="board" style="display:none"><h2 data-testid="welcome"></h2>'
+            f'<p>{spec["hero_text"]}</p><form onsubmit="create();return false"><input data-testid="new-title" '
+            'placeholder="new note"><button data-testid="new-submit">Add note</button></form>'
+            '<div data-testid="items"></div><button data-testid="logout" onclick="logout()">Log out</button></section>')
+
+
+SERVER_PY = r'''"""Generated L3 backend: stdlib HTTP + SQLite on 127.0.0.1 (register/login/notes/logout)."""
+import argparse, hashlib, json, secrets, sqlite3, threading
+from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+BUGS = set(%(bugs)r)
+ap = argparse.ArgumentParser()
+ap.add_argument("--port", type=int, required=True)
+ap.add_argument("--db", required=True)
+args = ap.parse_args()
+db = sqlite3.connect(args.db, check_same_thread=False)
+lock = threading.Lock()
+db.executescript("CREATE TABLE IF NOT EXISTS users(name TEXT PRIMARY KEY, pw TEXT);"
+                 "CREATE TABLE IF NOT EXISTS tokens(tok TEXT PRIMARY KEY, name TEXT);"
+                 "CREATE TABLE IF NOT EXISTS items(id INTEGER PRIMARY KEY AUTOINCREMENT, owner TEXT, title TEXT);")
+ROOT = str(Path(__file__).resolve().parent)
+
+
+class H(SimpleHTTPRequestHandler):
+    def __init__(self, *a, **k):
+        super().__init__(*a, directory=ROOT, **k)
+
+    def log_message(self, *a):
+        pass
+
+    def send(self, code, obj):
+        body = json.dumps(obj).encode()
+        self.send_response(code)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def body(self):
+        n = int(self.headers.get("Content-Length") or 0)
+        return json.loads(self.rfile.read(n) or b"{}")
+
+    def user(self):
+        row = db.execute("SELECT name FROM tokens WHERE tok=?", (self.headers.get("X-Token", ""),)).fetchone()
+        return row[0] if row else None
+
+    def do_GET(self):
+        if self.path == "/api/items":
+            with lock:
+                u = self.user()
+                if u is None:
+                    return self.send(401, {"error": "login"})
+                rows = db.execute("SELECT id, title FROM items WHERE owner=? ORDER BY id", (u,)).fetchall()
+            return self.send(200, [{"id": i, "title": t} for i, t in rows])
+        if self.path.startswith("/api/") or self.path.endswith(".py") or ".db" in self.path:
+            return self.send(404, {"error": "not found"})
+        return super().do_GET()
+
+    def do_POST(self):
+        b = self.body()
+        with lock:
+            if self.path in ("/api/register", "/api/login"):
+                name, pw = str(b.get("user", "")), hashlib.sha256(str(b.get("password", "")).encode()).hexdigest()
+                if not name:
+                    return self.send(400, {"error": "user"})
+                if self.path == "/api/register":
+                    if "register_broken" in BUGS:
+                        return self.send(500, {"error": "internal"})
+                    try:
+                        db.execute("INSERT INTO users VALUES(?, ?)", (name, pw))
+                    except sqlite3.IntegrityError:
+                        return self.send(409, {"error": "exists"})
+                elif db.execute("SELECT 1 FROM users WHERE name=? AND pw=?", (name, pw)).fetchone() is None:
+                    return self.send(401, {"error": "credentials"})
+                tok = secrets.token_hex(16)
+                db.execute("INSERT INTO tokens VALUES(?, ?)", (tok, name))
+                db.commit()
+                return self.send(200, {"token": tok})
+            u = self.user()
+            if u is None:
+                return self.send(401, {"error": "login"})
+            if self.path == "/api/items":
+                if "create_broken" not in BUGS:
+                    db.execute("INSERT INTO items(owner, title) VALUES(?, ?)", (u, str(b.get("title", ""))[:200]))
+                    db.commit()
+                return self.send(200, {"ok": True})
+            if self.path == "/api/logout":
+                db.execute("DELETE FROM tokens WHERE tok=?", (self.headers.get("X-Token", ""),))
+                db.commit()
+                return self.send(200, {"ok": True})
+        return self.send(404, {"error": "not found"})
+
+    def do_DELETE(self):
+        with lock:
+            u = self.user()
+            if u is None or not self.path.startswith("/api/items/"):
+                return self.send(404, {"error": "not found"})
+            if "delete_broken" not in BUGS:
+                db.execute("DELETE FROM items WHERE id=? AND owner=?", (int(self.path.rsplit("/", 1)[1]), u))
+                db.commit()
+            return self.send(200, {"ok": True})
+
+
+ThreadingHTTPServer(("127.0.0.1", args.port), H).serve_forever()
+'''
+
+
+def render_site(spec: dict[str, Any], out: Path, bugs: set[str] = frozenset(), template: bool = False) -> None:
+    """Write a site folder for ``spec`` (index.html; L3 also server.py + start.json)."""
+    out.mkdir(parents=True, exist_ok=True)
+    css = _css(spec, bugs, template)
+    footer = "missing_footer" not in bugs
+    level = spec["level"]
+    if level == "L1":
+        nav = "".join(f'<a href="#">{t}</a>' for t in ("Home", "Shop", "Contact"))
+        html = _page(spec, css, nav, _hero(spec) + _cards(spec, False), footer)
+    elif level == "L2":
+        about_href = "#/" if "nav_about_broken" in bugs else "#/about"
+        nav = (f'<a data-testid="nav-home" href="#/">Home</a><a data-testid="nav-about" href="{about_href}">About</a>'
+               f'<a data-testid="nav-cart" href="#/cart">Cart (<span data-testid="cart-count">0</span>)</a>')
+        html = _page(spec, css, nav, "", footer, _l2_script(spec, bugs, template))
+    else:
+        html = _page(spec, css, '<a href="#">Notes</a>', _l3_main(spec), footer, _l3_script(spec, bugs))
+        if not template:   # the template agent ships a frontend without a backend
+            (out / "server.py").write_text(SERVER_PY % {"bugs": sorted(bugs)})
+            script = "srv.py" if "start_broken" in bugs else "server.py"
+            (out / "start.json").write_text(json.dumps(
+                {"command": ["{python}", script, "--port", "{port}", "--db", "{tmp}/app.db"],
+                 "ready_timeout_s": 10, "ready_path": "/"}, indent=1))
+    (out / "index.html").write_text(html)
+
+
+# ---------------------------------------------------------------- workflows
+def _sel(testid: str) -> str:
+    return f"[data-testid={testid}]"
+
+
+def _l2_cases(spec: dict[str, Any]) -> list[dict[str, Any]]:
+    a, b = spec["items"][0], spec["items"][1]
+    total = a["price"] + b["price"]
+    return [
+        {"objective": "Open the About page from the navigation bar",
+         "actions": [{"op": "click", "selector": _sel("nav-about")}],
+         "validations": [{"op": "url_contains", "value": "#/about"},
+                         {"op": "text_equals", "selector": _sel("about-title"), "value": spec["about_title"]}]},
+        {"objective": f"Go back home and add '{a['name']}' to the cart",
+         "actions": [{"op": "click", "selector": _sel("nav-home")}, {"op": "click", "selector": _sel(f"add-{a['id']}")}],
+         "validations": [{"op": "text_equals", "selector": _sel("cart-count"), "value": "1"}]},
+        {"objective": f"Add '{b['name']}' to the cart",
+         "actions": [{"op": "click", "selector": _sel(f"add-{b['id']}")}],
+         "validations": [{"op": "text_equals", "selector": _sel("cart-count"), "value": "2"}]},
+        {"objective": "Open the cart: both items and their total are listed",
+         "actions": [{"op": "click", "selector": _sel("nav-cart")}],
+         "validations": [{"op": "count", "selector": _sel("cart-row"), "equals": 2},
+                         {"op": "text_contains", "selector": _sel("cart-total"), "value": f"${total:.2f}"}]},
+        {"objective": f"Remove '{a['name']}' from the cart",
+         "actions": [{"op": "click", "selector": _sel(f"remove-{a['id']}")}],
+         "validations": [{"op": "count", "selector": _sel("cart-row"), "equals": 1},
+                         {"op": "text_equals", "selector": _sel("cart-count"), "value": "1"}]},
+    ]
+
+
+def _l3_cases(spec: dict[str, Any], dev: str) -> list[dict[str, Any]]:
+    user, pw = f"{spec['category']}_{dev}", f"pw-{spec['seed']}-{dev}"
+    n1, n2 = spec["notes"]
+    row = _sel("item-row")
+    return [
+        {"objective": f"Register the account {user} and land on the notes board",
+         "actions": [{"op": "fill", "selector": _sel("register-user"), "value": user},
+                     {"op": "fill", "selector": _sel("register-pass"), "value": pw},
+                     {"op": "click", "selector": _sel("register-submit")}],
+         "validations": [{"op": "text_contains", "selector": _sel("welcome"), "value": user}]},
+        {"objective": f"Create the note '{n1}'",
+         "actions": [{"op": "fill", "selector": _sel("new-title"), "value": n1},
+                     {"op": "click", "selector": _sel("new-submit")}],
+         "validations": [{"op": "count", "selector": row, "equals": 1},
+                         {"op": "text_contains", "selector": _sel("items"), "value": n1}]},
+        {"objective": f"Create the note '{n2}'",
+         "actions": [{"op": "fill", "selector": _sel("new-title"), "value": n2},
+                     {"op": "click", "selector": _sel("new-submit")}],
+         "validations": [{"op": "count", "selector": row, "equals": 2}]},
+        {"objective": "Reload the page: still logged in, both notes persisted",
+         "actions": [{"op": "reload"}],
+         "validations": [{"op": "count", "selector": row, "equals": 2},
+                         {"op": "text_contains", "selector": _sel("welcome"), "value": user}]},
+        {"objective": f"Delete the note '{n1}'",
+         "actions": [{"op": "click", "selector": f"{row}:has-text(\"{n1}\") {_sel('delete')}"}],
+         "validations": [{"op": "count", "selector": row, "equals": 1},
+                         {"op": "text_contains", "selector": _sel("items"), "value": n2}]},
+        {"objective": "Log out and log back in: one note remains",
+         "actions": [{"op": "click", "selector": _sel("logout")},
+                     {"op": "fill", "selector": _sel("login-user"), "value": user},
+                     {"op": "fill", "selector": _sel("login-pass"), "value": pw},
+                     {"op": "click", "selector": _sel("login-submit")}],
+         "validations": [{"op": "count", "selector": row, "equals": 1},
+                         {"op": "text_contains", "selector": _sel("welcome"), "value": user}]},
+        {"objective": "Log out: the login form is shown again",
+         "actions": [{"op": "click", "selector": _sel("logout")}],
+         "validations": [{"op": "visible", "selector": _sel("login-form")}]},
+    ]
+
+
+def workflows(spec: dict[str, Any]) -> list[dict[str, Any]]:
+    out = []
+    for dev, (w, h) in VIEWPORTS.items():
+        if spec["level"] == "L1":
+            cases, protos = [], {f"home_{dev}": {"idx": 0, "fullpage": True}}
+        elif spec["level"] == "L2":
+            cases = _l2_cases(spec)
+            protos = {f"home_{dev}": {"idx": 0, "fullpage": True}, f"about_{dev}": {"idx": 1, "fullpage": True},
+                      f"cart_{dev}": {"idx": 4, "fullpage": True}}
+        else:
+            cases = _l3_cases(spec, dev)
+            protos = {f"login_{dev}": {"idx": 0, "fullpage": True}, f"board_{dev}": {"idx": 3, "fullpage": True}}
+        out.append({"summary": f"{spec['level']} {spec['category']} site '{spec['name']}' at {dev} {w}x{h}",
+                    "resolution": {"width": w, "height": h}, "prototype": protos, "content": cases})
+    return out
+
+
+def prompt_text(spec: dict[str, Any]) -> str:
+    items = ", ".join(f"{it['name']} (${it['price']:.2f})" for it in spec["items"])
+    base = (f"Build the {spec['category']} website '{spec['name']}' shown in the prototypes (desktop 1280, tablet 768, "
+            f"mobile 390 px wide). Items: {items}. Mark interactive elements with the data-testid values used in "
+            f"workflow.json.")
+    if spec["level"] == "L3":
+        base += (" Full stack: registration, login, per-user notes stored in SQLite (create, list, delete), logout; "
+                 "the session survives a page reload. Provide start.json that serves on 127.0.0.1:{port}.")
+    return base + "\n"

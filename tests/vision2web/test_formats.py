@@ -1,0 +1,117 @@
+"""Task/site format validation, the verify CLI's bad-input errors, generator determinism (no browser)."""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+from PIL import Image
+
+from stages.common.paths import ROOT
+from stages.vision2web.schema import TaskFormatError, device_of, load_start, load_task
+from stages.vision2web.sitegen import BUG_AFFECTS, make_spec, render_site, workflows
+
+CASE = {"objective": "o", "actions": [{"op": "click", "selector": "#a"}],
+        "validations": [{"op": "count", "selector": ".r", "equals": 2}]}
+
+
+def _task(tmp: Path, wf, meta=None, comps=None) -> Path:
+    d = tmp / "task"
+    (d / "prototypes").mkdir(parents=True)
+    (d / "workflow.json").write_text(json.dumps(wf))
+    if meta is not None:
+        (d / "task.json").write_text(json.dumps(meta))
+    Image.fromarray(np.zeros((20, 30, 3), np.uint8)).save(d / "prototypes" / "home_mobile.png")
+    if comps is not None:
+        (d / "prototypes" / "home_mobile.components.json").write_text(json.dumps(comps))
+    return d
+
+
+def test_defaults_documented(tmp_path):
+    d = _task(tmp_path, [{"summary": "s", "prototype": {"home_mobile": {"idx": 1}}, "content": [CASE]}])
+    t = load_task(d)
+    wf = t.workflows[0]
+    assert (wf.resolution.width, wf.resolution.height) == (1024, 768)
+    assert wf.prototype["home_mobile"].fullpage is True
+    assert (t.meta.level, t.meta.action_timeout_ms, t.meta.validation_timeout_ms) == ("L1", 3000, 1500)
+    assert t.components["home_mobile"] is None and t.n_counted_cases() == 1
+    assert device_of("home_mobile") == "mobile" and device_of("desktop") == "desktop" and device_of("x") is None
+
+
+@pytest.mark.parametrize("wf, needle", [
+    ([], "non-empty JSON list"),
+    ([{"summary": "s", "content": [{"objective": "o", "actions": [{"op": "jump"}]}]}], "[0].content.0.actions.0"),
+    ([{"summary": "s", "content": [{"objective": "o", "actions": [{"op": "click"}]}]}], "selector"),
+    ([{"summary": "s", "extra": 1}], "[0].extra"),
+    ([{"summary": "s", "resolution": {"width": 50}}], "resolution.width"),
+    ([{"summary": "s", "prototype": {"home_mobile": {"idx": 2}}, "content": [CASE]}], "exceeds"),
+    ([{"summary": "s", "prototype": {"nope": {"idx": 0}}}], "prototypes/nope.png missing"),
+    ([{"summary": "s", "content": [{"objective": "o", "validations": [{"op": "count", "selector": "a", "equals": "2"}]}]}],
+     "equals"),
+])
+def test_malformed_workflow_is_one_line_error(tmp_path, wf, needle):
+    d = _task(tmp_path, wf)
+    with pytest.raises(TaskFormatError) as err:
+        load_task(d)
+    assert needle in str(err.value) and "\n" not in str(err.value)
+
+
+def test_bad_meta_components_start(tmp_path):
+    wf = [{"summary": "s", "prototype": {"home_mobile": {"idx": 0}}}]
+    with pytest.raises(TaskFormatError, match="action_timeout_ms"):
+        load_task(_task(tmp_path / "a", wf, meta={"action_timeout_ms": 10**6}))
+    with pytest.raises(TaskFormatError, match="bbox"):
+        load_task(_task(tmp_path / "b", wf, comps=[{"name": "x", "bbox": [0, 0, 0, 5]}]))
+    (tmp_path / "c").mkdir()
+    with pytest.raises(TaskFormatError, match="workflow.json: missing"):
+        load_task(tmp_path / "c")
+    site = tmp_path / "site"
+    site.mkdir()
+    with pytest.raises(TaskFormatError, match="no start.json and no index.html"):
+        load_start(site)
+    (site / "start.json").write_text(json.dumps({"command": [], "ready_timeout_s": 5}))
+    with pytest.raises(TaskFormatError, match="command"):
+        load_start(site)
+
+
+def _cli(*args):
+    return subprocess.run([sys.executable, "-m", "stages.vision2web.verify", *map(str, args)], cwd=ROOT,
+                          capture_output=True, text=True, timeout=60)
+
+
+def test_cli_bad_inputs_exit_2_nothing_written(tmp_path):
+    site = tmp_path / "site"
+    site.mkdir()
+    (site / "index.html").write_text("<p>hi</p>")
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    out = tmp_path / "R.json"
+    r = _cli("--task", empty, "--site", site, "--out", out)
+    assert r.returncode == 2 and "workflow.json: missing" in r.stderr and "Traceback" not in r.stderr
+    assert len(r.stderr.strip().splitlines()) == 1 and not out.exists()
+    r = _cli("--task", empty, "--site", site, "--out", tmp_path)
+    assert r.returncode == 2 and "is a directory" in r.stderr
+    r = _cli("--task", empty, "--site", site, "--out", site / "R.json")
+    assert r.returncode == 2 and "must not be inside" in r.stderr and not (site / "R.json").exists()
+
+
+def test_generator_deterministic_and_valid(tmp_path):
+    for level in ("L1", "L2", "L3"):
+        a, b = make_spec(level, 3, 1), make_spec(level, 3, 1)
+        assert a == b and make_spec(level, 4, 1) != a
+        from stages.vision2web.schema import Workflow
+
+        wfs = [Workflow.model_validate(w) for w in workflows(a)]
+        assert [w.resolution.width for w in wfs] == [1280, 768, 390]
+        for name, bugs in BUG_AFFECTS.get(level, {}).items():
+            if bugs != "all":
+                assert max(bugs) < len(wfs[0].content), name
+        render_site(a, tmp_path / level, {"color_shift"})
+        html = (tmp_path / level / "index.html").read_text()
+        assert "<html>" in html and ("@media" in html)
+        assert (tmp_path / level / "start.json").exists() == (level == "L3")
+    render_site(make_spec("L2", 0, 0), tmp_path / "t", template=True)
+    assert "@media" not in (tmp_path / "t" / "index.html").read_text()
