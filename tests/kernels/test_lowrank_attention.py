@@ -98,9 +98,13 @@ def test_pack_unpack_bit_exact(bits):
 
 
 def test_quant_error_is_bounded_and_decreases_with_more_hi_ranks():
-    x = torch.randn(8, 20, 16) * torch.linspace(3, 0.1, 16)
-    errs = [float((dequantize_latent(quantize_latent(x, n)) - x).abs().max()) for n in (0, 4, 16)]
-    assert errs[2] < errs[1] < errs[0] <= float(x.abs().amax()) / 7 / 2 + 1e-6
+    g = torch.Generator().manual_seed(11)
+    x = torch.randn(8, 20, 16, generator=g) * torch.linspace(3, 0.1, 16)
+    diffs = [(dequantize_latent(quantize_latent(x, n)) - x).abs() for n in (0, 4, 16)]
+    # the max error need not move (its column may stay int4), the mean error must fall
+    mean = [float(d.mean()) for d in diffs]
+    assert mean[2] < mean[1] < mean[0]
+    assert float(diffs[0].max()) <= float(x.abs().amax()) / 7 / 2 + 1e-6  # int4: half a step of amax/7
 
 
 @pytest.mark.parametrize("shape,n_hi,hi_bits", [((2, 4, 2, 32, 37, 8, 12), 3, 8), ((1, 6, 3, 64, 21, 17, 40), 16, 16),
