@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Annotated, Any, TypeVar
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError
 
 from stages.common.paths import ROOT
 
@@ -28,8 +28,18 @@ STAGES = ("prepare", "train", "evaluate", "report")
 TOP_LEVEL_KEYS = ("profile", "papers", "schedules")
 
 # Shared field types: use them in every stage Config.
+def _distinct(values: list[Any]) -> list[Any]:
+    seen = set()
+    for v in values:
+        if repr(v) in seen:
+            raise ValueError(f"duplicate entry {v!r}")
+        seen.add(repr(v))
+    return values
+
+
+Distinct = AfterValidator(_distinct)  # `x: Annotated[list[T], Distinct]`: entries must differ (the error names x)
 Seed = Annotated[int, Field(ge=0, lt=2**32)]            # a seed: [0, 2^32)
-Seeds = Annotated[list[Seed], Field(min_length=1)]       # distinct seeds (checked by unique_items)
+Seeds = Annotated[list[Seed], Field(min_length=1), Distinct]  # one or more distinct seeds
 PositiveInt = Annotated[int, Field(gt=0)]
 Probability = Annotated[float, Field(ge=0.0, le=1.0)]
 Fraction = Annotated[float, Field(gt=0.0, lt=1.0)]       # open interval (0, 1)

@@ -92,3 +92,20 @@ def test_cli_errors_are_one_line_exit_2_and_write_nothing(tmp_path):
                          (("bake", "reversal_curse"), "stage: unknown stage 'bake'")]:
         res = _cli(tmp_path, params, *args)
         assert res.returncode == 2 and needle in res.stderr, res.stderr
+
+
+def test_shared_seeds_and_distinct_types_reject_duplicates_naming_the_key():
+    from typing import Annotated
+
+    from stages.common.config import Distinct, Seeds
+
+    class Grid(StageConfig):
+        seeds: Seeds = [0]
+        arms: Annotated[list[str], Distinct] = ["a"]
+
+    for block, needle in [({"seeds": [2, 5, 2]}, "x.seeds: duplicate entry 2"),
+                          ({"arms": ["b", "c", "b"]}, "x.arms: duplicate entry 'b'")]:
+        with pytest.raises(ConfigError) as err:
+            validate(Grid, block, "x")
+        assert needle in str(err.value)
+    assert validate(Grid, {"seeds": [3, 1], "arms": ["b", "a"]}, "x").seeds == [3, 1]
