@@ -16,7 +16,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from stages.common.config import STAGES, ConfigError, StageConfig, active_profile, load_stage_config, read_params
+from stages.common.config import (PROFILES, STAGES, ConfigError, StageConfig, active_profile, load_stage_config,
+                                  read_params, stage_block, validate)
 from stages.common.paths import ROOT, atomic_dir, read_json, stage_dir, write_json
 from stages.common.seeding import seed_everything
 from stages.common.trainer import global_rank, scratch_dir
@@ -93,7 +94,32 @@ def load_config(slug: str, stage: str, profile: str | None = None, params_path: 
         raise ConfigError(f"stages/{slug}/{stage}.py: defines no Config(StageConfig)")
     prof = active_profile(params, profile)
     cfg = load_stage_config(slug, stage, config_cls, prof, params_path)
+    check_cross_stage(slug, params)
     return module, cfg, prof
+
+
+def check_cross_stage(slug: str, params: dict) -> None:
+    """Run the paper's rules that tie keys of different stages together, under every profile.
+
+    A paper opts in by defining ``check_params(configs)`` in ``stages/<slug>/__init__.py``: it gets
+    ``{stage: validated Config}`` of one profile and raises ``ValueError("<stage>.<key>: ...")``.
+    Such a rule (e.g. an evaluate rank larger than the head_dim the train stage builds) fails at
+    config load of every stage, before any work, instead of stages later.
+    """
+    rule = getattr(importlib.import_module(f"stages.{slug}"), "check_params", None)
+    if rule is None:
+        return
+    for name in ("default", *(p for p in PROFILES if p != "default")):
+        configs = {}
+        for stage in STAGES:
+            model = stage_module(slug, stage).Config
+            configs[stage] = validate(model, stage_block(params, slug, stage, name),
+                                      f"papers.{slug}.{stage}" + ("" if name == "default" else f" (profile {name})"))
+        try:
+            rule(configs)
+        except ValueError as err:
+            where = f"papers.{slug}" + ("" if name == "default" else f" (profile {name})")
+            raise ConfigError(f"{where}.{err}") from None
 
 
 def run_stage(slug: str, stage: str, profile: str | None = None, root: Path = ROOT,

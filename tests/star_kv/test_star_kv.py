@@ -111,7 +111,7 @@ def test_bad_config_rejected():
         _load_with("evaluate", {"lo_bits": 8})
 
 
-def _load_with(stage, override):
+def _load_with(block, override, *, stage=None):
     import tempfile
     from pathlib import Path
 
@@ -119,21 +119,22 @@ def _load_with(stage, override):
 
     from stages.common.paths import ROOT
     params = yaml.safe_load((ROOT / "params.yaml").read_text())
-    params["papers"]["star_kv"][stage].update(override)
+    params["papers"]["star_kv"][block].update(override)
     with tempfile.TemporaryDirectory() as d:
         p = Path(d) / "params.yaml"
         p.write_text(yaml.safe_dump(params))
-        return load_config("star_kv", stage, "smoke", params_path=p)
+        return load_config("star_kv", stage or block, "smoke", params_path=p)
 
 
-def test_rank_larger_than_head_dim_rejected(smoke_run):
-    smoke_run("star_kv", stages=("prepare", "train"))
-    import stages.star_kv.evaluate as ev
-    from stages.common.runner import StageContext
-    cfg = ev.Config(hi_ranks_k=99)
-    ctx = StageContext(slug="star_kv", stage="evaluate", profile="smoke", out=smoke_run.root, root=smoke_run.root)
-    with pytest.raises(ConfigError, match="hi_ranks_k"):
-        ev.run(cfg, ctx)
+def test_rank_larger_than_head_dim_rejected_at_config_load():
+    # head_dim is 64 / 4 = 16 at the default profile: rank 17 is rejected when ANY stage loads its
+    # config (here prepare, before train has built a model), naming the evaluate key.
+    for stage in ("prepare", "evaluate"):
+        with pytest.raises(ConfigError, match=r"evaluate\.hi_ranks_k: 17 is larger than head_dim 16"):
+            _load_with("evaluate", {"hi_ranks_k": 17}, stage=stage)
+    with pytest.raises(ConfigError, match=r"evaluate\.hi_ranks_v: 65 .*d_model 64"):
+        _load_with("evaluate", {"hi_ranks_v": 65})
+    _load_with("evaluate", {"hi_ranks_k": 16})  # exactly head_dim is allowed
 
 
 def test_smoke_pipeline(smoke_run):
