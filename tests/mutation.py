@@ -27,7 +27,7 @@ CORE: dict[str, list[str]] = {
     "stages/l2g_net/gft.py": ["tests/l2g_net/test_gft.py"],
     "stages/cv_stability/stability.py": ["tests/cv_stability/test_method.py", "tests/cv_stability/test_identities.py"],
     "stages/reversal_curse/measures.py": ["tests/reversal_curse"],
-    "stages/fair_bandits/scm.py": ["tests/fair_bandits/test_scm.py"],
+    "stages/fair_bandits/scm.py": ["tests/fair_bandits/test_scm.py", "tests/fair_bandits/test_scm_world.py"],
     "stages/unembed_rank/geometry.py": ["tests/unembed_rank"],
     "stages/opus/selection.py": ["tests/opus/test_selection.py", "tests/opus/test_selection_math.py"],
     "stages/induction/semantics.py": ["tests/induction/test_semantics.py"],
