@@ -5,7 +5,7 @@ for the test error of single models (OLS, soft-thresholded OLS, Lasso) and for c
 them; exact conditional test errors (1 + ‖β̂ − β*‖²) make the coverage exact; a Monte-Carlo
 estimator of the relative stability r(h_n) = n·γ(h_n)/σ²(h_n).
 
-    python -m stages prepare cv_stability     # data sets: reps × n points for every n
+    python -m stages prepare cv_stability     # the design (seeds, n, folds); data are regenerated from seeds
     python -m stages train cv_stability       # fit every model on every (rep, fold)
     python -m stages evaluate cv_stability    # CV CIs, coverage, Monte-Carlo r(h_n)
     python -m stages report cv_stability      # report.md, figures, claims

@@ -1,6 +1,7 @@
 """evaluate: CV confidence intervals and their exact coverage; Monte-Carlo relative stability.
 
-Part 1 (coverage). For every n, replication and contrast (single model or comparison): out-of-fold
+Part 1 (coverage). For every n, the data sets are regenerated from prepare's seed in chunks of
+replications (simulate.draw_datasets, bit-for-bit the data train fitted on). For every replication and contrast (single model or comparison): out-of-fold
 losses h_i, R̂, both variance estimators, the CI, and the exact k-fold target
 Σ_j (|B_j|/n)(σ² + ‖β̂_A,j − β*‖² − [σ² + ‖β̂_B,j − β*‖²]). Coverage = share of replications whose
 CI contains the target. Writes per_rep.parquet and coverage.parquet.
@@ -31,11 +32,10 @@ from stages.common.runner import StageContext
 from stages.cv_stability.cv_inference import (bonferroni_difference, ci_covers, coverage_se, cv_estimates,
                                               kfold_target, out_of_fold_losses, z_quantile)
 from stages.cv_stability.models import CONTRASTS, MODELS, SINGLES, Penalties, fit_models
-from stages.cv_stability.simulate import conditional_test_error
+from stages.cv_stability.simulate import conditional_test_error, draw_datasets, rep_chunks
 from stages.cv_stability.stability import contrast_parts, relative_stability, simulate_replace_one
 
 ESTIMATORS = ("out", "in")  # σ̂²_out (all pairs) and σ̂²_in (within fold)
-REP_CHUNK = 250  # replications processed at once (memory only; results do not depend on it)
 
 
 class Config(StageConfig):
@@ -140,15 +140,14 @@ def run(cfg: Config, ctx: StageContext) -> None:
     beta_star = torch.tensor(meta["beta_star"], dtype=torch.float64, device=device)
     per_rep = []
     for n in tqdm(meta["ns"], desc="evaluate: CV intervals per n"):
-        data = torch.load(prep / f"n{n}.pt")
         coefs = torch.load(trained / f"coefs_n{n}.pt")
         bounds = [tuple(b) for b in meta["folds"][str(n)]]
-        for start in range(0, meta["reps"], REP_CHUNK):  # chunks of reps bound the memory
-            part = slice(start, start + REP_CHUNK)
-            rows = coverage_rows(data["x"][part].double().to(device), data["y"][part].double().to(device),
-                                 {k: v[part].to(device) for k, v in coefs.items()}, bounds, beta_star,
-                                 meta["noise_sd"], cfg.level, n)
-            per_rep.append(rows.with_columns(pl.col("rep") + start))
+        for part in rep_chunks(meta["reps"], n):  # regenerated chunk by chunk from prepare's seed
+            x, y = draw_datasets(meta["seed"], n, part, beta_star, meta["noise_sd"])
+            sl = slice(part.start, part.stop)
+            rows = coverage_rows(x.to(device), y.to(device), {k: v[sl].to(device) for k, v in coefs.items()},
+                                 bounds, beta_star, meta["noise_sd"], cfg.level, n)
+            per_rep.append(rows.with_columns(pl.col("rep") + part.start))
     per_rep = pl.concat(per_rep)
     per_rep.write_parquet(ctx.out / "per_rep.parquet")
     coverage = summarize_coverage(per_rep)

@@ -1,23 +1,23 @@
-"""prepare: draw `reps` independent data sets of every size n from the Gaussian linear model.
+"""prepare: the design of the `reps` independent data sets of every size n (Gaussian linear model).
 
-Writes n{n}.pt = {"x": (reps, n, d) float32, "y": (reps, n) float32} and meta.json. The data are
-stored at float32 (downstream arithmetic is float64); the k-fold partition is contiguous blocks
-(stages.cv_stability.simulate.fold_bounds), a uniformly random partition in distribution.
+Writes meta.json only: the seed, sizes, β*, σ, k, the folds and how each data set is generated. The
+data themselves (reps × n × d floats: ~1 GB at n = 12,800) are not stored: data set r at size n is
+regenerated bit-for-bit from its own stream (stages.cv_stability.simulate.draw_datasets, numpy
+default_rng([seed, n, r]), float64) by train and evaluate, chunk by chunk. The k-fold partition is
+contiguous blocks (simulate.fold_bounds), a uniformly random partition in distribution.
 """
 from __future__ import annotations
 
 import math
 
-import numpy as np
 import torch
 from pydantic import Field, model_validator
-from tqdm import tqdm
 
 from kernels.batched_lasso import MAX_D
 from stages.common.config import PositiveInt, Seed, StageConfig
 from stages.common.paths import write_json
 from stages.common.runner import StageContext
-from stages.cv_stability.simulate import fold_bounds
+from stages.cv_stability.simulate import draw_datasets, fold_bounds
 
 
 class Config(StageConfig):
@@ -39,7 +39,7 @@ class Config(StageConfig):
             raise ValueError(f"ns: every sample size n must be positive (got {bad[0]})")
         big = [n for n in self.ns if n > 50_000]
         if big:
-            raise ValueError(f"ns: sample size {big[0]} is above the bound 50,000 (memory: reps × n × d floats)")
+            raise ValueError(f"ns: sample size {big[0]} is above the bound 50,000 (compute: reps × n × d draws per stage)")
         if self.reps < 2 * self.batches:
             raise ValueError(f"batches: {self.batches} batches need reps >= {2 * self.batches} (got {self.reps})")
         if any(b <= a for a, b in zip(self.ns, self.ns[1:])):
@@ -57,19 +57,17 @@ class Config(StageConfig):
         return self
 
 
+GENERATOR = ("numpy default_rng([seed, n, rep]) per data set; x = standard_normal((n, d)), "
+             "eps = standard_normal(n), float64; y = x @ beta_star + noise_sd * eps")
+
+
 def run(cfg: Config, ctx: StageContext) -> None:
-    beta_star = np.asarray(cfg.beta_star, dtype=np.float64)
-    d = beta_star.shape[0]
-    for n in tqdm(cfg.ns, desc="prepare: data sets per n"):
-        x = np.empty((cfg.reps, n, d), dtype=np.float32)
-        y = np.empty((cfg.reps, n), dtype=np.float32)
-        for r in range(cfg.reps):
-            rng = np.random.default_rng([cfg.seed, n, r])  # an independent stream per data set
-            x[r] = rng.standard_normal((n, d), dtype=np.float32)
-            eps = rng.standard_normal(n, dtype=np.float32)
-            y[r] = x[r].astype(np.float64) @ beta_star + cfg.noise_sd * eps  # Y = Xᵀβ* + ε
-        torch.save({"x": torch.from_numpy(x), "y": torch.from_numpy(y)}, ctx.out / f"n{n}.pt")
+    beta_star = torch.tensor(cfg.beta_star, dtype=torch.float64)
+    # a fingerprint of the generated data (first point of data set 0 at every n), so that a change
+    # of generator shows up as a change of this stage's output
+    probe = {str(n): draw_datasets(cfg.seed, n, range(1), beta_star, cfg.noise_sd)[1][0, :3].tolist()
+             for n in cfg.ns}
     write_json(ctx.out / "meta.json", {
-        "ns": cfg.ns, "reps": cfg.reps, "k": cfg.k, "d": d, "beta_star": cfg.beta_star,
-        "noise_sd": cfg.noise_sd, "seed": cfg.seed, "batches": cfg.batches,
-        "folds": {str(n): fold_bounds(n, cfg.k) for n in cfg.ns}})
+        "ns": cfg.ns, "reps": cfg.reps, "k": cfg.k, "d": len(cfg.beta_star), "beta_star": cfg.beta_star,
+        "noise_sd": cfg.noise_sd, "seed": cfg.seed, "batches": cfg.batches, "generator": GENERATOR,
+        "fingerprint_y": probe, "folds": {str(n): fold_bounds(n, cfg.k) for n in cfg.ns}})

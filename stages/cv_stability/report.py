@@ -21,7 +21,8 @@ CLAIM = ("Cross-validation gives asymptotically exact confidence intervals for t
          "thresholds) are relatively unstable, and their CV intervals under-cover even in a sparse, "
          "low-dimensional Gaussian linear model.")
 
-SLOPE_BOUND = 0.01  # coverage gain per doubling of n that would count as "improving with n"
+SLOPE_BOUND = 0.01  # coverage gain per doubling of n that would count as "improving with n" (fixed in the
+# commit before n = 6,400 / 12,800 were added; not to be tuned to the results)
 
 
 def _claims() -> list:
@@ -43,11 +44,13 @@ def _claims() -> list:
                          "and both estimators is below nominal (per replication batch)",
                          value=f"batch.{name}.max_coverage", below="nominal",
                          refuted_by="the batch-wise best coverage over n not below nominal beyond 2 s.e."))
-        out.append(Bound(f"{name}_does_not_improve",
-                         f"Coverage of the CV interval for {LABELS[name]} does not improve with n: the slope of coverage "
-                         f"vs log₂ n (σ̂_out) is below {SLOPE_BOUND} per doubling (per replication batch, 2-s.e. bound)",
-                         value=f"batch.{name}.slope_per_doubling", below=SLOPE_BOUND,
-                         refuted_by=f"a coverage slope ≥ {SLOPE_BOUND} per doubling of n within 2 s.e."))
+        out.append(Claim(f"{name}_does_not_improve",
+                         f"Coverage of the CV interval for {LABELS[name]} does not improve with n: the least-squares "
+                         f"slope of coverage (σ̂_out) on log₂ n over all n has a 95% confidence interval whose upper end "
+                         f"is below {SLOPE_BOUND} per doubling of n (bound fixed before n = 6,400 and 12,800 were run)",
+                         f"slope.{name}.ci95_high < slope_bound",
+                         refuted_by=f"a 95% CI upper end ≥ {SLOPE_BOUND} per doubling: a coverage gain of a point or more "
+                                    "per doubling of n could not be excluded"))
     out += [
         Claim("bonferroni_covers",
               "Recommendation: the conservative interval for a difference built from the two single-model intervals "
@@ -91,6 +94,37 @@ def comparison_metrics(cov: pl.DataFrame, name: str, n_min: int, n_max: int) -> 
         zs.append(gain / se if se > 0 else (0.0 if gain <= 0 else math.inf))
     return {"max_coverage": float(rows["coverage"].max()), "min_coverage": float(rows["coverage"].min()),
             "improvement_z": float(max(zs))}
+
+
+def coverage_slope(rows: pl.DataFrame) -> dict:
+    """Least-squares slope of coverage on log₂ n and its 95% CI. The coverage estimates at different n
+    come from independent data sets, each a mean of `reps` i.i.d. indicators, so
+    Var(slope) = Σ_n w_n² p_n(1 − p_n)/reps_n with w_n = (x_n − x̄)/Σ(x − x̄)², x = log₂ n."""
+    rows = rows.sort("n")
+    x = np.log2(rows["n"].to_numpy().astype(float))
+    p, reps = rows["coverage"].to_numpy(), rows["reps"].to_numpy().astype(float)
+    w = (x - x.mean()) / ((x - x.mean()) ** 2).sum()
+    slope = float(w @ p)                                   # ALGO: coverage ~ a + b log₂ n (OLS)
+    se = float(np.sqrt((w**2 * p * (1 - p) / reps).sum()))  # binomial variance of each coverage
+    return {"slope": slope, "se": se, "ci95_low": slope - 1.96 * se, "ci95_high": slope + 1.96 * se,
+            "intercept": float(p.mean() - slope * x.mean())}
+
+
+def slope_figure(cov: pl.DataFrame, comparisons: list[str], slopes: dict, level: float):
+    fig, ax = plt.subplots(figsize=(6.5, 4.2))
+    ax.axhline(level, color="k", lw=1, label="nominal")
+    for i, name in enumerate(comparisons):
+        r = cov.filter((pl.col("contrast") == name) & (pl.col("estimator") == "out")).sort("n")
+        x = np.log2(r["n"].to_numpy().astype(float))
+        ax.errorbar(x, r["coverage"], yerr=1.96 * r["mc_se"].to_numpy(), fmt="o", color=f"C{i}", capsize=3, ms=4)
+        fit = slopes[name]
+        ax.plot(x, fit["intercept"] + fit["slope"] * x, "-", color=f"C{i}",
+                label=f"{LABELS[name]}: {fit['slope']:+.4f}/doubling [{fit['ci95_low']:+.4f}, {fit['ci95_high']:+.4f}]")
+    ax.set_xlabel("log₂ n")
+    ax.set_ylabel("coverage σ̂_out (±1.96 MC s.e.)")
+    ax.set_title("Comparison coverage vs log₂ n with least-squares lines (95% CI of slope)", fontsize=10)
+    ax.legend(fontsize=7, loc="lower right")
+    return fig
 
 
 def _n_ticks(ax, ns: list[int]) -> None:
@@ -209,7 +243,10 @@ def run(cfg: Config, ctx: StageContext) -> None:
                               pl.col("mean_half_width").alias("cv_half_width")), on=["contrast", "n", "estimator"])
              .with_columns((pl.col("bonf_half_width") / pl.col("cv_half_width")).alias("width_ratio"))
              .sort("contrast", "estimator", "n"))
+    slopes = {name: coverage_slope(cov.filter((pl.col("contrast") == name) & (pl.col("estimator") == "out")))
+              for name in comparisons}
     metrics = {
+        "slope": slopes, "slope_bound": SLOPE_BOUND,
         "nominal": level, "reps": reps, "ns": ns, "k": pmeta["k"], "mc_se_nominal": mc_se_nominal,
         "single": {"min_coverage": float(single_cov.min()), "max_coverage": float(single_cov.max())},
         **{name: comparison_metrics(cov, name, n_min, n_max) for name in comparisons},
@@ -237,6 +274,8 @@ def run(cfg: Config, ctx: StageContext) -> None:
     rep.section("Setup", f"""
 Y = Xᵀβ* + ε with X ~ N(0, I_{pmeta['d']}), ε ~ N(0, {pmeta['noise_sd']}²), β* = {pmeta['beta_star']}.
 For each n ∈ {ns}: **{reps} independent data sets**, k = {pmeta['k']}-fold CV (contiguous folds of i.i.d. points).
+The data sets are not stored: `prepare` writes the design and every stage regenerates data set r at size n from its
+own stream (numpy `default_rng([seed, n, r])`, float64) in chunks of replications, so n is bounded by compute only.
 Models, refitted on every training split: OLS; ST = soft-threshold of OLS at λ_n = c/√n with c = {scales['st_low']}
 ("low") and c = {scales['st_high']} ("high"); Lasso with scikit-learn scaling 1/(2m)‖y − Xβ‖² + α_n‖β‖₁,
 α_n = {scales['lasso']}/√n, all reps × folds solved at once by batched ISTA (`kernels/batched_lasso.py`; the
@@ -285,16 +324,23 @@ expectations over the test point (quadratic forms in Gaussian (x, ε)), σ² as 
         "bonf: [L_A − U_B, U_A − L_B] from the two single-model CV intervals at level 1 − α/2 each, valid whenever the "
         "single models are (they are relatively stable); width_ratio = its mean half-width / the CV difference "
         "interval's (the price of validity)."))
-    slope_rows = [{"comparison": LABELS[c], "slope per doubling (mean)": float(np.mean(batch[c]["slope_per_doubling"])),
-                   "2 s.e.": float(2 * np.std(batch[c]["slope_per_doubling"], ddof=1) / np.sqrt(batches)),
-                   "per batch": ", ".join(f"{v:.3f}" for v in batch[c]["slope_per_doubling"])} for c in comparisons]
-    rep.table("Coverage slope vs log₂ n (σ̂_out), per replication batch", pl.DataFrame(slope_rows),
-              note=f"Claimed bound: < {SLOPE_BOUND} per doubling of n (upper end of the 2-s.e. interval).")
+    rep.figure("coverage_slope", slope_figure(cov, comparisons, slopes, level),
+               "Comparison coverage (σ̂_out) vs log₂ n with the least-squares line; legend: slope per doubling of n "
+               "and its 95% CI (binomial variances of the independent per-n coverages).")
+    slope_rows = [{"comparison": LABELS[c], "slope per doubling": slopes[c]["slope"], "s.e.": slopes[c]["se"],
+                   "95% CI low": slopes[c]["ci95_low"], "95% CI high": slopes[c]["ci95_high"],
+                   f"CI high < {SLOPE_BOUND}": slopes[c]["ci95_high"] < SLOPE_BOUND,
+                   "per-batch slopes": ", ".join(f"{v:.3f}" for v in batch[c]["slope_per_doubling"])}
+                  for c in comparisons]
+    rep.table("Coverage slope vs log₂ n (σ̂_out)", pl.DataFrame(slope_rows), note=(
+        f"Least-squares slope of coverage on log₂ n over n ∈ {ns} ({reps} replications per n); the claim is that the "
+        f"95% CI's upper end is below {SLOPE_BOUND} per doubling (a bound fixed before n = 6,400 and 12,800 were run). "
+        f"Per-batch slopes: the same fit within each of the {batches} replication batches (robustness display)."))
     rep.section("Reading the verdicts", _reading(metrics, singles, comparisons, ns, level, band))
     rep.section("Deviations", f"""
 | what | paper | here | why |
 | --- | --- | --- | --- |
-| sizes n | asymptotics n → ∞; simulations to large n | n ∈ {ns} at this profile (the `full` profile adds 12,800) | 2 CPU cores, ≤ 5 min; data are reps × n × d floats |
+| sizes n | asymptotics n → ∞; simulations to large n | n ∈ {ns} at this profile (a {n_max // n_min}× range) | 2 CPU cores, ≤ 5 min; the data sets are not stored but regenerated from their seeds (`prepare` writes only the design), so n is limited by compute, not memory |
 | replications | thousands | {reps} per n, split into {pmeta['batches']} batches for seed-aware verdicts | budget |
 | target | k-fold test error | the same, computed exactly from σ² + ‖β̂_j − β*‖² (Gaussian design) | exact coverage, no test-set noise |
 | r(h_n) | defined by expectations | Monte Carlo over training sets, exact in the test point | see `stability.py` |
@@ -304,12 +350,29 @@ expectations over the test point (quadratic forms in Gaussian (x, ε)), σ² as 
 The paper proves CV-interval validity under relative stability and shows by simulation that comparisons of
 individually stable models (ST vs OLS, Lasso vs OLS, ST at two thresholds) can be relatively unstable, so their CV
 intervals under-cover however large n is. This miniature reproduces the design (sparse β*, d = {pmeta['d']}, k = {pmeta['k']})
-at n ≤ {n_max}: it cannot show the asymptote itself, only that coverage does not trend upward over a {n_max // n_min}×
-range of n (the slope claims) and that r̂ for comparisons does not shrink while single models' r̂ does. The
+at n ≤ {n_max}: it cannot show the asymptote itself, only a bound on how fast coverage could be improving over a
+{n_max // n_min}× range of n (the slope claims) and that r̂ for comparisons does not shrink while single models' r̂ does.
+{_slope_text(slopes, level, cov)} The
 Bonferroni interval stays valid because it only needs the single models' intervals, at the price of a much wider
 interval (the noise variance no longer cancels in the difference).
 """)
     rep.finish(CLAIMS, metrics)
+
+
+def _slope_text(slopes: dict, level: float, cov: pl.DataFrame) -> str:
+    """What the fitted coverage slopes imply (generated from the numbers)."""
+    parts = []
+    for name, f in slopes.items():
+        last = float(cov.filter((pl.col("contrast") == name) & (pl.col("estimator") == "out"))
+                     .sort("n")["coverage"][-1])
+        sign = ("a small but detectable increase (95% CI excludes 0)" if f["ci95_low"] > 0 else
+                "no detectable trend (95% CI contains 0)")
+        # doublings of n still needed at the CI's upper slope to reach nominal from the largest n
+        need = (level - last) / f["ci95_high"] if f["ci95_high"] > 0 and last < level else float("inf")
+        parts.append(f"{LABELS[name]}: {f['slope']:+.4f} per doubling, {sign}; even at the CI's upper end "
+                     f"{f['ci95_high']:+.4f} the interval would need ≈{need:.0f} more doublings of n to reach "
+                     f"{level:.2f} (linear extrapolation)" if math.isfinite(need) else f"{LABELS[name]}: {f['slope']:+.4f} per doubling, {sign}")
+    return "Coverage slopes vs log₂ n — " + "; ".join(parts) + "."
 
 
 def _reading(m: dict, singles: list[str], comparisons: list[str], ns: list[int], level: float, band: float) -> str:
@@ -323,6 +386,11 @@ def _reading(m: dict, singles: list[str], comparisons: list[str], ns: list[int],
         status = (f"under-covers (below {lo:.3f}) at n = {below}" if below else f"within or above {lo:.3f} at every n")
         lines.append(f"- **{LABELS[name]}**: lowest coverage per n {', '.join(f'{c:.3f}' for c in covs)} — {status}; "
                      f"r(h_n) = {rs}.")
+    for name in comparisons:
+        f = m["slope"][name]
+        verdict = ("bounded below" if f["ci95_high"] < m["slope_bound"] else "NOT bounded below")
+        lines.append(f"- **{LABELS[name]}** coverage slope: {f['slope']:+.4f} per doubling of n, 95% CI "
+                     f"[{f['ci95_low']:+.4f}, {f['ci95_high']:+.4f}] — {verdict} {m['slope_bound']}.")
     lines.append("")
     lines.append("A claim marked **no** did not hold at this scale with these replications; the numbers above "
                  "say where it failed. Single-model r(h_n) shrinks roughly like 1/n; where a single model's r(h_n) "

@@ -1,6 +1,7 @@
 """train: fit OLS, soft-thresholded OLS (two thresholds) and the Lasso on every (rep, fold).
 
-For each n, the training set of fold j is everything outside fold j; its Gram statistics are the
+For each n, the data sets are regenerated from prepare's seed in chunks of replications
+(simulate.draw_datasets; nothing of size reps × n is ever held). The training set of fold j is everything outside fold j; its Gram statistics are the
 full-sample ones minus the fold's. OLS is a batched solve, ST thresholds it, and all reps × k Lasso
 problems go through kernels.batched_lasso in one call. Writes coefs_n{n}.pt = {model: (reps, k, d)}
 and meta.json (penalties per n, Lasso iteration counts).
@@ -18,8 +19,7 @@ from stages.common.device import DeviceName, pick_device
 from stages.common.paths import read_json, write_json
 from stages.common.runner import StageContext
 from stages.cv_stability.models import MODELS, Penalties, fit_models
-
-REP_CHUNK = 250  # replications processed at once (memory only; results do not depend on it)
+from stages.cv_stability.simulate import draw_datasets, rep_chunks
 
 
 class Config(StageConfig):
@@ -56,13 +56,13 @@ def run(cfg: Config, ctx: StageContext) -> None:
     prep = ctx.input("prepare")
     meta = read_json(prep / "meta.json")
     pens = cfg.penalties()
+    beta_star = torch.tensor(meta["beta_star"], dtype=torch.float64)
     info = {"models": list(MODELS), "scales": {"st_low": pens.st_low, "st_high": pens.st_high, "lasso": pens.lasso},
             "penalties": {}, "lasso_iters": {}}
     for n in tqdm(meta["ns"], desc="train: fit models on every (rep, fold)"):
-        data = torch.load(prep / f"n{n}.pt")
         bounds = [tuple(b) for b in meta["folds"][str(n)]]
-        stats = [fold_statistics(x.double(), y.double(), bounds)  # chunks of reps bound the memory
-                 for x, y in zip(data["x"].split(REP_CHUNK), data["y"].split(REP_CHUNK))]
+        stats = [fold_statistics(*draw_datasets(meta["seed"], n, part, beta_star, meta["noise_sd"]), bounds)
+                 for part in rep_chunks(meta["reps"], n)]  # regenerated chunk by chunk from the seed
         gram, xty = torch.cat([s[0] for s in stats]).to(device), torch.cat([s[1] for s in stats]).to(device)
         sizes = stats[0][2].to(device)
         lam = pens.at(n)

@@ -19,7 +19,7 @@ def test_params_load_for_every_profile(stage, profile):
     _, cfg, prof = load_config("cv_stability", stage, profile)
     assert prof == profile
     if stage == "prepare" and profile == "default":
-        assert cfg.ns == [200, 800, 3200] and cfg.reps >= 400 and cfg.k == 10
+        assert cfg.ns == [200, 800, 3200, 6400, 12800] and cfg.reps >= 400 and cfg.k == 10
 
 
 @pytest.mark.parametrize("block,keys", [

@@ -8,14 +8,19 @@ import torch
 
 from stages.cv_stability.models import CONTRASTS, MODELS
 from stages.cv_stability.report import CLAIMS
+from stages.cv_stability.simulate import draw_datasets
 
 
 def test_smoke_pipeline_end_to_end(smoke_run):
     out = smoke_run("cv_stability")
     prep_meta = json.loads((out["prepare"] / "meta.json").read_text())
     ns, reps, k, d = prep_meta["ns"], prep_meta["reps"], prep_meta["k"], prep_meta["d"]
-    data = torch.load(out["prepare"] / f"n{ns[0]}.pt")
-    assert data["x"].shape == (reps, ns[0], d) and data["y"].shape == (reps, ns[0])
+    # prepare stores the design only; the data sets are regenerated from the seed downstream
+    assert sorted(p.name for p in out["prepare"].iterdir()) == ["_stage.json", "meta.json"]
+    x, y = draw_datasets(prep_meta["seed"], ns[0], range(reps), torch.tensor(prep_meta["beta_star"]),
+                         prep_meta["noise_sd"])
+    assert x.shape == (reps, ns[0], d) and y.shape == (reps, ns[0])
+    assert y[0, :3].tolist() == prep_meta["fingerprint_y"][str(ns[0])]
 
     coefs = torch.load(out["train"] / f"coefs_n{ns[-1]}.pt")
     assert set(coefs) == set(MODELS)
@@ -46,7 +51,10 @@ def test_smoke_pipeline_end_to_end(smoke_run):
         assert rec["parity_backend"] == "triton-interpret" and rec["parity_max_abs_err"] < 1e-8
     assert set(metrics["runtime_s"]) == {"prepare", "train", "evaluate", "report"}
     assert all(v >= 0 for v in metrics["runtime_s"].values())
-    for fig in ("coverage_vs_n", "r_vs_n", "studentized_error"):
+    for name in ("st_vs_ols", "lasso_vs_ols", "st_high_vs_st_low"):
+        f = m["slope"][name]
+        assert f["ci95_low"] <= f["slope"] <= f["ci95_high"] and f["se"] >= 0
+    for fig in ("coverage_vs_n", "r_vs_n", "studentized_error", "coverage_slope"):
         assert (out["report"] / "figures" / f"{fig}.png").stat().st_size > 0
     for plot in ("coverage_vs_n", "r_vs_n", "bonferroni_coverage_vs_n"):
         assert pl.read_csv(out["report"] / "plots" / f"{plot}.csv").height > 0
