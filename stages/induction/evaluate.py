@@ -135,11 +135,103 @@ def run(cfg: Config, ctx: StageContext) -> None:
     metrics = summarize(df, cfg, mismatches, fallbacks)
     if (train / "guided_log.jsonl").exists():
         metrics["guided"] = guided_metrics(insts, train, logs, ctx)
+    if (train / "bench_log.jsonl").exists() and (train / "bench_log.jsonl").read_text().strip():
+        metrics["bench"] = bench_metrics(prep, train, ctx, rec, device)
     write_json(ctx.out / "metrics.json", metrics)
     rec.save(ctx.out)
     if ctx.tracker:
         ctx.tracker.summary({"enum_solved": metrics["enum"]["all"]["valid_rate"],
                              "bloated_valid": metrics["bloated"]["all"]["valid_rate"]})
+
+
+def bench_metrics(prep, train, ctx, rec: KernelRecord, device) -> dict:
+    """Benchmark families: solve rate, size / gold and fresh-world accuracy per family, lift vs guarded.
+
+    Validity by stages.induction.check; fresh-world (held-out) accuracy of the output formula on the
+    family's held-out worlds (lift formulas are outside the kernel-compiled fragment: numpy evaluator)."""
+    insts = load_instances(prep / "bench_instances.jsonl")
+    metas = {m["id"]: m for m in map(json.loads, (prep / "bench_heldout.jsonl").read_text().splitlines())}
+    logs = {x["id"]: x for x in map(json.loads, (train / "bench_log.jsonl").read_text().splitlines())}
+    preds = {arm: _load_preds(train / f"bench_predictions_{arm}.jsonl") for arm in ("lift", "guarded")}
+    rows = []
+    for inst in tqdm(insts, desc="evaluate@induction (benchmark families)"):
+        meta = metas[inst.id]
+        held = [parse_instance({"id": inst.id, "regime": "fullobs", "worlds": [w]}).worlds[0]
+                for w in meta["heldout"]]
+        for arm in ("lift", "guarded"):
+            pred = preds[arm][inst.id]
+            res = check_formula(inst, pred["formula"])
+            acc = exact = float("nan")
+            if pred["formula"] is not None and res["size"] is not None:
+                acc, exact, _, _ = heldout_scores(pred["formula"], held, rec, device)
+            status = pred.get("status", "none")
+            solved = bool(res["valid"]) and status == "solved"
+            rows.append({"id": inst.id, "seed": meta["seed"], "family": meta["family"], "depth": meta["depth"],
+                         "arm": arm, "status": status, "valid": bool(res["valid"]), "solved": solved,
+                         "size": res["size"], "gold_size": meta["gold_size"],
+                         "generated": int(logs[inst.id][f"{arm}_generated"]),
+                         "heldout_acc": acc, "heldout_exact": exact,
+                         "heldout_all_exact": bool(solved and exact == 1.0)})
+    df = pl.DataFrame(rows, infer_schema_length=None)
+    df.write_csv(ctx.out / "bench_results.csv")
+    out: dict = {"n_instances": df.height // 2, "seeds": sorted(df["seed"].unique().to_list()),
+                 "budget_generated": int(next(iter(logs.values()))["budget_generated"])}
+    fam: dict = {}
+    for family in sorted(df["family"].unique().to_list()):
+        entry = {}
+        for arm in ("lift", "guarded"):
+            r = df.filter((pl.col("family") == family) & (pl.col("arm") == arm))
+            ok = r.filter(pl.col("solved"))
+            entry[arm] = {"n": r.height, "solve_rate": ok.height / r.height,
+                          "fallback_rate": _rate((r["status"] == "fallback").to_list()),
+                          "median_size_over_gold": _median(ok["size"] / ok["gold_size"]) if ok.height else float("nan"),
+                          "median_output_size": _median(r["size"]),
+                          "heldout_acc_solved": _rate(ok["heldout_acc"].to_list()),
+                          "heldout_acc_output": _rate(r["heldout_acc"].to_list()),
+                          "heldout_all_worlds_exact": _rate(r["heldout_all_exact"].to_list()),
+                          "median_generated": float(r["generated"].median())}
+        entry["depth"] = int(df.filter(pl.col("family") == family)["depth"][0])
+        entry["gold_size"] = float(df.filter(pl.col("family") == family)["gold_size"].median())
+        fam[family] = entry
+    out["per_family"] = fam
+    per_seed: dict[str, list] = {"seed": [], "lift_solve_rate": [], "guarded_solve_rate": [],
+                                 "lift_heldout_acc_solved": [], "lift_all_exact": [], "guarded_all_exact": [],
+                                 "lift_solve_rate_qd3": []}
+    for seed in out["seeds"]:
+        s = df.filter(pl.col("seed") == seed)
+        lift, guard = s.filter(pl.col("arm") == "lift"), s.filter(pl.col("arm") == "guarded")
+        per_seed["seed"].append(int(seed))
+        per_seed["lift_solve_rate"].append(_rate(lift["solved"].to_list()))
+        per_seed["guarded_solve_rate"].append(_rate(guard["solved"].to_list()))
+        per_seed["lift_heldout_acc_solved"].append(_rate(lift.filter(pl.col("solved"))["heldout_acc"].to_list()))
+        per_seed["lift_all_exact"].append(_rate(lift["heldout_all_exact"].to_list()))
+        per_seed["guarded_all_exact"].append(_rate(guard["heldout_all_exact"].to_list()))
+        per_seed["lift_solve_rate_qd3"].append(_rate(lift.filter(pl.col("depth") >= 3)["solved"].to_list()))
+    out["per_seed"] = per_seed
+    abl = []        # pruning ablation: formulas generated until success, plain vs canonical lift vs guarded
+    for iid, lg in logs.items():
+        if lg.get("ablation_plain"):
+            lr = df.filter((pl.col("id") == iid) & (pl.col("arm") == "lift")).row(0, named=True)
+            gr = df.filter((pl.col("id") == iid) & (pl.col("arm") == "guarded")).row(0, named=True)
+            abl.append({"id": iid, "family": lr["family"],
+                        "plain_solved": lg["ablation_plain"]["status"] == "found",
+                        "plain_generated": int(lg["ablation_plain"]["generated"]),
+                        "canonical_solved": bool(lr["solved"]), "canonical_generated": int(lr["generated"]),
+                        "guarded_solved": bool(gr["solved"]), "guarded_generated": int(gr["generated"])})
+    out["ablation"] = abl
+    for arm in ("lift", "guarded"):
+        r = df.filter(pl.col("arm") == arm)
+        ok = r.filter(pl.col("solved"))
+        out[arm] = {"solve_rate": _rate(r["solved"].to_list()), "n_solved": ok.height,
+                    "fallback_rate": _rate((r["status"] == "fallback").to_list()),
+                    "median_size_over_gold": _median(ok["size"] / ok["gold_size"]) if ok.height else float("nan"),
+                    "median_output_size": _median(r["size"]),
+                    "heldout_acc_solved": _rate(ok["heldout_acc"].to_list()),
+                    "heldout_all_worlds_exact": _rate(r["heldout_all_exact"].to_list()),
+                    "median_generated": float(r["generated"].median()),
+                    "solve_rate_by_depth": {f"qd{d}": _rate(r.filter(pl.col("depth") == d)["solved"].to_list())
+                                            for d in sorted(r["depth"].unique().to_list())}}
+    return out
 
 
 def guided_metrics(insts, train, logs, ctx) -> dict:

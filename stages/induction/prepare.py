@@ -3,6 +3,9 @@
 Writes instances.jsonl (the card's instance format, gold included), heldout.jsonl (per instance:
 template, depth, gold size and fully observed held-out worlds -- never shown to the solvers) and
 meta.json. The written instance file is re-read through the validating loader.
+Held-out "benchmark families" suite (stages.induction.families: the upstream concept-synth new36
+families, quantifier depth 2-3, domains 9-11, 4 training worlds, FullObs): bench_instances.jsonl and
+bench_heldout.jsonl, one independent set per generator seed (bench_per_family = 0 switches it off).
 """
 from __future__ import annotations
 
@@ -15,11 +18,13 @@ from pydantic import Field, field_validator, model_validator
 from stages.common.config import Seeds, StageConfig, unique_items
 from stages.common.paths import write_json
 from stages.common.runner import StageContext
+from stages.induction.families import FAMILIES, FamilySpec, generate_families
 from stages.induction.generator import FRAGMENT, TEMPLATES, GenSpec, generate
 from stages.induction.instances import MAX_DOMAIN, load_instances, write_instances
 
 RegimeName = Literal["fullobs", "ci", "ec"]
 TemplateName = Literal[tuple(TEMPLATES)]  # type: ignore[valid-type]
+FamilyName = Literal[tuple(FAMILIES)]  # type: ignore[valid-type]
 
 
 class Config(StageConfig):
@@ -39,6 +44,19 @@ class Config(StageConfig):
     unknown_rate: float = Field(0.35, ge=0, lt=1)
     heldout_worlds: int = Field(4, ge=1, le=64)
     min_minority: float = Field(0.15, ge=0, lt=0.5)
+    bench_per_family: int = Field(1, ge=0, le=100, description="benchmark-family instances per (seed, family); 0 = off")
+    bench_families: list[FamilyName] = Field(default_factory=lambda: list(FAMILIES), min_length=1)
+    bench_min_domain: int = Field(9, ge=2, le=MAX_DOMAIN)
+    bench_max_domain: int = Field(11, ge=2, le=MAX_DOMAIN)
+    bench_train_worlds: int = Field(4, ge=1, le=64)
+    bench_heldout_worlds: int = Field(4, ge=1, le=64)
+    bench_out_degree: int = Field(2, ge=1, le=MAX_DOMAIN, description="fewest R (S) successors per object")
+    bench_out_degree_max: int = Field(6, ge=1, le=MAX_DOMAIN, description="most R (S) successors per object")
+
+    @field_validator("bench_families")
+    @classmethod
+    def _families(cls, v):
+        return unique_items(v, "bench_families")
 
     @field_validator("seeds")
     @classmethod
@@ -59,6 +77,13 @@ class Config(StageConfig):
     def _check(self):
         if self.min_domain > self.max_domain:
             raise ValueError(f"min_domain: {self.min_domain} must be <= max_domain ({self.max_domain})")
+        if self.bench_min_domain > self.bench_max_domain:
+            raise ValueError(f"bench_min_domain: {self.bench_min_domain} must be <= bench_max_domain "
+                             f"({self.bench_max_domain})")
+        if self.bench_out_degree > self.bench_out_degree_max or self.bench_out_degree_max > self.bench_min_domain:
+            raise ValueError(f"bench_out_degree: need bench_out_degree ({self.bench_out_degree}) <= "
+                             f"bench_out_degree_max ({self.bench_out_degree_max}) <= bench_min_domain "
+                             f"({self.bench_min_domain})")
         return self
 
 
@@ -74,11 +99,27 @@ def run(cfg: Config, ctx: StageContext) -> None:
         insts += i
         metas += m
     write_instances(ctx.out / "instances.jsonl", insts)
+    b_insts, b_metas = [], []
+    if cfg.bench_per_family:
+        for seed in cfg.seeds:
+            i, m = generate_families(FamilySpec(
+                per_family=cfg.bench_per_family, families=tuple(cfg.bench_families), min_domain=cfg.bench_min_domain,
+                max_domain=cfg.bench_max_domain, out_degree=cfg.bench_out_degree,
+                out_degree_max=cfg.bench_out_degree_max, train_worlds=cfg.bench_train_worlds,
+                heldout_worlds=cfg.bench_heldout_worlds, seed=seed, id_prefix=f"s{seed}-"))
+            b_insts += i
+            b_metas += m
+    write_instances(ctx.out / "bench_instances.jsonl", b_insts)
+    (ctx.out / "bench_heldout.jsonl").write_text("".join(json.dumps(m) + "\n" for m in b_metas))
     (ctx.out / "heldout.jsonl").write_text("".join(json.dumps(m) + "\n" for m in metas))
     load_instances(ctx.out / "instances.jsonl")          # round trip through the validating loader
+    if b_insts:
+        load_instances(ctx.out / "bench_instances.jsonl")
     counts = {r: sum(i.regime == r for i in insts) for r in cfg.regimes}
     write_json(ctx.out / "meta.json", {"n_instances": len(insts), "per_regime": counts, "seeds": list(cfg.seeds),
                                        "templates": {t: TEMPLATES[t] for t in cfg.templates},
-                                       "fragment": {t: FRAGMENT[t] for t in cfg.templates}})
+                                       "fragment": {t: FRAGMENT[t] for t in cfg.templates},
+                                       "bench_n_instances": len(b_insts),
+                                       "bench_families": {f: FAMILIES[f] for f in cfg.bench_families}})
     if ctx.tracker:
         ctx.tracker.summary({"n_instances": len(insts)})

@@ -2,6 +2,7 @@
 
     python -m stages.induction.solve --instances IN.jsonl --out OUT.jsonl [--timeout S]
         [--solver portfolio|enum|bloated] [--max-size N] [--max-generated N] [--max-bank N]
+        [--grammar guarded|lift] [--small-operand N]
 
 Writes one line per instance: {"id", "formula": s-expr | null, "size", "seconds", "status"} with
 status "solved" (enumeration found a compact formula), "fallback" (the bloated fitter's formula,
@@ -10,6 +11,10 @@ solved, so an interrupted run keeps what it finished.
 portfolio (default): bottom-up enumeration within the formula-count budget (--max-generated, a
 count, so results do not depend on machine speed); if it finds nothing, the bloated fitter.
 --timeout is only a wall-clock safety net per instance (finite, > 0).
+--grammar lift: the two-bank lift enumerator (stages.induction.lift) that reaches the benchmark's
+depth-2/3 families (quantifier bodies mentioning x again); raise its reach with --max-size (e.g. 24)
+and --max-generated / --max-bank (counts, e.g. 10000000 for the depth-3 families). EC instances
+always use the guarded grammar.
 Bad input (a malformed or non-UTF-8 instance file, --out equal to the input or a directory, a
 non-finite --timeout) stops with one line and exit code 2, before any work.
 """
@@ -25,21 +30,33 @@ from tqdm import tqdm
 
 from stages.induction.bloated import fit_bloated
 from stages.induction.enumerate import SolveResult, synthesize
-from stages.induction.formula import to_sexpr
+from stages.induction.formula import flatten, size, to_sexpr
 from stages.induction.instances import Instance, InstanceError, load_instances
 
 SOLVERS = ("portfolio", "enum", "bloated")
+GRAMMARS = ("guarded", "lift")
 
 
 def solve_instance(inst: Instance, solver: str = "portfolio", timeout_s: float = 60.0, max_size: int = 22,
                    seed: int = 0, completions: int = 8, max_generated: int = 200_000,
-                   max_bank: int = 400_000) -> tuple[SolveResult, str]:
+                   max_bank: int = 400_000, grammar: str = "guarded", small_operand: int = 4) -> tuple[SolveResult, str]:
     """(result, status) with status solved | fallback | none."""
     if solver not in SOLVERS:
         raise ValueError(f"solver: expected one of {', '.join(SOLVERS)} (got {solver!r})")
+    if grammar not in GRAMMARS:
+        raise ValueError(f"grammar: expected one of {', '.join(GRAMMARS)} (got {grammar!r})")
     if solver in ("enum", "portfolio"):
-        res = synthesize(inst, max_generated=max_generated, max_size=max_size, seed=seed, completions=completions,
-                         safety_timeout_s=timeout_s, max_bank=max_bank)
+        if grammar == "lift" and inst.regime != "ec":
+            from stages.induction.lift import synthesize_lift
+
+            res = synthesize_lift(inst, max_generated=max_generated, max_size=max_size, max_bank=max_bank,
+                                  small_operand=small_operand, safety_timeout_s=timeout_s)
+            if res.formula is not None:
+                res.formula = flatten(res.formula)
+                res.size = size(res.formula)
+        else:
+            res = synthesize(inst, max_generated=max_generated, max_size=max_size, seed=seed,
+                             completions=completions, safety_timeout_s=timeout_s, max_bank=max_bank)
         if res.formula is not None:
             return res, "solved"
         if solver == "enum":
@@ -84,6 +101,10 @@ def main(argv: list[str] | None = None) -> int:
                     help="enumeration budget per instance: formulas generated (a count)")
     ap.add_argument("--max-bank", type=int, default=400_000,
                     help="cap on formulas kept after pruning (a count; raise it with --max-generated for deep concepts)")
+    ap.add_argument("--grammar", choices=GRAMMARS, default="guarded",
+                    help="enumeration grammar: guarded (unary bank) or lift (unary + binary banks; fullobs/ci)")
+    ap.add_argument("--small-operand", type=int, default=4,
+                    help="lift grammar: and/or combine two formulas only when one has at most this size")
     ap.add_argument("--seed", type=int, default=0, help="seed of the EC completion samples and tree tie-breaks")
     args = ap.parse_args(argv)
     if not math.isfinite(args.timeout) or args.timeout <= 0:
@@ -94,6 +115,9 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     if args.max_generated < 1 or args.max_generated > 10**9:
         print(f"error: --max-generated must be in 1..1000000000 (got {args.max_generated})", file=sys.stderr)
+        return 2
+    if args.small_operand < 2 or args.small_operand > 20:
+        print(f"error: --small-operand must be in 2..20 (got {args.small_operand})", file=sys.stderr)
         return 2
     if args.max_bank < 100 or args.max_bank > 10**8:
         print(f"error: --max-bank must be in 100..100000000 (got {args.max_bank})", file=sys.stderr)
@@ -115,7 +139,8 @@ def main(argv: list[str] | None = None) -> int:
     with args.out.open("w") as fh:                 # incremental: each line flushed when solved
         for inst in tqdm(insts, desc="solve", file=sys.stderr):
             res, status = solve_instance(inst, args.solver, args.timeout, args.max_size, args.seed,
-                                         max_generated=args.max_generated, max_bank=args.max_bank)
+                                         max_generated=args.max_generated, max_bank=args.max_bank,
+                                         grammar=args.grammar, small_operand=args.small_operand)
             fh.write(json.dumps(prediction_line(inst, res, status)) + "\n")
             fh.flush()
             solved += res.formula is not None

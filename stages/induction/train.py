@@ -14,6 +14,10 @@ Writes predictions_enum.jsonl / predictions_bloated.jsonl in the `solve` output 
 formula marked "fallback"),
 search_log.jsonl (status, seconds, formulas kept/generated, z3 calls) for the evaluation, and
 for (C) ranker.pt, predictions_guided.jsonl and guided_log.jsonl (held-out split only).
+Benchmark families (prepare's bench_instances.jsonl): (A') the two-bank lift enumerator
+(stages.induction.lift; its own count budget bench_max_generated and size cap bench_max_size) against
+(A) the guarded grammar with the main budget (+ the bloated fallback, marked), written to
+bench_predictions_lift.jsonl, bench_predictions_guarded.jsonl and bench_log.jsonl.
 """
 from __future__ import annotations
 
@@ -33,7 +37,8 @@ from stages.common.runner import StageContext
 from stages.common.trainer import TrainerConfig, make_trainer
 from stages.induction.bloated import fit_bloated
 from stages.induction.enumerate import synthesize
-from stages.induction.formula import parse, size
+from stages.induction.formula import flatten, parse, size
+from stages.induction.lift import synthesize_lift
 from stages.induction.instances import load_instances
 from stages.induction.solve import prediction_line
 
@@ -52,6 +57,14 @@ class Config(StageConfig):
     ranker_max_penalty: int = Field(3, ge=0, le=10)
     ranker_batch_size: int = Field(16, ge=1, le=4096)
     ranker_lr: float = Field(1e-2, gt=0, le=1.0)
+    bench_max_generated: PositiveInt = Field(2_500_000, ge=100, le=200_000_000,
+                                             description="lift enumeration budget per benchmark-family instance (a count)")
+    bench_max_size: int = Field(24, ge=2, le=60, description="lift enumeration AST-size budget (inclusive)")
+    bench_max_bank: int = Field(3_000_000, ge=100, le=20_000_000, description="cap on formulas kept per bank (lift)")
+    bench_small_operand: int = Field(4, ge=2, le=20, description="lift and/or: one operand at most this size")
+    bench_guarded_fallback: bool = Field(True, description="guarded arm: the bloated fallback when unsolved")
+    bench_ablation: bool = Field(True, description="also run the lift grammar without canonical forms "
+                                                   "(first seed, depth-2 families) to measure the pruning")
     device: DeviceName = "auto"
     trainer: TrainerConfig = TrainerConfig(max_epochs=60, log_every_n_steps=5)
 
@@ -95,8 +108,61 @@ def run(cfg: Config, ctx: StageContext) -> None:
                "safety_net_fired": sum(x["safety_net_fired"] for x in log)}
     if cfg.ranker:
         summary["ranker"] = train_ranker_and_guide(cfg, ctx, insts, log, rec, device)
+    summary["bench"] = run_bench(cfg, ctx, rec, device)
     write_json(ctx.out / "summary.json", summary)
     rec.save(ctx.out)
+
+
+def _depth(inst) -> int:
+    from stages.induction.formula import quantifier_depth
+    return quantifier_depth(parse(inst.gold)) if inst.gold else 0
+
+
+def run_bench(cfg: Config, ctx: StageContext, rec: KernelRecord, device) -> dict:
+    """Benchmark families: lift enumeration (A') vs the guarded grammar (A) (+ bloated fallback)."""
+    path = ctx.input("prepare") / "bench_instances.jsonl"
+    lift_lines, guard_lines, log = [], [], []
+    insts = load_instances(path) if path.exists() and path.read_text().strip() else []
+    if insts:
+        largest = max(size(parse(i.gold)) for i in insts if i.gold)
+        if cfg.bench_max_size < largest:
+            raise ConfigError(f"papers.induction.train.bench_max_size: {cfg.bench_max_size} is below the largest "
+                              f"benchmark-family gold size {largest}; raise it to >= {largest}")
+    for inst in tqdm(insts, desc="train@induction (benchmark families)"):
+        a = synthesize_lift(inst, max_generated=cfg.bench_max_generated, max_size=cfg.bench_max_size,
+                            max_bank=cfg.bench_max_bank, small_operand=cfg.bench_small_operand, backend=rec.backend,
+                            device=device, safety_timeout_s=cfg.safety_timeout_s)
+        rec.count("quantifier_eval", a.kernel_calls)
+        if a.formula is not None:                    # report sizes of the flattened formula (n-ary and/or)
+            a.formula = flatten(a.formula)
+            a.size = size(a.formula)
+        lift_lines.append(prediction_line(inst, a, "solved" if a.formula is not None else "none"))
+        g = synthesize(inst, max_generated=cfg.max_generated, max_size=cfg.bench_max_size, completions=cfg.completions,
+                       max_bank=cfg.max_bank, seed=cfg.seed, safety_timeout_s=cfg.safety_timeout_s,
+                       backend=rec.backend, device=device)
+        rec.count("quantifier_eval", g.kernel_calls)
+        if g.formula is not None:
+            guard_lines.append(prediction_line(inst, g, "solved"))
+        elif cfg.bench_guarded_fallback:
+            b = fit_bloated(inst, max_feature_size=cfg.bloat_max_feature_size, seed=cfg.seed, backend=rec.backend)
+            guard_lines.append(prediction_line(inst, b, "fallback" if b.formula is not None else "none"))
+        else:
+            guard_lines.append(prediction_line(inst, g, "none"))
+        abl = None
+        if cfg.bench_ablation and inst.id.split("-")[0] == insts[0].id.split("-")[0] and _depth(inst) <= 2:
+            p = synthesize_lift(inst, max_generated=cfg.bench_max_generated, max_size=cfg.bench_max_size,
+                                max_bank=cfg.bench_max_bank, small_operand=7, backend=rec.backend, device=device,
+                                safety_timeout_s=cfg.safety_timeout_s, canonical=False)
+            rec.count("quantifier_eval", p.kernel_calls)
+            abl = {"status": p.status, "generated": p.generated, "size": p.size}
+        log.append({"id": inst.id, "budget_generated": cfg.bench_max_generated, "ablation_plain": abl, "lift_status": a.status, "lift_generated": a.generated, "lift_bank": a.bank,
+                    "lift_seconds": a.seconds, "guarded_status": g.status, "guarded_generated": g.generated,
+                    "guarded_seconds": g.seconds, "safety_net_fired": "safety_timeout" in (a.status, g.status)})
+    for name, lines in (("bench_predictions_lift.jsonl", lift_lines), ("bench_predictions_guarded.jsonl", guard_lines),
+                        ("bench_log.jsonl", log)):
+        (ctx.out / name).write_text("".join(json.dumps(x) + "\n" for x in lines))
+    return {"n": len(insts), "lift_solved": sum(x["status"] == "solved" for x in lift_lines),
+            "guarded_solved": sum(x["status"] == "solved" for x in guard_lines)}
 
 
 def train_ranker_and_guide(cfg: Config, ctx: StageContext, insts, log, rec: KernelRecord, device) -> dict:
