@@ -150,7 +150,7 @@ def select_opus(scored: Scored, k: int, tau: float, greedy: bool, generator: tor
         available[pick] = False
         if redundancy:
             penalty += gram[:, pick]  # Φ ← Φ + φ(pick)
-    return torch.tensor(picks, device=dev), torch.tensor(utils, device=dev)
+    return torch.tensor(picks, device=dev), torch.tensor(utils, dtype=align.dtype, device=dev)
 
 
 def _select_on_device(align, gram, eta, k, tau, greedy, generator, redundancy, standardized):
