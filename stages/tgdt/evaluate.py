@@ -68,22 +68,29 @@ def rollout(model: TGDT, tasks: list[E.Task], data: dict, meta: dict, episodes: 
             "text": data["text"].to(device)[task_ids, tmpl]}
     ret = np.zeros(n)
     alive = np.ones(n, dtype=bool)
+    memory = model.memory(cond)                      # the condition is fixed for the whole episode
+    o_next = np.zeros((n, meta["obs_dim"]), dtype=np.float32)
+    r_now = np.zeros(n)
     for t in range(T):
         idx = t + 1 - K + torch.arange(K, device=device)
         pad = (idx < 0)[None].expand(n, K)
         idc = idx.clamp_min(0)
-        a = model.act(Rh[:, idc], O[:, idc], A[:, idc], idc[None].expand(n, K), pad, cond)[:, -1]
+        a = model.act(Rh[:, idc], O[:, idc], A[:, idc], idc[None].expand(n, K), pad, cond, memory=memory)[:, -1]
         A[:, t] = a
         a_np = a.cpu().numpy()
+        stepped = alive.copy()
         for i, (_, _, env) in enumerate(envs):
             if not alive[i]:
                 continue
             o, r, term, trunc, _ = env.step(a_np[i])
             ret[i] += r
-            if t + 1 < T:
-                O[i, t + 1] = (torch.tensor(o, device=device) - mean) / std
-                Rh[i, t + 1] = Rh[i, t] - r / meta["rtg_scale"]
+            o_next[i], r_now[i] = o, r
             alive[i] = not (term or trunc)
+        if t + 1 < T and stepped.any():             # one batched update of the stepped envs
+            live = torch.as_tensor(stepped, device=device)
+            O[live, t + 1] = (torch.as_tensor(o_next[stepped], device=device) - mean) / std
+            Rh[live, t + 1] = Rh[live, t] - torch.as_tensor(r_now[stepped] / meta["rtg_scale"], dtype=torch.float32,
+                                                            device=device)
     for _, _, env in envs:
         env.close()
     return ret.reshape(len(tasks), episodes)
@@ -119,7 +126,7 @@ def run(cfg: Config, ctx) -> None:
     rec = KernelRecord(device)
     prep, trained = ctx.input("prepare"), ctx.input("train")
     tcfg = read_json(trained / "train_summary.json")["config"]
-    out: dict = {"envs": {}, "probes": [], "unknown_words": []}
+    out: dict = {"envs": {}, "probes": [], "unknown_words": [], "episodes": cfg.episodes}
     parity_done = False
     env_names = read_json(prep / "summary.json")["envs"]
     probe_env = "pointmass" if "pointmass" in env_names else env_names[0]

@@ -125,13 +125,14 @@ class TGDT(L.LightningModule):
         return mem, torch.zeros(B, 1, dtype=torch.bool, device=mem.device)
 
     # ------------------------------------------------------------------ decision transformer
-    def act(self, rtg, obs, act, tsteps, pad, cond):
-        """rtg (B, K), obs (B, K, ds), act (B, K, da), tsteps (B, K), pad (B, K) -> â (B, K, da)."""
+    def act(self, rtg, obs, act, tsteps, pad, cond, memory=None):
+        """rtg (B, K), obs (B, K, ds), act (B, K, da), tsteps (B, K), pad (B, K) -> â (B, K, da).
+        ``memory``: a precomputed ``self.memory(cond)`` (evaluation reuses it across timesteps)."""
         B, K, _ = obs.shape
         te = self.embed_t(tsteps)
         tok = torch.stack([self.embed_r(rtg[..., None]) + te, self.embed_s(obs) + te, self.embed_a(act) + te], 2)
         tok = torch.where(pad[:, :, None, None], self.pad_tok, tok).reshape(B, 3 * K, -1)   # (B, 3K, d)
-        mem, mem_pad = self.memory(cond)
+        mem, mem_pad = self.memory(cond) if memory is None else memory
         causal = nn.Transformer.generate_square_subsequent_mask(3 * K, device=tok.device)
         h = self.dt(self.ln_in(tok), mem, tgt_mask=causal, tgt_is_causal=True, memory_key_padding_mask=mem_pad)
         return torch.tanh(self.head(h[:, 1::3]))                       # predicted from the s_t tokens
@@ -145,6 +146,15 @@ class TGDT(L.LightningModule):
         self.data = {k: (v.to(dev) if torch.is_tensor(v) else {i: t.to(dev) for i, t in v.items()})
                      for k, v in self.data.items()}
         self.gen = torch.Generator(device=self.device).manual_seed(int(self.hparams.seed) + 12345)
+        # per-task episode lists as padded (n_tasks, max) matrices + counts: vectorised sampling
+        for key in ("expert_eps", "task_eps"):
+            lists = [self.data[key][t] for t in range(len(self.data[key]))]
+            width = max(1, max(len(v) for v in lists))
+            mat = torch.zeros(len(lists), width, dtype=torch.long, device=dev)
+            for t, v in enumerate(lists):
+                mat[t, : len(v)] = v
+            self.data[key + "_mat"] = mat
+            self.data[key + "_cnt"] = torch.tensor([max(1, len(v)) for v in lists], device=dev)
 
     @torch.no_grad()
     def share_with(self, top_k: int = 3) -> None:
@@ -170,8 +180,7 @@ class TGDT(L.LightningModule):
             u = torch.randint(len(held), (m,), generator=self.gen, device=self.device)
             j = D["train_tasks"][torch.multinomial(w[u], 1, generator=self.gen).squeeze(1)]
             pick = torch.randint(10**9, (m,), generator=self.gen, device=self.device)
-            ep[n - m:] = torch.stack([D["task_eps"][int(t)][int(p) % len(D["task_eps"][int(t)])]
-                                      for t, p in zip(j.tolist(), pick.tolist())])
+            ep[n - m:] = D["task_eps_mat"][j, pick % D["task_eps_cnt"][j]]
             shared = (n - m, held[u])
         end = torch.randint(1, T + 1, (n,), generator=self.gen, device=self.device)     # window = [end-K, end)
         idx = end[:, None] - K + torch.arange(K, device=self.device)[None]
@@ -194,13 +203,16 @@ class TGDT(L.LightningModule):
         tasks = D["train_tasks"]                                           # one pair per training task
         n, T = len(tasks), D["obs"].shape[1]
         pick = torch.randint(10**9, (n,), generator=self.gen, device=self.device)
-        ep = torch.stack([D["expert_eps"][t][pick[i] % len(D["expert_eps"][t])] for i, t in enumerate(tasks.tolist())])
+        ep = D["expert_eps_mat"][tasks, pick % D["expert_eps_cnt"][tasks]]
         start = torch.randint(0, T - Lg + 1, (n,), generator=self.gen, device=self.device)
         idx = start[:, None] + torch.arange(Lg, device=self.device)[None]
         obs, act = D["obs"][ep[:, None], idx], D["act"][ep[:, None], idx]
         tmpl = torch.randint(D["text"].shape[1], (n,), generator=self.gen, device=self.device)
         text = D["text"][tasks, tmpl]
-        t_emb, z_emb = self.text_embedding(text), self.traj_embedding(obs, act)
+        th_pos, tpad_pos = self.encode_text(text)                          # each encoder runs once per step
+        traj_tok = self.encode_traj(obs, act)
+        t_emb = F.normalize(self.text_proj(th_pos[:, 0]), dim=-1)
+        z_emb = F.normalize(self.traj_proj(traj_tok[:, 0]), dim=-1)
         scale = self.logit_scale.exp().clamp(max=100.0)
         out = fused_infonce(t_emb, z_emb, scale, backend=self.kernel_backend)  # ALGO: TBC, (CE_row + CE_col)/2
         self.kernel_calls += 1
@@ -209,8 +221,8 @@ class TGDT(L.LightningModule):
             sim = scale * z_emb @ t_emb.T
             sim.fill_diagonal_(-float("inf"))
             neg = torch.multinomial(sim.softmax(-1), 1, generator=self.gen).squeeze(1)
-        traj_tok = self.encode_traj(obs, act)
-        th, tpad = self.encode_text(torch.cat([text, text[neg]]))
+        # the mismatched description's token states = those of its own row (deterministic encoder)
+        th, tpad = torch.cat([th_pos, th_pos[neg]]), torch.cat([tpad_pos, tpad_pos[neg]])
         fused = self.match_fuse(torch.cat([traj_tok, traj_tok]), th, memory_key_padding_mask=tpad)
         logit = self.match_head(fused[:, 0]).squeeze(-1)
         label = torch.cat([torch.ones(n, device=self.device), torch.zeros(n, device=self.device)])
@@ -229,7 +241,7 @@ class TGDT(L.LightningModule):
             loss = loss + self.hparams.nce_weight * nce + self.hparams.itm_weight * itm   # 1:1:1 as officially
             logs.update(nce=nce.detach(), itm=itm.detach())
         self.log_dict(logs, prog_bar=True)
-        if batch_idx % 50 == 0 or batch_idx == self.trainer.max_steps - 1:
+        if batch_idx % 20 == 0 or batch_idx == self.trainer.max_steps - 1:       # training curve for the report
             self.history.append({"step": int(batch_idx), **{k: float(v) for k, v in logs.items()}})
         return loss
 

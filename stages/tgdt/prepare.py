@@ -4,8 +4,8 @@
 
 Per environment (``envs``: pointmass and/or halfcheetah) and per task (direction × speed; see
 stages/tgdt/envs.py), ``expert_episodes`` episodes of the scripted expert (point mass: the one-step
-velocity controller + small noise; HalfCheetah: the sinusoidal gait of a random gait bank whose
-measured forward velocity is closest to the target) and ``medium_episodes`` of the same controller
+velocity controller + small noise; HalfCheetah: the sinusoidal gait of a random gait bank with the
+highest noise-free return on the task's reward) and ``medium_episodes`` of the same controller
 with heavy action noise. Held-out tasks get trajectories too (split column ``held_out``) but train
 never reads them: evaluate uses them only for text→trajectory retrieval. ``meta.json`` holds the
 task list, the training vocabulary, observation statistics of the training data, and per task the
@@ -80,22 +80,30 @@ def controllers(task: E.Task, env, rng: np.random.Generator, block: EnvData, gai
             "random": lambda o, t: rng.uniform(-1, 1, size=env.action_space.shape)}
 
 
-def gait_bank(block: EnvData, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
-    """Random sinusoidal gaits and the mean forward velocity each reaches (one rollout each)."""
+def gait_bank(block: EnvData, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Random sinusoidal gaits, one noise-free rollout each: per-step forward velocity (G, T) and
+    control cost (G, T), so that every task can pick the gait with the highest return on its reward."""
     params = np.concatenate([rng.uniform(0.2, 1.0, (block.gaits, 6)), rng.uniform(0, 2 * np.pi, (block.gaits, 6))], 1)
     probe = E.Task("halfcheetah", -1, "forward", "slow", (0.0,), False)
     env = E.make_env(probe, block.max_steps)
-    vel = []
-    for g in params:
-        obs, _ = env.reset(seed=0)
-        vs = []
+    vel = np.zeros((block.gaits, block.max_steps))
+    ctrl = np.zeros((block.gaits, block.max_steps))
+    for i, g in enumerate(params):
+        env.reset(seed=0)
         for t in range(block.max_steps):
-            obs, _, term, trunc, info = env.step(E.gait_action(g, t).astype(np.float32))
-            vs.append(info["x_velocity"])
+            a = E.gait_action(g, t).astype(np.float32)
+            _, _, term, trunc, info = env.step(a)
+            vel[i, t], ctrl[i, t] = info["x_velocity"], env.ctrl_cost * float(a.astype(np.float64) @ a)
             if term or trunc:
                 break
-        vel.append(float(np.mean(vs[len(vs) // 4:])))
-    return params, np.asarray(vel)
+    env.close()
+    return params, vel, ctrl
+
+
+def best_gait(vel: np.ndarray, ctrl: np.ndarray, target: float) -> int:
+    """The gait whose rollout has the highest return Σ_t −|v_t − v*| − c_t on the task's reward
+    (choosing by mean velocity alone picks strongly oscillating gaits that lose to the random policy)."""
+    return int(np.argmax(-(np.abs(vel - target) + ctrl).sum(1)))
 
 
 def build_env(name: str, block: EnvData, cfg: Config, out) -> dict:
@@ -109,9 +117,9 @@ def build_env(name: str, block: EnvData, cfg: Config, out) -> dict:
         env = E.make_env(task, block.max_steps)
         gait = None
         if gaits is not None:
-            j = int(np.argmin(np.abs(gaits[1] - task.vector[0])))
+            j = best_gait(gaits[1], gaits[2], task.vector[0])
             gait = gaits[0][j]
-            gait_info.append({"task": task.index, "gait": j, "gait_velocity": float(gaits[1][j])})
+            gait_info.append({"task": task.index, "gait": j, "gait_velocity": float(gaits[1][j].mean())})
         pol = controllers(task, env, rng, block, gait)
         for quality, n in (("expert", block.expert_episodes), ("medium", block.medium_episodes)):
             for _ in range(n):
@@ -147,7 +155,9 @@ def build_env(name: str, block: EnvData, cfg: Config, out) -> dict:
         "gaits": gait_info, "episodes": len(ds),
     }
     write_json(out / name / "meta.json", meta)
-    return {"episodes": len(ds), "tasks": len(tasks), "held_out": sum(t.held_out for t in tasks)}
+    return {"episodes": len(ds), "tasks": len(tasks), "held_out": sum(t.held_out for t in tasks),
+            "max_steps": block.max_steps, "expert_episodes": block.expert_episodes,
+            "medium_episodes": block.medium_episodes, "gaits": block.gaits if name == "halfcheetah" else None}
 
 
 def run(cfg: Config, ctx) -> None:

@@ -166,7 +166,7 @@ def run(cfg: Config, ctx) -> None:
                 torch.save({"arm": arm, "seed": seed, "hparams": dict(model.hparams),
                             "state_dict": model.state_dict(), "history": model.history},
                            ctx.out / env / f"{arm}_s{seed}.pt")
-                summary[f"{env}/{arm}/s{seed}"] = last
+                summary[f"{env}/{arm}/s{seed}"] = {**last, "history": model.history}
     rec.save(ctx.out)
     write_json(ctx.out / "train_summary.json", {"config": cfg.model_dump(mode="json"), "runs": summary})
     print(f"train@tgdt: CPU time {time.process_time():.1f} s")

@@ -66,6 +66,21 @@ def test_pointmass_dynamics_closed_form_and_expert():
     assert r > 0.999
 
 
+def test_best_gait_maximises_task_return_not_mean_velocity():
+    """An oscillating gait whose MEAN velocity equals the target loses to a steady slightly-slow gait
+    under r = −|v − v*| − c; the expert must be chosen by return (independent sums by hand)."""
+    T = 8
+    osc = np.tile([2.2, -0.2], T // 2)               # mean 1.0 = target, |v − 1| = 1.2 every step
+    steady = np.full(T, 0.9)                         # |v − 1| = 0.1 every step
+    fast = np.full(T, 1.0)                           # exact speed but expensive control
+    vel = np.stack([osc, steady, fast])
+    ctrl = np.stack([np.full(T, 0.01), np.full(T, 0.05), np.full(T, 0.2)])
+    # returns: osc −(1.2+0.01)·8 = −9.68, steady −(0.1+0.05)·8 = −1.2, fast −(0+0.2)·8 = −1.6
+    assert P.best_gait(vel, ctrl, 1.0) == 1
+    assert P.best_gait(vel, np.zeros_like(ctrl), 1.0) == 2       # without control cost the exact one wins
+    assert P.best_gait(-vel, ctrl, -1.0) == 1                     # backward targets mirror
+
+
 def _params_with(**train_over):
     params = copy.deepcopy(read_params())
     params["papers"]["tgdt"]["train"].update(train_over)
@@ -149,3 +164,5 @@ def test_smoke_pipeline(smoke_run):
     assert "sprint" in doc["metrics"]["unknown_words"]
     assert (outs["report"] / "figures" / "return_seen_unseen.png").exists()
     assert (outs["report"] / "figures" / "similarity_pointmass.png").exists()
+    assert (outs["report"] / "figures" / "similarity_halfcheetah.png").exists()
+    assert (outs["report"] / "figures" / "training_curves.png").exists()
