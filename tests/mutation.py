@@ -34,6 +34,7 @@ CORE: dict[str, list[str]] = {
     "stages/induction/semantics.py": ["tests/induction/test_semantics.py"],
     "stages/sciql/algos.py": ["tests/sciql"],
     "stages/ftrl_potential/dynamics.py": ["tests/ftrl_potential"],
+    "stages/backdoor_awareness/method.py": ["tests/backdoor_awareness"],
 }
 
 # "<module>::<mutant name>": why it cannot change behaviour
