@@ -1,0 +1,108 @@
+"""prepare: the list-pipeline task (3–6 composed mod-10 operations) with SFT traces in both formats —
+think-then-answer and plan-first interleaved — carrying the SAME injected plan errors (probability
+``plan_error_rate``: adjacent swap, dropped operation or wrong operand; the steps execute the faulty
+plan), plus held-out RL and test prompts. Stored as parquet (polars) + meta.json.
+
+    python -m stages prepare plantain [--profile smoke]
+"""
+from __future__ import annotations
+
+import numpy as np
+import polars as pl
+from pydantic import Field, field_validator, model_validator
+
+from stages.common.config import Probability, Seed, Seeds, StageConfig, unique_items
+from stages.common.paths import write_json
+from stages.common.runner import StageContext
+from stages.plantain.task import (ERROR_KINDS, MAX_OPS, PROMPT_LEN, VOCAB, VOCAB_SIZE, Problem, corrupt_plan,
+                                  decode_text, make_trace, sample_problem)
+
+MAX_TRACE = 7 * MAX_OPS + 12          # longest plan-first trace (6 ops): 54 tokens
+
+
+class Config(StageConfig):
+    n_sft: int = Field(6000, ge=8, le=200_000, description="SFT problems (one trace per format each)")
+    n_rl: int = Field(2000, ge=8, le=200_000, description="RL prompts")
+    n_test: int = Field(300, ge=4, le=20_000, description="held-out test problems")
+    min_ops: int = Field(3, ge=1, le=MAX_OPS)
+    max_ops: int = Field(5, ge=1, le=MAX_OPS)
+    plan_error_rate: Probability = Field(0.4, description="share of SFT traces with one injected plan error")
+    error_kinds: list[str] = Field(default_factory=lambda: list(ERROR_KINDS), min_length=1, max_length=3)
+    data_seed: Seed = 0
+    seeds: Seeds = Field(default_factory=lambda: [0, 1, 2], max_length=10,
+                         description="run seeds: each trains both formats and runs every evaluation")
+
+    @field_validator("seeds", "error_kinds")
+    @classmethod
+    def _distinct(cls, v, info):
+        return unique_items(v, info.field_name)
+
+    @field_validator("error_kinds")
+    @classmethod
+    def _kinds(cls, v):
+        bad = [k for k in v if k not in ERROR_KINDS]
+        if bad:
+            raise ValueError(f"error_kinds: {bad[0]!r} is not one of {ERROR_KINDS}")
+        return v
+
+    @model_validator(mode="after")
+    def _ops(self):
+        if self.min_ops > self.max_ops:
+            raise ValueError(f"min_ops: {self.min_ops} exceeds max_ops {self.max_ops}")
+        if "drop" in self.error_kinds and self.min_ops < 2:
+            raise ValueError("min_ops: 'drop' errors need at least 2 operations")
+        return self
+
+
+def problems_frame(probs: list[Problem], split: str, rng: np.random.Generator, err_rate: float,
+                   kinds: list[str]) -> pl.DataFrame:
+    rows = []
+    for p in probs:
+        err = split == "sft" and rng.random() < err_rate
+        kind = str(rng.choice(kinds)) if err else ""
+        plan = corrupt_plan(p.plan, kind, rng) if err else p.plan
+        rows.append({"split": split, "x": p.x, "ops": [t for od in p.ops for t in od], "n_ops": len(p.ops),
+                     "answer": p.answer, "prompt": p.prompt(), "plan_error": kind,
+                     "trace_tta": make_trace(p, "tta", plan), "trace_pf": make_trace(p, "pf", plan)})
+    return pl.DataFrame(rows)
+
+
+def run(cfg: Config, ctx: StageContext) -> None:
+    rng = np.random.default_rng(cfg.data_seed)
+    seen, splits = set(), {}
+    for split, n in (("test", cfg.n_test), ("rl", cfg.n_rl), ("sft", cfg.n_sft)):
+        out = []
+        while len(out) < n:           # test problems never appear in RL or SFT data
+            p = sample_problem(rng, cfg.min_ops, cfg.max_ops)
+            key = (p.x, p.ops)
+            if split == "test" and key in seen:
+                continue
+            if split != "test" and key in splits.get("_test", set()):
+                continue
+            seen.add(key)
+            out.append(p)
+        splits[split] = out
+        if split == "test":
+            splits["_test"] = {(p.x, p.ops) for p in out}
+    frame = pl.concat([problems_frame(splits[s], s, rng, cfg.plan_error_rate, cfg.error_kinds)
+                       for s in ("sft", "rl", "test")])
+    frame.write_parquet(ctx.out / "problems.parquet")
+    ex = frame.filter(pl.col("split") == "sft").head(4)
+    write_json(ctx.out / "meta.json", {
+        "seeds": list(cfg.seeds), "vocab": VOCAB, "vocab_size": VOCAB_SIZE, "prompt_len": PROMPT_LEN,
+        "max_trace": MAX_TRACE, "min_ops": cfg.min_ops, "max_ops": cfg.max_ops,
+        "plan_error_rate": cfg.plan_error_rate, "error_kinds": list(cfg.error_kinds),
+        "n": {s: int((frame["split"] == s).sum()) for s in ("sft", "rl", "test")},
+        "sft_error_share": float((frame.filter(pl.col("split") == "sft")["plan_error"] != "").mean()),
+        "examples": [{"prompt": decode_text([t for t in r["prompt"] if t != VOCAB.index("<pad>")]),
+                      "tta": decode_text(r["trace_tta"]), "pf": decode_text(r["trace_pf"]),
+                      "plan_error": r["plan_error"]} for r in ex.iter_rows(named=True)]})
+
+
+def load_split(prepare_dir, split: str) -> pl.DataFrame:
+    return pl.read_parquet(prepare_dir / "problems.parquet").filter(pl.col("split") == split)
+
+
+def to_problems(frame: pl.DataFrame) -> list[Problem]:
+    return [Problem(int(x), tuple((ops[i], ops[i + 1]) for i in range(0, len(ops), 2)))
+            for x, ops in zip(frame["x"].to_list(), frame["ops"].to_list())]

@@ -1,0 +1,211 @@
+"""plantain: task semantics against an independent composition, trace parsing (errors name the
+position), the rule-based plan judge and the multiplicative reward with non-unit weights, TTFR
+counting, KV-cache decoding vs naive recomputation, Rewind-and-Repeat accounting and its core effect
+on a scripted LM (plan-level rewinding buys the same accuracy with fewer tokens), the smoke pipeline
+end to end, and bad-input errors at config load."""
+from __future__ import annotations
+
+import json
+from functools import reduce
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+import torch
+
+from stages.common.config import ConfigError, validate
+from stages.common.tiny_transformer import TinyTransformer, TinyTransformerConfig
+from stages.plantain import evaluate, prepare, train
+from stages.plantain.model import rewind_and_repeat, sample_batch, stream_ttfr, tokens_to_target
+from stages.plantain.prepare import MAX_TRACE
+from stages.plantain.task import (EANS, ERROR_KINDS, FORMATS, MOD, PROMPT_LEN, VOCAB_SIZE, TraceError, corrupt_plan,
+                                  decode_text, encode_text, make_trace, parse_segments, parse_trace, plan_pairs,
+                                  problem_from_prompt, reward, sample_problem, ttfr_tokens, validate_plan,
+                                  validate_trace)
+
+PY_OPS = {"+": lambda d: (lambda x: (x + d) % MOD), "-": lambda d: (lambda x: (x - d) % MOD),
+          "*": lambda d: (lambda x: (x * d) % MOD)}
+
+
+def _problems(n=60, seed=3, lo=3, hi=6):
+    rng = np.random.default_rng(seed)
+    return [sample_problem(rng, lo, hi) for _ in range(n)]
+
+
+def test_answers_match_an_independent_function_composition():
+    for p in _problems():
+        words = decode_text([t for t in p.prompt() if decode_text([t]) != "<pad>"]).split()
+        fs = [PY_OPS[words[i]](int(words[i + 1])) for i in range(0, len(words) - 3, 2)]   # as written, outermost first
+        composed = reduce(lambda f, g: (lambda x: f(g(x))), fs)                          # f1 ∘ f2 ∘ … ∘ fn
+        assert composed(int(words[-2])) == p.answer
+        assert problem_from_prompt(p.prompt()) == p
+
+
+def test_traces_parse_and_ttfr_counts_tokens_before_the_first_visible_token():
+    for p in _problems(20):
+        n = len(p.ops)
+        for fmt in FORMATS:
+            toks = make_trace(p, fmt)
+            words = decode_text(toks).split()
+            tr = parse_trace(toks, fmt)
+            assert tr["answer"] == p.answer and tr["plan"] == p.plan
+            assert validate_trace(p, toks, fmt)
+            assert ttfr_tokens(toks) == words.index("<ans>") + 1
+        # plan-first: "<think> n </think> <ans>" then the plan; think-then-answer: the whole thought first
+        assert ttfr_tokens(make_trace(p, "pf")) == 4
+        assert ttfr_tokens(make_trace(p, "tta")) == 3 + 3 * n + 2 + 4 * n + 2   # <think> n | plan | x steps </think> <ans>
+        assert decode_text(make_trace(p, "tta")).split()[1:3] == [str(n), "|"]
+
+
+@pytest.mark.parametrize("text,pos", [
+    ("<think> 1 <ans> 2 </ans> <eos>", 2),              # <ans> opened inside <think>
+    ("</think> <ans> 2 </ans> <eos>", 0),               # closes nothing
+    ("<think> 1 </think> <ans> 2 </think> <eos>", 5),   # closes the wrong segment
+    ("<think> 1 </think> 3 <ans> 2 </ans> <eos>", 3),   # text outside a segment
+    ("<think> 1 </think> <ans> 2 <eos>", 5),            # <eos> inside an open segment
+    ("<think> 1 </think> <ans> 2 </ans>", 6),           # no <eos>
+])
+def test_unbalanced_segment_tags_raise_with_the_position(text, pos):
+    with pytest.raises(TraceError, match=f"position {pos}:"):
+        parse_segments(encode_text(text))
+    assert reward(_problems(1)[0], encode_text(text), "pf")["r"] == 0.0
+
+
+def test_unknown_token_in_a_trace_names_its_index():
+    with pytest.raises(TraceError, match="token 2: unknown token 'foo'"):
+        encode_text("<think> 1 foo </think>")
+
+
+def test_plan_judge_accepts_only_the_correct_plan_and_every_injected_error_is_caught():
+    rng = np.random.default_rng(0)
+    for p in _problems(80):
+        assert validate_plan(p, p.plan)
+        assert not validate_plan(p, None) and not validate_plan(p, p.ops[::-1][1:])
+        for kind in ERROR_KINDS:
+            bad = corrupt_plan(p.plan, kind, rng)
+            assert bad != p.plan and not validate_plan(p, bad)
+            toks = make_trace(p, "pf", bad)
+            assert not validate_trace(p, toks, "pf")           # the answer-level judge sees the plan too
+            assert parse_trace(toks, "pf")["plan"] == bad      # steps follow the faulty plan
+    assert plan_pairs(encode_text("#2 + 1")) is None          # numbering must start at #1
+
+
+def test_answer_judge_catches_one_wrong_step_value():
+    p = _problems(1)[0]
+    toks = make_trace(p, "pf")
+    i = len(toks) - 7                                          # the last step's value
+    toks[i] = (toks[i] + 1) % MOD
+    assert not validate_trace(p, toks, "pf")
+
+
+def test_reward_is_multiplicative_with_non_unit_weights():
+    wc, wh = 0.7, 1.9
+    rng = np.random.default_rng(1)
+    for p in _problems(30):
+        good = reward(p, make_trace(p, "pf"), "pf", wc, wh)
+        assert good == {"r": pytest.approx(1 + wc + wh), "r_format": 1.0, "r_correct": 1.0, "r_helpful": 1.0}
+        assert reward(p, make_trace(p, "tta"), "tta", wc, wh)["r"] == pytest.approx(1 + wc)   # no visible plan
+        bad = make_trace(p, "pf", corrupt_plan(p.plan, "operand", rng))
+        rb = reward(p, bad, "pf", wc, wh)
+        assert rb["r_helpful"] == 0.0 and rb["r"] == pytest.approx(1 + wc * rb["r_correct"])
+        assert reward(p, make_trace(p, "pf"), "tta", wc, wh)["r"] == 0.0      # wrong format: r_format = 0
+
+
+def test_tokens_to_target_interpolates():
+    assert tokens_to_target([10, 20, 30], [0.1, 0.3, 0.5], 0.4) == pytest.approx(25.0)
+    assert tokens_to_target([10, 20], [0.5, 0.6], 0.4) == 10.0
+    assert tokens_to_target([10, 20], [0.1, 0.2], 0.9) == float("inf")
+
+
+def _tiny(seed=0):
+    torch.manual_seed(seed)
+    return TinyTransformer(TinyTransformerConfig(vocab_size=VOCAB_SIZE, d_model=16, n_layers=1, n_heads=2,
+                                                 max_seq_len=PROMPT_LEN + MAX_TRACE, init_std=0.5)).eval()
+
+
+def test_kv_cache_greedy_decoding_matches_naive_recomputation_and_streaming():
+    model = _tiny()
+    prompts = torch.tensor([p.prompt() for p in _problems(5)])
+    seqs, lens = sample_batch(model, prompts, 12, 0.0)
+    for i in range(prompts.shape[0]):
+        x = prompts[i:i + 1]
+        for _ in range(int(lens[i]) - PROMPT_LEN):
+            x = torch.cat([x, model(x)[:, -1].argmax(-1, keepdim=True)], 1)     # no cache
+        assert seqs[i, :int(lens[i])].tolist() == x[0].tolist()
+    st = stream_ttfr(model, prompts[0], MAX_TRACE)
+    full, flen = sample_batch(model, prompts[:1], MAX_TRACE, 0.0)
+    assert st["ttfr_tokens"] == ttfr_tokens(full[0, PROMPT_LEN:int(flen[0])].tolist())
+    assert st["ttfr_wall_s"] <= st["total_wall_s"]
+
+
+class ScriptedLM(torch.nn.Module):
+    """A plan-first 'model' that plans the right operand with logit 2 and a wrong one with logit 1,
+    then executes whatever plan it wrote, flawlessly: only the plan can be wrong."""
+
+    def __init__(self):
+        super().__init__()
+        self.cfg = SimpleNamespace(max_seq_len=PROMPT_LEN + MAX_TRACE)
+
+    def new_cache(self):
+        return SimpleNamespace(seq=None)
+
+    def forward(self, idx, cache):
+        cache.seq = idx if cache.seq is None else torch.cat([cache.seq, idx], 1)
+        B = idx.shape[0]
+        logits = torch.full((B, 1, VOCAB_SIZE), -20.0)
+        for i in range(B):
+            row = cache.seq[i].tolist()
+            p = problem_from_prompt(row[:PROMPT_LEN])
+            gen = row[PROMPT_LEN:]
+            if EANS in gen:                                   # execute the written plan
+                plan = plan_pairs(gen[4:gen.index(EANS)])
+                nxt = make_trace(p, "pf", plan)
+                logits[i, 0, nxt[min(len(gen), len(nxt) - 1)]] = 10.0
+            else:
+                ref = make_trace(p, "pf")[len(gen)]
+                logits[i, 0, ref] = 2.0
+                if len(gen) >= 5 and (len(gen) - 4) % 3 == 2:   # an operand position of the plan
+                    logits[i, 0, (ref % MOD) + 1 if ref != MOD - 1 else 1] = 1.0
+        return logits.expand(B, idx.shape[1], VOCAB_SIZE)
+
+
+def test_core_effect_plan_level_rewind_buys_the_same_accuracy_with_fewer_tokens():
+    probs = _problems(40, seed=5, lo=3, hi=4)
+    prompts = torch.tensor([p.prompt() for p in probs])
+    rr = rewind_and_repeat(ScriptedLM(), prompts, probs, MAX_TRACE, 3, 1.2, 0.95, 0.5, seed=7)
+    plan, ans = rr["plan"], rr["answer"]
+    assert rr["plan_accept_rate"] < 0.8                       # faulty plans are common
+    assert plan["acc"][0] == ans["acc"][0] and plan["tokens"][0] == ans["tokens"][0]
+    assert plan["acc"][-1] > plan["acc"][0] + 0.15            # rewinding fixes plans
+    assert plan["acc"] == ans["acc"]                          # flawless execution: both judges agree
+    assert all(t_p < t_a for t_p, t_a in zip(plan["tokens"][1:], ans["tokens"][1:]))
+    target = plan["acc"][0] + 0.5 * (plan["acc"][-1] - plan["acc"][0])
+    assert tokens_to_target(plan["tokens"], plan["acc"], target) < tokens_to_target(ans["tokens"], ans["acc"], target)
+
+
+@pytest.mark.parametrize("cls,block,needle", [
+    (train.Config, {"rl": {"reward": {"w_helpful": -1.0}}}, "rl.reward.w_helpful"),
+    (train.Config, {"rl": {"reward": {"w_correct": -0.5}}}, "rl.reward.w_correct"),
+    (evaluate.Config, {"rr": {"token_budgets": [20, 0]}}, "rr.token_budgets"),
+    (evaluate.Config, {"rr": {"token_budgets": [30, 30]}}, "rr.token_budgets"),
+    (evaluate.Config, {"wall_prompts": 50, "eval_prompts": 10}, "wall_prompts"),
+    (prepare.Config, {"min_ops": 5, "max_ops": 3}, "min_ops"),
+    (prepare.Config, {"plan_error_rate": 1.5}, "plan_error_rate"),
+    (prepare.Config, {"error_kinds": ["typo"]}, "error_kinds"),
+    (train.Config, {"formats": ["pf", "pf"]}, "formats"),
+])
+def test_bad_config_is_a_one_line_error_naming_the_key(cls, block, needle):
+    with pytest.raises(ConfigError, match=needle.replace(".", r"\.")) as err:
+        validate(cls, block, "papers.plantain.x")
+    assert "\n" not in str(err.value)
+
+
+def test_smoke_pipeline_end_to_end(smoke_run):
+    out = smoke_run("plantain")
+    metrics = json.loads((out["report"] / "metrics.json").read_text())
+    names = {c["name"] for c in metrics["claims"]}
+    assert {"ttfr_drop_60", "pass1_no_drop", "plan_rewind_fewer_tokens"} <= names
+    assert all(c["verdict"] in ("holds", "fails", "inconclusive") and c["refuted_by"] for c in metrics["claims"])
+    assert metrics["kernels"]["token_logprob"]["calls"] > 0
+    assert (out["report"] / "figures" / "ttfr_distributions.png").exists()
+    assert (out["report"] / "figures" / "accuracy_vs_token_budget.png").exists()
