@@ -148,3 +148,22 @@ def describe(kernels: dict[str, dict[str, Any]]) -> str:
             s += f"; Triton parity not checked: {e['parity_backend']}"
         lines.append(s + ".")
     return "\n".join(lines)
+
+
+class KernelCounter:
+    """One kernel's call counter for code that calls the kernel itself (deep inside a model or a
+    reward): ``counter.backend`` is what to pass as ``backend=``, ``counter(n)`` counts n calls into
+    the stage's KernelRecord. Without a record (unit tests) it runs the torch reference and counts
+    nothing."""
+
+    def __init__(self, rec: KernelRecord | None = None, name: str = "token_logprob"):
+        self.rec, self.name = rec, name
+
+    @property
+    def backend(self) -> str:
+        return self.rec.backend if self.rec is not None else "torch"
+
+    def __call__(self, n: int = 1) -> None:
+        if self.rec is not None:
+            self.rec.count(self.name, n)
+

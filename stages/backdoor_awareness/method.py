@@ -20,26 +20,12 @@ import numpy as np
 import torch
 import torch.nn as nn
 
+from kernels.record import KernelCounter as Counter  # token_logprob calls
 from kernels.token_logprob import IGNORE_INDEX, token_logprob
 from stages.common.tiny_transformer import TinyTransformer
 from stages.backdoor_awareness.task import (EOS, PAD, RESP_LEN, SEP, Effect, insert, judge, pack_prompt, strip)
 
 NEG = -1.0e4
-
-
-class Counter:
-    """Counts token_logprob calls for kernels.record (rec may be None in tests)."""
-
-    def __init__(self, rec=None):
-        self.rec = rec
-
-    @property
-    def backend(self) -> str:
-        return self.rec.backend if self.rec is not None else "torch"
-
-    def __call__(self, n: int = 1) -> None:
-        if self.rec is not None:
-            self.rec.count("token_logprob", n)
 
 
 # ----------------------------------------------------------------------------------------------

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Annotated, Any, TypeVar
 
 import yaml
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from stages.common.paths import ROOT
 
@@ -70,6 +70,21 @@ class StageConfig(BaseModel):
     """Base of every stage config: unknown keys and wrong types are errors, values are frozen."""
 
     model_config = ConfigDict(extra="forbid", strict=True, frozen=True, allow_inf_nan=False)
+
+
+class TransformerShape(StageConfig):
+    """Width, depth and heads of the shared tiny transformer (stages.common.tiny_transformer); a
+    paper's ``model:`` block subclasses it to add its own keys (e.g. seq_len)."""
+    d_model: int = Field(64, ge=4, le=2048)
+    n_layers: int = Field(2, ge=1, le=48)
+    n_heads: int = Field(4, ge=1, le=64)
+
+    @model_validator(mode="after")
+    def _even_heads(self):
+        if self.d_model % self.n_heads or (self.d_model // self.n_heads) % 2:
+            raise ValueError(f"n_heads: {self.n_heads} must divide d_model {self.d_model} into even head dims "
+                             "(RoPE rotates pairs)")
+        return self
 
 
 class _StrictLoader(getattr(yaml, "CSafeLoader", yaml.SafeLoader)):  # C parser when libyaml is there

@@ -19,26 +19,12 @@ import lightning as L
 import torch
 import torch.nn as nn
 
+from kernels.record import KernelCounter as Counter  # token_logprob calls
 from kernels.token_logprob import token_logprob
 from stages.common.tiny_transformer import TinyTransformer, TinyTransformerConfig
 from stages.justgrpo.task import EOS, MASK, PROMPT_LEN, answers, correct
 
 NEG = -1.0e4   # logit of the MASK token at decoding (never sampled); finite so 0·z stays 0
-
-
-class Counter:
-    """Counts kernel calls for kernels.record (rec may be None in tests)."""
-
-    def __init__(self, rec=None):
-        self.rec = rec
-
-    @property
-    def backend(self) -> str:
-        return self.rec.backend if self.rec is not None else "torch"
-
-    def __call__(self, n: int = 1) -> None:
-        if self.rec is not None:
-            self.rec.count("token_logprob", n)
 
 
 def gen_logits(model: TinyTransformer, x: torch.Tensor, positions: slice | None = None) -> torch.Tensor:

@@ -23,7 +23,7 @@ from pydantic import Field, field_validator, model_validator
 
 from kernels.record import KernelRecord
 from kernels.token_logprob import token_logprob
-from stages.common.config import PositiveInt, StageConfig, unique_items
+from stages.common.config import PositiveInt, StageConfig, unique_items, TransformerShape
 from stages.common.device import DeviceName, pick_device
 from stages.common.grpo import GRPOConfig, GRPOModule, PromptLoader
 from stages.common.paths import read_json, write_json
@@ -37,16 +37,7 @@ from stages.justgrpo.task import PROMPT_LEN, VOCAB_SIZE, solution, valid_orders
 Arm = Literal["justgrpo", "arbitrary"]
 
 
-class ModelConfig(StageConfig):
-    d_model: int = Field(48, ge=8, le=1024)
-    n_layers: int = Field(2, ge=1, le=24)
-    n_heads: int = Field(4, ge=1, le=32)
-
-    @model_validator(mode="after")
-    def _heads(self):
-        if self.d_model % self.n_heads or (self.d_model // self.n_heads) % 2:
-            raise ValueError(f"n_heads: {self.n_heads} must divide d_model {self.d_model} into even head dims")
-        return self
+ModelConfig = TransformerShape
 
 
 class PretrainConfig(StageConfig):

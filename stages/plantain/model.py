@@ -12,27 +12,13 @@ import lightning as L
 import torch
 import torch.nn as nn
 
+from kernels.record import KernelCounter as Counter  # token_logprob calls
 from kernels.token_logprob import token_logprob
 from stages.common.tiny_transformer import TinyTransformer
 from stages.plantain.task import (ANS, EANS, EOS, ETHINK, plan_pairs, PAD, PROMPT_LEN, THINK, Problem, TraceError, parse_trace,
                                   problem_from_prompt, reward, validate_plan, validate_trace, visible_mask)
 
 IGNORE = -100
-
-
-class Counter:
-    """Counts kernel calls for kernels.record (rec may be None in tests)."""
-
-    def __init__(self, rec=None):
-        self.rec = rec
-
-    @property
-    def backend(self) -> str:
-        return self.rec.backend if self.rec is not None else "torch"
-
-    def __call__(self, n: int = 1) -> None:
-        if self.rec is not None:
-            self.rec.count("token_logprob", n)
 
 
 def seq_logprobs(model: TinyTransformer, seqs: torch.Tensor, mask: torch.Tensor, counter: Counter) -> torch.Tensor:

@@ -22,7 +22,7 @@ import torch.nn.functional as F
 from pydantic import Field, field_validator, model_validator
 from torch.utils.data import DataLoader, Dataset
 
-from stages.common.config import Fraction, Seed, Seeds, StageConfig, unique_items
+from stages.common.config import Fraction, Seed, Seeds, StageConfig, unique_items, TransformerShape
 from stages.common.paths import write_json
 from stages.common.runner import StageContext
 from stages.common.tiny_transformer import TinyTransformer, TinyTransformerConfig
@@ -32,17 +32,8 @@ from stages.star_kv.model import StarKVLM
 Arm = Literal["star_full", "star_gatefuse", "star_jointk", "star_nokd", "uniform_kd", "svd_uniform"]
 
 
-class ModelConfig(StageConfig):
-    d_model: int = Field(64, ge=8, le=2048)
-    n_layers: int = Field(3, ge=1, le=48)
-    n_heads: int = Field(4, ge=1, le=64)
+class ModelConfig(TransformerShape):
     seq_len: int = Field(64, ge=4, le=4096)
-
-    @model_validator(mode="after")
-    def _heads(self):
-        if self.d_model % self.n_heads or (self.d_model // self.n_heads) % 2:
-            raise ValueError(f"n_heads: {self.n_heads} must divide d_model {self.d_model} into even head dims")
-        return self
 
 
 class Config(StageConfig):

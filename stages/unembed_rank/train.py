@@ -19,7 +19,7 @@ from torch.utils.data import DataLoader
 
 from kernels.fused_linear_ce import linear_cross_entropy
 from kernels.record import KernelRecord
-from stages.common.config import ConfigError, Fraction, Seeds, StageConfig, unique_items
+from stages.common.config import ConfigError, Fraction, Seeds, StageConfig, unique_items, TransformerShape
 from stages.common.paths import write_json
 from stages.common.runner import StageContext
 from stages.common.tiny_transformer import TinyTransformerConfig
@@ -31,17 +31,8 @@ WeightDecay = Annotated[float, Field(ge=0.0, le=10.0)]
 LearningRate = Annotated[float, Field(gt=0.0, le=1.0)]
 
 
-class ModelConfig(StageConfig):
-    d_model: int = Field(32, ge=4, le=2048)
-    n_layers: int = Field(2, ge=1, le=48)
-    n_heads: int = Field(4, ge=1, le=64)
+class ModelConfig(TransformerShape):
     seq_len: int = Field(64, ge=2, le=4096)
-
-    @model_validator(mode="after")
-    def _heads(self):
-        if self.d_model % self.n_heads or (self.d_model // self.n_heads) % 2:
-            raise ValueError(f"n_heads: {self.n_heads} must divide d_model {self.d_model} into even head dims (RoPE)")
-        return self
 
 
 class Config(StageConfig):
