@@ -12,6 +12,7 @@ module. Equivalent mutants (a change that cannot alter behaviour) are listed by 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import shutil
 import subprocess
@@ -63,8 +64,9 @@ def run_module(module: str, tests: list[str], workdir: Path) -> dict:
                   "pytest_add_cli_args = [\"-x\", \"-q\", \"-p\", \"no:cacheprovider\", \"-o\", \"addopts=\"]\n")
     (work / "pyproject.toml").write_text(pyproject)
     env = {**__import__("os").environ, "TRITON_INTERPRET": "1", "WANDB_MODE": "disabled"}
-    subprocess.run([sys.executable, "-m", "mutmut", "run", "--max-children", "2"], cwd=work, env=env,
-                   stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    with open(work / "mutmut.log", "w") as log:  # kept with --keep: why mutants were "not run"
+        subprocess.run([sys.executable, "-m", "mutmut", "run", "--max-children", "2"], cwd=work, env=env,
+                       stdout=log, stderr=subprocess.STDOUT)
     counts = {"killed": 0, "survived": 0, "timeout": 0, "other": 0}
     survivors = []
     for meta in (work / "mutants").rglob("*.meta"):
@@ -89,6 +91,7 @@ def run_module(module: str, tests: list[str], workdir: Path) -> dict:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m tests.mutation", description=__doc__.splitlines()[0])
     parser.add_argument("modules", nargs="*", help="core modules (default: all of CORE)")
+    parser.add_argument("--keep", metavar="DIR", help="keep the scratch checkouts (mutants, mutmut.log) under DIR")
     args = parser.parse_args(argv)
     modules = args.modules or list(CORE)
     unknown = [m for m in modules if m not in CORE]
@@ -96,7 +99,9 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {unknown[0]}: not a core module (known: {', '.join(CORE)})", file=sys.stderr)
         return 2
     out = ROOT / "reports" / "mutation.json"
-    with tempfile.TemporaryDirectory(prefix="mutants-") as tmp:
+    if args.keep:
+        Path(args.keep).mkdir(parents=True, exist_ok=True)
+    with (contextlib.nullcontext(args.keep) if args.keep else tempfile.TemporaryDirectory(prefix="mutants-")) as tmp:
         for module in modules:
             res = run_module(module, CORE[module], Path(tmp))
             print(f"{module}: {res['kill_rate']:.0%} killed ({res['killed']} killed, {res['timeout']} timeout, "

@@ -194,7 +194,10 @@ class OfflinePolicyModule(L.LightningModule):
         self.curve: list[dict] = []                 # (step, per-seed losses) every curve_every steps
         self.snapshots: dict[int, dict] = {}        # step -> actor weights (learning curves in evaluate)
         self.automatic_optimization = False
-        self.save_hyperparameters(ignore=["obs_mean", "obs_std"])
+        # explicit (not frame inspection, which a wrapped __init__, e.g. under mutmut, defeats)
+        self.save_hyperparameters(dict(obs_dim=obs_dim, act_dim=act_dim, num_labels=num_labels, n_seeds=n_seeds,
+                                       hidden=hidden, lr=lr, expectile=expectile, discount=discount, polyak=polyak,
+                                       beta=beta, clip=clip, max_steps=max_steps, curve_every=curve_every))
         E = n_seeds
         self.norm = Normalizer(torch.as_tensor(obs_mean), torch.as_tensor(obs_std))
         if self.style_iql:
