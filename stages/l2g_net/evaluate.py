@@ -9,7 +9,8 @@ Part A
              ``dense_check_max_n``), and the heat-filter error ||U e^{-t Lambda} U^T X - expm(-tL) X||.
              Each row names the partitioner's fallback when it refused a cut.
   scaling    Barabasi-Albert and grid graphs, parts growing with n (n / ``part_size`` parts by
-             recursive spectral bisection), cut sparsified to ``target_cut`` edges per bisection
+             recursive bisection: METIS via pymetis when installed and spectral, one row each;
+             see stages/l2g_net/scaling.py, also the standalone large-n run), cut sparsified to ``target_cut`` edges per bisection
              (the official code's setting): CPU time of partition + sparsification + factorize vs
              dense eigh (one thread each), fitted exponents, crossover, factorization storage, peak
              memory (tracemalloc) at the largest ``memory_sizes`` sizes, eigenvalue error against
@@ -23,30 +24,30 @@ Part B       test ROC AUC of every trained model and seed (best-validation state
 """
 from __future__ import annotations
 
-import time
-import tracemalloc
-
 import numpy as np
 import scipy.linalg
 import scipy.sparse as sp
 import torch
-from pydantic import Field
+from typing import Literal
+
+from pydantic import Field, field_validator
 from scipy.sparse.linalg import expm_multiply
 from threadpoolctl import threadpool_limits
 from tqdm import tqdm
 
 from kernels.cauchy_apply import cauchy_apply
 from kernels.record import KernelRecord
-from stages.common.config import Seed, StageConfig
+from stages.common.config import Seed, StageConfig, unique_items
 from stages.common.device import DeviceName, pick_device
 from stages.common.paths import read_json, write_json
 from stages.common.runner import StageContext
-from stages.l2g_net.gft import Factorization, bisection_parts, factorize, sparsify_cut
+from stages.l2g_net.gft import Factorization, factorize, resolve_partitioner
 from stages.l2g_net.graphs import random_parts
 from stages.l2g_net.kernel_path import NAME, factor_args, kernel_cauchy
 from stages.l2g_net.model import build_model, roc_auc
+from stages.l2g_net.scaling import fit_exponent, fits, measure, timed
 from stages.l2g_net.train import Config as TrainConfig
-from stages.l2g_net.train import node_split
+from stages.l2g_net.train import TASK_DIRS, load_spec, node_split
 
 
 class Config(StageConfig):
@@ -60,7 +61,16 @@ class Config(StageConfig):
     target_cut: int = Field(4, ge=1, le=10000, description="scaling: cut edges kept per bisection")
     exact_max_cut: int = Field(150, ge=0, le=100000, description="scaling: exact run only up to this many cut edges")
     memory_sizes: int = Field(1, ge=0, le=20, description="peak memory measured at the largest this many sizes")
+    partitioners: list[Literal["auto", "metis", "spectral"]] = Field(
+        default_factory=lambda: ["auto", "spectral"], min_length=1,
+        description="scaling: recursive bisection; auto = METIS (pymetis, the paper's) when installed, else "
+                    "spectral; the first entry is the primary one (claims), duplicates after resolving dropped")
     device: DeviceName = "auto"
+
+    @field_validator("partitioners")
+    @classmethod
+    def _parts(cls, v):
+        return unique_items(v, "partitioners")
 
 
 def exactness(fact: Factorization, L: sp.csr_matrix, lam_ref: np.ndarray, cfg: Config,
@@ -87,54 +97,6 @@ def exactness(fact: Factorization, L: sp.csr_matrix, lam_ref: np.ndarray, cfg: C
     got = fact.filter(lambda lam: np.exp(-cfg.heat_time * lam), X, cauchy=cauchy)
     out["filter_rel_err"] = float(np.linalg.norm(got - ref) / max(np.linalg.norm(ref), 1e-300))
     return out
-
-
-def fit_exponent(x, y) -> float:
-    return float(np.polyfit(np.log(np.asarray(x, float)), np.log(np.asarray(y, float)), 1)[0])
-
-
-def crossover(n, t_a, t_b) -> float | None:
-    """n where the fitted power laws t_a = c_a n^p_a and t_b = c_b n^p_b cross (None if parallel)."""
-    pa, ca = np.polyfit(np.log(n), np.log(t_a), 1)
-    pb, cb = np.polyfit(np.log(n), np.log(t_b), 1)
-    if abs(pa - pb) < 1e-9:
-        return None
-    return float(np.exp((cb - ca) / (pa - pb)))
-
-
-def storage_bytes(fact: Factorization) -> int:
-    """Bytes kept by the factorization: local bases + O(m) numbers per Cauchy factor."""
-    total = sum(Q.nbytes for Q in fact.local_bases) + fact.local_eigenvalues.nbytes + fact.eigenvalues.nbytes
-    for f in fact.factors:
-        total += sum(getattr(f, k).nbytes for k in ("rot_p", "rot_j", "rot_c", "rot_s", "idx", "d", "z", "org",
-                                                     "tau", "a"))
-    return int(total)
-
-
-def timed(fn, repeats: int):
-    best, result = np.inf, None
-    for _ in range(repeats):
-        t0 = time.process_time()
-        result = fn()
-        best = min(best, time.process_time() - t0)
-    return best, result
-
-
-def peak_mb(fn) -> float:
-    tracemalloc.start()
-    tracemalloc.reset_peak()
-    fn()
-    peak = tracemalloc.get_traced_memory()[1]
-    tracemalloc.stop()
-    return peak / 2**20
-
-
-def l2g_sparsified(L, part_size: int, target_cut: int, seed: int):
-    """The scaling pipeline: parts growing with n, sparsified cut, exact factorization of it."""
-    num_parts = max(2, int(round(L.shape[0] / part_size)))
-    parts, splits = bisection_parts(L, num_parts)
-    Ls, info = sparsify_cut(L, parts, splits, target_cut, seed=seed)
-    return factorize(Ls, parts), Ls, parts, info
 
 
 def run(cfg: Config, ctx: StageContext) -> None:
@@ -174,55 +136,20 @@ def _run(cfg: Config, ctx: StageContext) -> None:
                                  "(random parts) applied to 5 random columns")
                 parity_done = True
 
-    # ---- Part A: scaling with parts growing with n, sparsified cut ----
+    # ---- Part A: scaling with parts growing with n, sparsified cut, one row per partitioner ----
+    ran = list(dict.fromkeys(resolve_partitioner(m) for m in cfg.partitioners))
+    results["scaling_partitioners"] = ran
     largest = {}
     for meta in manifest["scaling"]:
         largest.setdefault(meta["family"], []).append(meta["n"])
     for meta in tqdm(manifest["scaling"], desc="scaling"):
         L = sp.load_npz(prep / "scaling" / meta["file"]).tocsr()
-        n = L.shape[0]
-        Ld = L.toarray()
-        t_l2g, (fact, Ls, parts, sinfo) = timed(lambda: l2g_sparsified(L, cfg.part_size, cfg.target_cut, cfg.seed),
-                                               cfg.timing_repeats)
-        t_eigh, (lam_ref, _) = timed(lambda: scipy.linalg.eigh(Ld), cfg.timing_repeats)
-        lam_s = scipy.linalg.eigvalsh(Ls.toarray())
-        scale = float(np.abs(lam_ref).max())
-        row = {"family": meta["family"], "n": n, "parts": len(parts), "cut_edges": sinfo["cut_edges_before"],
-               "cut_kept": int(len(fact.cut_edges)), "l2g_s": t_l2g, "eigh_s": t_eigh,
-               **{k: float(v) for k, v in fact.timings.items()},
-               "eig_err_vs_sparsified": float(np.abs(fact.eigenvalues - lam_s).max() / np.abs(lam_s).max()),
-               "spectral_err_vs_true_L": float(np.abs(fact.eigenvalues - lam_ref).max() / scale),
-               "spectral_mean_err_vs_true_L": float(np.abs(fact.eigenvalues - lam_ref).mean() / scale),
-               "storage_mb": storage_bytes(fact) / 2**20, "dense_U_mb": n * n * 8 / 2**20,
-               "exact_l2g_s": None, "sparsify_speedup": None, "exact_eig_err": None,
-               "exact_skipped": None, "l2g_peak_mb": None, "eigh_peak_mb": None}
-        if sinfo["cut_edges_before"] <= cfg.exact_max_cut:
-            t_ex, fex = timed(lambda: factorize(L, parts), cfg.timing_repeats)
-            t_part, _ = timed(lambda: bisection_parts(L, len(parts)), 1)
-            row["exact_l2g_s"] = t_ex + t_part
-            row["sparsify_speedup"] = (t_ex + t_part) / t_l2g
-            row["exact_eig_err"] = float(np.abs(fex.eigenvalues - lam_ref).max() / scale)
-        else:
-            row["exact_skipped"] = (f"{sinfo['cut_edges_before']} cut edges > exact_max_cut = {cfg.exact_max_cut}")
-        if meta["n"] in sorted(largest[meta["family"]])[len(largest[meta["family"]]) - cfg.memory_sizes:]:
-            row["l2g_peak_mb"] = peak_mb(lambda: l2g_sparsified(L, cfg.part_size, cfg.target_cut, cfg.seed))
-            row["eigh_peak_mb"] = peak_mb(lambda: scipy.linalg.eigh(Ld))
-        results["scaling"].append(row)
-    fams = {}
-    for fam in largest:
-        rows = [r for r in results["scaling"] if r["family"] == fam]
-        n = [r["n"] for r in rows]
-        tl, te = [r["l2g_s"] for r in rows], [r["eigh_s"] for r in rows]
-        faster = [r["n"] for r in rows if r["l2g_s"] < r["eigh_s"]]
-        fams[fam] = {"l2g_exponent": fit_exponent(n, tl), "eigh_exponent": fit_exponent(n, te),
-                     "updates_exponent": fit_exponent(n, [max(r["updates_s"], 1e-6) for r in rows]),
-                     "fitted_crossover_n": crossover(n, tl, te), "first_n_l2g_faster": faster[0] if faster else None,
-                     "largest_n": n[-1], "l2g_s_at_largest": tl[-1], "eigh_s_at_largest": te[-1],
-                     "speed_ratio_at_largest": te[-1] / tl[-1],
-                     "max_eig_err_vs_sparsified": max(r["eig_err_vs_sparsified"] for r in rows),
-                     "max_spectral_err_vs_true_L": max(r["spectral_err_vs_true_L"] for r in rows),
-                     "sizes": len(rows)}
-    results["scaling_fits"] = fams
+        sizes = sorted(largest[meta["family"]])
+        results["scaling"] += measure(L, meta["family"], ran, part_size=cfg.part_size,
+                                      target_cut=cfg.target_cut, seed=cfg.seed, exact_max_cut=cfg.exact_max_cut,
+                                      memory=meta["n"] in sizes[len(sizes) - cfg.memory_sizes:],
+                                      eig_check_max_n=20000, repeats=cfg.timing_repeats)
+    results["scaling_fits"] = fits(results["scaling"])
 
     # ---- Part A: scaling in the cut size (blocks as parts, every bridge kept) ----
     for meta in tqdm(manifest["scaling_k"], desc="scaling_k"):
@@ -249,19 +176,28 @@ def _run(cfg: Config, ctx: StageContext) -> None:
     from stages.l2g_net.train import task_laplacian  # noqa: PLC0415
 
     Lt = task_laplacian(A, tcfg.laplacian)
-    results["task_default_partitioner"] = {"parts": len(factorize(Lt).parts), "fallback": factorize(Lt).fallback}
+    ft = factorize(Lt)
+    results["task_default_partitioner"] = {"parts": len(ft.parts), "fallback": ft.fallback}
 
-    # ---- Part B: test ROC AUC ----
-    sp_npz = np.load(trained / "spectral.npz")
-    k = len(sp_npz["part_sizes"])
-    spec = {"parts": [sp_npz[f"part{i}"] for i in range(k)], "local_bases": [sp_npz[f"basis{i}"] for i in range(k)],
-            "local_eigenvalues": [sp_npz[f"lam{i}"] for i in range(k)], "eigenvalues": sp_npz["eigenvalues"],
-            "chain": sp_npz["chain"], "U": sp_npz["U"], "lam": sp_npz["lam"], "A": A}
-    nodes = np.load(prep / "task" / "nodes.npz")
+    # ---- Part B: test ROC AUC per task ----
+    for task, key in (("minesweeper", "task"), ("parity", "parity")):
+        if task in summary["tasks"]:
+            At = A if task == "minesweeper" else sp.load_npz(prep / TASK_DIRS[task] / "adjacency.npz").tocsr()
+            results[key] = _test_auc(tcfg, summary["tasks"][task], trained / task, prep / TASK_DIRS[task], At, device)
+            results[f"{key}_graph"] = summary["tasks"][task]["graph"]
+            results[f"{key}_data"] = manifest.get(key, {})
+    results["device"] = str(device)
+    write_json(ctx.out / "results.json", results)
+    rec.save(ctx.out)
+
+
+def _test_auc(tcfg: TrainConfig, summary: dict, trained, src, A, device) -> dict:
+    spec = load_spec(trained / "spectral.npz", A)
+    nodes = np.load(src / "nodes.npz")
     x = torch.tensor(nodes["x"], dtype=torch.float32, device=device)
     y = torch.tensor(nodes["y"], dtype=torch.long, device=device)
     kw = dict(in_features=x.shape[1], num_layers=tcfg.num_layers, num_basis=tcfg.num_basis,
-              dropout=tcfg.dropout, cheb_k=tcfg.cheb_k)
+              dropout=tcfg.dropout, cheb_k=tcfg.cheb_k, cheb_k_long=tcfg.cheb_k_long)
     task: dict = {"auc": {}, "val_auc": {}, "params": {}, "seeds": list(tcfg.seeds)}
     for kind, runs in summary["runs"].items():
         aucs = []
@@ -279,8 +215,5 @@ def _run(cfg: Config, ctx: StageContext) -> None:
     base = [kd for kd in task["auc"] if kd != "l2g"]
     if base:
         task["auc_min_baseline"] = [min(task["auc"][kd][i] for kd in base) for i in range(len(tcfg.seeds))]
-    results["task"] = task
-    results["task_graph"] = summary["graph"]
-    results["device"] = str(device)
-    write_json(ctx.out / "results.json", results)
-    rec.save(ctx.out)
+        task["auc_best_baseline"] = [max(task["auc"][kd][i] for kd in base) for i in range(len(tcfg.seeds))]
+    return task

@@ -136,11 +136,15 @@ def _fiedler_vector(A: sp.csr_matrix) -> np.ndarray:
     if m <= 400:
         _, vecs = scipy.linalg.eigh(Lp.toarray(), subset_by_index=[1, 1])
         return vecs[:, 0]
-    from scipy.sparse.linalg import eigsh
+    from scipy.sparse.linalg import ArpackNoConvergence, eigsh
 
     shift = 1e-3 * max(float(deg.max()), 1e-12)
     v0 = np.cos(np.arange(m) * 0.7 + 0.1)  # deterministic start vector
-    vals, vecs = eigsh(sp.csc_matrix(Lp), k=2, sigma=-shift, which="LM", v0=v0)
+    try:
+        vals, vecs = eigsh(sp.csc_matrix(Lp), k=2, sigma=-shift, which="LM", v0=v0)
+    except ArpackNoConvergence:  # near-degenerate Fiedler pair: fall back to dense eigh (slow, exact)
+        _, vecs = scipy.linalg.eigh(Lp.toarray(), subset_by_index=[1, 1])
+        return vecs[:, 0]
     return vecs[:, int(np.argsort(vals)[1])]
 
 
@@ -223,9 +227,49 @@ def partition(L, min_part_size: int = 48, max_cut_fraction: float = 1 / 48) -> l
     return partition_with_info(L, min_part_size, max_cut_fraction)[0]
 
 
-def bisection_parts(L, num_parts: int, balance: float = 1 / 3) -> tuple[list[np.ndarray], list[tuple[list[int], list[int]]]]:
-    """Recursive spectral bisection into exactly ``num_parts`` parts whatever the cut (the paper's
-    METIS recursive bisection, here by Fiedler sweep cuts with both halves >= ``balance`` x size).
+PARTITIONERS = ("auto", "metis", "spectral")
+
+
+def resolve_partitioner(method: str = "auto") -> str:
+    """The bisection that ``bisection_parts`` runs: "metis" (pymetis, as the official code) when
+    requested or, for "auto", when pymetis imports; else "spectral" (Fiedler sweep cuts)."""
+    if method not in PARTITIONERS:
+        raise GraphInputError(f"partitioner: expected one of {', '.join(PARTITIONERS)} (got {method!r})")
+    if method == "spectral":
+        return "spectral"
+    try:
+        import pymetis  # noqa: F401
+    except ImportError:
+        if method == "metis":
+            raise GraphInputError("partitioner: 'metis' requested but pymetis is not installed "
+                                  "(pip install pymetis, or use 'auto' / 'spectral')") from None
+        return "spectral"
+    return "metis"
+
+
+def _metis_bisect(sub: sp.csr_matrix, seed: int = 0) -> np.ndarray:
+    """# ALGO: METIS 2-way partition of the (unweighted) graph (the official code's recursive bisection)."""
+    import pymetis
+
+    B = sp.csr_matrix((sub != 0).astype(np.int8))
+    B.setdiag(0)
+    B.eliminate_zeros()
+    B.sort_indices()
+    res = pymetis.part_graph(2, adjacency=pymetis.CSRAdjacency(B.indptr.astype(np.int64), B.indices.astype(np.int64)),
+                             options=pymetis.Options(seed=seed))
+    mask = np.asarray(res.vertex_part) == 0
+    if mask.all() or not mask.any():          # METIS left one side empty (tiny / edgeless graph)
+        mask = np.zeros(sub.shape[0], dtype=bool)
+        mask[: sub.shape[0] // 2] = True
+    return mask
+
+
+def bisection_parts(L, num_parts: int, balance: float = 1 / 3,
+                    method: str = "auto") -> tuple[list[np.ndarray], list[tuple[list[int], list[int]]]]:
+    """Recursive bisection into exactly ``num_parts`` parts whatever the cut (the paper's METIS
+    recursive bisection): the largest part is split in two, by METIS (``method`` "metis", or "auto"
+    with pymetis installed; ``resolve_partitioner`` says which) or by a Fiedler sweep cut with both
+    halves >= ``balance`` x size ("spectral", the fallback).
 
     Returns (parts, splits): splits[k] = (part ids on one side, part ids on the other) of the k-th
     bisection, so every cut edge crosses exactly one split (used by ``sparsify_cut``).
@@ -236,22 +280,23 @@ def bisection_parts(L, num_parts: int, balance: float = 1 / 3) -> tuple[list[np.
         raise GraphInputError(f"num_parts: must be an integer in [1, {n}] (got {num_parts!r})")
     if not 0 < balance <= 0.5:
         raise GraphInputError(f"balance: must be in (0, 0.5] (got {balance!r})")
+    which = resolve_partitioner(method)
     A = _adjacency(M)
     groups: list[np.ndarray] = [np.arange(n)]
-    members: list[list[int]] = [[0]]   # leaf ids under each current group (leaves = final parts)
     tree: list[tuple[int, int]] = []   # (group a, group b) created by each split
-    history: list[list[int]] = []
     while len(groups) < num_parts:
         g = int(np.argmax([x.size for x in groups]))
         nodes = groups[g]
         if nodes.size < 2:
             break
         sub = A[nodes][:, nodes]
-        mask, _ = _sweep_cut(sub, _fiedler_vector(sub), max(1, int(np.ceil(balance * nodes.size))))
+        if which == "metis":
+            mask = _metis_bisect(sub)
+        else:
+            mask, _ = _sweep_cut(sub, _fiedler_vector(sub), max(1, int(np.ceil(balance * nodes.size))))
         groups[g] = nodes[mask]
         groups.append(nodes[~mask])
         tree.append((g, len(groups) - 1))
-        history.append(g)
     # leaves are the final groups; a split (g, h) separates the leaves descending from g after the
     # split from those descending from h: replay the splits backwards to collect them
     desc = {i: {i} for i in range(len(groups))}

@@ -132,3 +132,39 @@ def minesweeper(side: int, mine_fraction: float, hidden_fraction: float, seed: i
     x[hidden] = 0.0
     x[hidden, 9] = 1.0
     return {"graph": G, "x": x, "y": y, "counts": counts}
+
+
+def source_parity(side: int, num_sources: int, drop_fraction: float, seed: int) -> dict:
+    """Distance-to-source parity, a heterophilous long-range task generated here: a side x side
+    4-neighbour grid with ``drop_fraction`` of its edges removed (kept connected: removals that
+    disconnect are skipped), ``num_sources`` random source nodes; node features = [is source, not a
+    source]; the label is the parity of the hop distance to the nearest source (BFS). The grid is
+    bipartite, so the label flips across every edge inside a source's Voronoi cell (edge homophily
+    near 0): a node's label needs the distance to, and side of, a source up to ~side / sqrt(sources)
+    hops away.
+
+    Returns {"graph", "x": (n, 2) float32, "y": (n,) int64, "distance": (n,) int64, "sources"}.
+    """
+    rng = np.random.default_rng(seed)
+    G = nx.convert_node_labels_to_integers(nx.grid_2d_graph(side, side), ordering="sorted")
+    edges = list(G.edges)
+    for k in rng.permutation(len(edges))[: int(round(drop_fraction * len(edges)))]:
+        u, v = edges[k]
+        G.remove_edge(u, v)
+        if not nx.has_path(G, u, v):
+            G.add_edge(u, v)
+    _weights(G, None)
+    n = G.number_of_nodes()
+    sources = np.sort(rng.choice(n, size=num_sources, replace=False))
+    dist = nx.multi_source_dijkstra_path_length(G, [int(s) for s in sources], weight=None)
+    d = np.array([dist[i] for i in range(n)], dtype=np.int64)
+    x = np.zeros((n, 2), dtype=np.float32)
+    x[:, 1] = 1.0
+    x[sources, 0], x[sources, 1] = 1.0, 0.0
+    return {"graph": G, "x": x, "y": (d % 2).astype(np.int64), "distance": d, "sources": sources}
+
+
+def edge_homophily(G: nx.Graph, y: np.ndarray) -> float:
+    """Fraction of edges whose endpoints share a label."""
+    e = np.array(list(G.edges), dtype=np.int64).reshape(-1, 2)
+    return float(np.mean(y[e[:, 0]] == y[e[:, 1]])) if len(e) else float("nan")

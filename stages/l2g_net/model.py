@@ -211,18 +211,21 @@ class NodeClassifier(nn.Module):
         return self.out(self.out_norm(h)).squeeze(-1)
 
 
-KINDS = ("l2g", "full_gft", "chebnet", "gcn", "gin")
+KINDS = ("l2g", "full_gft", "chebnet", "chebnet_long", "gcn", "gin")
 
 
 def build_model(kind: str, spec: dict, *, in_features: int, dim: int, num_layers: int, num_basis: int,
-                dropout: float, cheb_k: int) -> NodeClassifier:
-    """spec: parts/local_bases/local_eigenvalues/eigenvalues/chain (l2g), U/lam (full_gft), A (others)."""
+                dropout: float, cheb_k: int, cheb_k_long: int = 20) -> NodeClassifier:
+    """spec: parts/local_bases/local_eigenvalues/eigenvalues/chain (l2g), U/lam (full_gft), A (others).
+    ``chebnet`` uses order ``cheb_k``, ``chebnet_long`` order ``cheb_k_long`` (the issue: K up to ~20)."""
     if kind == "l2g":
         mods = [L2GModule(spec, dim, num_basis, dropout) for _ in range(num_layers)]
     elif kind == "full_gft":
         mods = [FullGFTModule(spec, dim, num_basis, dropout) for _ in range(num_layers)]
     elif kind in ("chebnet", "gcn", "gin"):
         mods = [PropModule(kind, spec["A"], 2.0, dim, dropout, cheb_k) for _ in range(num_layers)]
+    elif kind == "chebnet_long":
+        mods = [PropModule("chebnet", spec["A"], 2.0, dim, dropout, cheb_k_long) for _ in range(num_layers)]
     else:
         raise ValueError(f"model kind: expected one of {', '.join(KINDS)} (got {kind!r})")
     return NodeClassifier(in_features, dim, mods, dropout)

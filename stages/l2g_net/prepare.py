@@ -9,6 +9,8 @@ Part A
   scaling_k/   ``cut_blocks`` random blocks of ``cut_n`` nodes in all joined in a ring by k distinct
                bridges for k in ``cut_sizes``, with the blocks as parts (every bridge is a cut edge).
 Part B
+  parity/      distance-to-source parity: a 4-neighbour grid with 10% of its edges removed, a few
+               sources; label = parity of the hop distance to the nearest source (heterophilous).
   task/        Minesweeper (Platonov et al. 2023), generated: side x side king-move grid, 20% mines,
                features = one-hot count of neighbouring mines + 'unknown' flag, 50% of the nodes'
                features hidden; the label is 'is a mine'.
@@ -28,7 +30,8 @@ from threadpoolctl import threadpool_limits
 from stages.common.config import Fraction, Seed, StageConfig, unique_items
 from stages.common.paths import write_json
 from stages.common.runner import StageContext
-from stages.l2g_net.graphs import ba_graph, exactness_suite, grid_graph, laplacian, minesweeper, sbm_blocks
+from stages.l2g_net.graphs import (ba_graph, edge_homophily, exactness_suite, grid_graph, laplacian, minesweeper,
+                                   sbm_blocks, source_parity)
 
 Family = Literal["ba", "grid"]
 
@@ -59,6 +62,19 @@ class TaskConfig(StageConfig):
     hidden_fraction: Fraction = 0.5
 
 
+class ParityConfig(StageConfig):
+    side: int = Field(24, ge=6, le=200, description="grid side of the distance-to-source parity task")
+    num_sources: int = Field(8, ge=1, le=1000)
+    drop_fraction: float = Field(0.1, ge=0.0, le=0.4, description="grid edges removed (kept connected)")
+
+    @model_validator(mode="after")
+    def _fit(self):
+        if self.num_sources > self.side * self.side // 4:
+            raise ValueError(f"num_sources: {self.num_sources} sources on a {self.side} x {self.side} grid leave "
+                             "no long-range structure (at most side^2 / 4)")
+        return self
+
+
 class Config(StageConfig):
     seed: Seed = 0
     suite_scale: int = Field(120, ge=16, le=5000, description="~nodes of the larger exactness-suite graphs")
@@ -68,6 +84,7 @@ class Config(StageConfig):
     cut_n: int = Field(1000, ge=16, le=20000)
     cut_sizes: list[int] = Field(default_factory=lambda: [4, 8, 16, 32], min_length=3)
     task: TaskConfig = TaskConfig()
+    parity: ParityConfig = ParityConfig()
 
     @model_validator(mode="after")
     def _cut(self):
@@ -127,5 +144,20 @@ def _run(cfg: Config, ctx: StageContext) -> None:
     np.savez(out / "task" / "nodes.npz", x=ms["x"], y=ms["y"], counts=ms["counts"])
     manifest["task"] = {"name": "minesweeper", "side": t.side, "n": G.number_of_nodes(),
                         "edges": G.number_of_edges(), "mines": int(ms["y"].sum()),
-                        "hidden": int(ms["x"][:, 9].sum())}
+                        "hidden": int(ms["x"][:, 9].sum()), "edge_homophily": edge_homophily(G, ms["y"])}
+
+    # Part B: distance-to-source parity (heterophilous, long range)
+    q = cfg.parity
+    sp_task = source_parity(q.side, q.num_sources, q.drop_fraction, cfg.seed + 2000)
+    G = sp_task["graph"]
+    (out / "parity").mkdir(parents=True, exist_ok=True)
+    sp.save_npz(out / "parity" / "adjacency.npz",
+                sp.csr_matrix(nx.to_scipy_sparse_array(G, nodelist=range(G.number_of_nodes()), format="csr")))
+    np.savez(out / "parity" / "nodes.npz", x=sp_task["x"], y=sp_task["y"], distance=sp_task["distance"])
+    manifest["parity"] = {"name": "source_parity", "side": q.side, "n": G.number_of_nodes(),
+                          "edges": G.number_of_edges(), "sources": q.num_sources,
+                          "max_distance": int(sp_task["distance"].max()),
+                          "mean_distance": float(sp_task["distance"].mean()),
+                          "positive_fraction": float(sp_task["y"].mean()),
+                          "edge_homophily": edge_homophily(G, sp_task["y"])}
     write_json(out / "manifest.json", manifest)

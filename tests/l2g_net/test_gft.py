@@ -7,7 +7,9 @@ import pytest
 import scipy.sparse as sp
 
 from stages.l2g_net.gft import (GraphInputError, bisection_parts, factorize, partition, rank_one_update,
-                                  solve_secular, sparsify_cut)
+                                  resolve_partitioner, solve_secular, sparsify_cut)
+from stages.l2g_net.scaling import crossover, fits
+from stages.l2g_net.scaling import main as scaling_main
 from stages.l2g_net.graphs import exactness_suite, laplacian, random_parts, sbm_blocks
 
 TOL = 1e-10
@@ -200,9 +202,12 @@ def test_fallback_is_named_when_a_cut_is_refused():
     assert factorize(L, [list(range(72)), list(range(72, 144))]).fallback is None
 
 
-def test_bisection_parts_count_balance_and_splits():
+@pytest.mark.parametrize("method", ["metis", "spectral"])
+def test_bisection_parts_count_balance_and_splits(method):
+    if method == "metis":
+        pytest.importorskip("pymetis")
     L = laplacian(nx.convert_node_labels_to_integers(nx.grid_2d_graph(10, 10)))
-    parts, splits = bisection_parts(L, 5)
+    parts, splits = bisection_parts(L, 5, method=method)
     assert len(parts) == 5 and len(splits) == 4
     assert np.array_equal(np.sort(np.concatenate(parts)), np.arange(100))
     assert min(len(p) for p in parts) >= 100 // 3 // 3
@@ -245,3 +250,39 @@ def test_chain_matrix_is_global_basis_times_local():
     X = np.random.default_rng(1).normal(size=(60, 3))
     np.testing.assert_allclose(C @ f.local_transform(X), f.transform(X), atol=1e-12)
     np.testing.assert_allclose(C.T @ C, np.eye(60), atol=1e-12)
+
+
+def test_metis_bisection_finds_the_bridge_and_partitioner_names():
+    """Two 40-node cliques joined by one edge: METIS must cut exactly that edge; the resolver names
+    what runs and rejects unknown partitioners."""
+    pytest.importorskip("pymetis")
+    G = nx.disjoint_union(nx.complete_graph(40), nx.complete_graph(40))
+    G.add_edge(3, 57)
+    L = laplacian(G)
+    assert resolve_partitioner("auto") == "metis" and resolve_partitioner("spectral") == "spectral"
+    for method in ("metis", "spectral"):
+        parts, splits = bisection_parts(L, 2, method=method)
+        assert sorted(sorted(p.tolist()) for p in parts) == [list(range(40)), list(range(40, 80))]
+        assert len(factorize(L, parts).cut_edges) == 1
+    with pytest.raises(GraphInputError, match="partitioner"):
+        resolve_partitioner("kahip")
+
+
+def test_fitted_exponents_and_crossover_against_known_power_laws():
+    n = np.array([100.0, 200, 400, 800, 1600, 3200])
+    fit = fits([{"family": "x", "partitioner": "p", "n": int(v), "l2g_s": 2.0 * v, "eigh_s": v ** 2 / 100,
+                 "updates_s": 0.5 * v ** 1.5, "eig_err_vs_sparsified": None, "probe_err_vs_sparsified": 0.0,
+                 "spectral_err_vs_true_L": 0.0} for v in n])["x_p"]
+    assert abs(fit["l2g_exponent"] - 1) < 1e-9 and abs(fit["eigh_exponent"] - 2) < 1e-9
+    assert abs(fit["updates_exponent"] - 1.5) < 1e-9
+    assert abs(fit["fitted_crossover_n"] - 200.0) < 1e-6             # 2 n = n^2 / 100
+    assert fit["first_n_l2g_faster"] == 400 and fit["l2g_faster_at_sizes"] == 4
+    assert crossover(n, 3 * n, 5 * n) is None
+
+
+def test_scaling_cli_rejects_bad_input(tmp_path, capsys):
+    assert scaling_main(["--sizes", "100", "200", "--out", str(tmp_path / "a.json")]) == 2
+    assert "--sizes" in capsys.readouterr().err
+    assert scaling_main(["--sizes", "100", "200", "300", "400", "500", "600", "--out", str(tmp_path)]) == 2
+    assert "--out" in capsys.readouterr().err
+    assert not list(tmp_path.iterdir())

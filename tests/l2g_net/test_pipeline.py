@@ -13,11 +13,14 @@ from stages.common.config import ConfigError, validate
 from stages.common.runner import load_config
 from stages.l2g_net import evaluate, prepare, train
 from stages.l2g_net.gft import factorize
-from stages.l2g_net.graphs import laplacian, minesweeper, sbm_blocks
+from stages.l2g_net.graphs import edge_homophily, laplacian, minesweeper, sbm_blocks, source_parity
 from stages.l2g_net.model import FullGFTModule, L2GModule, build_model, count_parameters, matched_dim
 
 CLAIM_NAMES = ["exact", "scaling_exponent_ba", "faster_than_eigh_ba", "linear_in_cut", "l2g_beats_gcn",
-               "l2g_beats_gin", "l2g_beats_chebnet", "l2g_matches_full_gft", "baselines_beat_chance"]
+               "l2g_beats_gin", "l2g_beats_chebnet", "l2g_beats_chebnet_long", "l2g_matches_full_gft",
+               "baselines_beat_chance", "parity_l2g_beats_gcn", "parity_l2g_beats_gin", "parity_l2g_beats_chebnet",
+               "parity_l2g_beats_chebnet_long", "parity_l2g_matches_full_gft", "parity_baselines_beat_chance"]
+MODELS = {"l2g", "full_gft", "chebnet", "chebnet_long", "gcn", "gin"}
 
 
 def test_smoke_pipeline(smoke_run):
@@ -32,10 +35,15 @@ def test_smoke_pipeline(smoke_run):
     assert metrics["claims"][0]["verdict"] == "holds", metrics["claims"][0]
     k = metrics["kernels"]["cauchy_apply"]
     assert k["calls"] > 0 and k["parity_max_abs_err"] is not None and k["parity_max_abs_err"] < 1e-10
-    task = metrics["metrics"]["task"]
-    assert set(task["auc"]) == {"l2g", "full_gft", "chebnet", "gcn", "gin"}
-    assert all(len(v) == 3 for v in task["auc"].values())
-    for fig in ("scaling", "task"):
+    for key in ("task", "parity"):
+        task = metrics["metrics"][key]
+        assert set(task["auc"]) == MODELS
+        assert all(len(v) == 3 for v in task["auc"].values())
+    wall = {c["name"] for c in metrics["claims"] if c.get("wallclock")}
+    assert wall == {"scaling_exponent_ba", "faster_than_eigh_ba", "linear_in_cut"}
+    parts = {r["partitioner"] for r in metrics["metrics"]["scaling_by_partitioner"].values()}
+    assert metrics["metrics"]["scaling_partitioner"] in parts and "spectral" in parts
+    for fig in ("scaling", "task", "parity"):
         assert (report / "figures" / f"{fig}.png").stat().st_size > 0
     text = (report / "report.md").read_text()
     assert "## Deviations" in text and "## Discussion" in text and "Partitioner fallback" in text
@@ -84,11 +92,27 @@ def test_matched_parameter_counts():
     kw = dict(in_features=10, num_layers=2, num_basis=6, dropout=0.1, cheb_k=8)
     count = lambda kind, d: count_parameters(build_model(kind, spec, dim=d, **kw))  # noqa: E731
     target = count("l2g", 24)
-    for kind in ("full_gft", "gcn", "gin", "chebnet"):
+    for kind in ("full_gft", "gcn", "gin", "chebnet", "chebnet_long"):
         d = matched_dim(kind, target, count)
         assert abs(count(kind, d) - target) <= abs(count(kind, d + 1) - target)
         assert abs(count(kind, d) - target) / target < 0.15
     assert matched_dim("chebnet", target, count) < matched_dim("gcn", target, count)  # K linear maps per layer
+    assert matched_dim("chebnet_long", target, count) < matched_dim("chebnet", target, count)
+
+
+def test_source_parity_labels_by_independent_bfs():
+    from scipy.sparse.csgraph import shortest_path
+
+    r = source_parity(9, 3, 0.15, seed=5)
+    G, y, src = r["graph"], r["y"], r["sources"]
+    assert nx.is_connected(G) and nx.is_bipartite(G) and G.number_of_nodes() == 81
+    assert G.number_of_edges() < 2 * 9 * 8                                       # edges were removed
+    D = shortest_path(nx.to_scipy_sparse_array(G, nodelist=range(81)), unweighted=True, indices=src)
+    np.testing.assert_array_equal(r["distance"], D.min(axis=0).astype(int))
+    np.testing.assert_array_equal(y, D.min(axis=0).astype(int) % 2)
+    assert r["x"][src, 0].tolist() == [1.0] * 3 and r["x"][:, 0].sum() == 3 and (r["x"].sum(axis=1) == 1).all()
+    # bipartite: an edge joins equal labels only where the nearest sources have opposite colours
+    assert edge_homophily(G, y) < 0.3
 
 
 def test_minesweeper_counts_by_brute_force():
@@ -117,6 +141,12 @@ def test_minesweeper_counts_by_brute_force():
     (prepare, {"suite_scale": 3}, "suite_scale"),
     (prepare, {"cut_n": 100, "cut_blocks": 2, "cut_sizes": [4, 8, 5000]}, "cut_sizes"),
     (prepare, {"task": {"side": 1000}}, "side"),
+    (prepare, {"parity": {"side": 8, "num_sources": 40}}, "num_sources"),
+    (prepare, {"parity": {"drop_fraction": 0.9}}, "drop_fraction"),
+    (train, {"tasks": ["parity", "parity"]}, "tasks"),
+    (train, {"tasks": ["cora"]}, "tasks"),
+    (train, {"partitioner": "kahip"}, "partitioner"),
+    (evaluate, {"partitioners": ["spectral", "spectral"]}, "partitioners"),
     (prepare, {"seed": -1}, "seed"),
     (prepare, {"bogus": 1}, "bogus"),
     (train, {"models": ["l2g", "transformer"]}, "models"),
