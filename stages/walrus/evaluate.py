@@ -113,7 +113,8 @@ def run(cfg: Config, ctx: StageContext) -> None:
     test = {k: v[: cfg.n_eval].to(device) for k, v in load_groups(prep, "test").items()}
     rec = KernelRecord(device)
     out: dict = {"groups": {}, "arms": {}, "transfer": {}, "persistence": {}, "curves": {}, "spectra": {},
-                 "rollout_steps": R, "context": C}
+                 "rollout_steps": R, "context": C,
+                 "long_window": cfg.long_window}
     pre_groups = tinfo["pretrain_groups"]
     held = [k for k in sorted(test) if tinfo["held_out"] != "none" and k.startswith(tinfo["held_out"] + "_")]
     frames: dict[str, np.ndarray] = {}
@@ -147,15 +148,17 @@ def run(cfg: Config, ctx: StageContext) -> None:
 
     def summarize(per_group: dict[str, dict]) -> dict[str, float]:
         curves = np.array([r["curve"] for r in per_group.values()])        # (G, R)
+        hi = max(int(g.rsplit("_", 1)[1]) for g in per_group)
+        hi_curves = np.array([r["curve"] for g, r in per_group.items() if int(g.rsplit("_", 1)[1]) == hi])
         return {"one_step": float(curves[:, 0].mean()), "long": float(curves[:, -cfg.long_window:].mean()),
-                "mean": float(curves.mean()),
+                "mean": float(curves.mean()), "long_hi": float(hi_curves[:, -cfg.long_window:].mean()),
                 "spectrum_err": float(np.mean([r["spectrum_err"] for r in per_group.values()])),
                 "patch_excess": float(np.mean([r["patch_excess"] for r in per_group.values()]))}
 
     tinfo_seeds = [e["seed"] for e in next(iter(tinfo["arms"].values()))]
     with torch_threads(cfg.num_threads):
         for arm, entries in tinfo["arms"].items():
-            stats = {k: [] for k in ("one_step", "long", "mean", "spectrum_err", "patch_excess")}
+            stats = {k: [] for k in ("one_step", "long", "mean", "long_hi", "spectrum_err", "patch_excess")}
             for e in entries:
                 res = evaluate_model(arm, e["seed"], trn / "models" / f"{arm}_s{e['seed']}.pt", pre_groups)
                 out["groups"].setdefault(arm, {})[str(e["seed"])] = {
@@ -168,7 +171,7 @@ def run(cfg: Config, ctx: StageContext) -> None:
                     stats[k].append(v)
             out["arms"][arm] = stats
         for kind, entries in tinfo["transfer"].items():
-            stats = {k: [] for k in ("one_step", "long", "mean", "spectrum_err", "patch_excess")}
+            stats = {k: [] for k in ("one_step", "long", "mean", "long_hi", "spectrum_err", "patch_excess")}
             for e in entries:
                 res = evaluate_model(kind, e["seed"], trn / "models" / f"{kind}_s{e['seed']}.pt", held)
                 out["curves"].setdefault(kind, []).append(np.mean([r["curve"] for r in res.values()], 0).tolist())

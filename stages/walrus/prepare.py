@@ -4,8 +4,10 @@ Each (scenario, resolution) group holds ``n_train + n_test`` trajectories of ``n
 with two fields each (see solvers.py), stored as one HF ``datasets`` DatasetDict (keys
 ``<scenario>_<N>``, column ``fields`` an Array4D (T, 2, N, N) float32) with per-field statistics
 (mean, std, RMS, RMS of frame differences; train split) in stats.json. The task spec (context,
-rollout horizon, fixed patch size, tokens per axis) is validated here so that a bad value stops
-before any solver runs.
+rollout horizon, fixed patch size, tokens per axis) is validated before any solver runs, so a bad
+value stops early. Resolutions after the first
+are generated only for ``multires_scenarios`` (null: every scenario), which keeps the default profile
+cheap while the compute-adaptive vs fixed tokenization comparison still sees a second resolution.
 
     python -m stages prepare walrus
 """
@@ -31,6 +33,9 @@ class Config(StageConfig):
     seed: Seed = 0
     scenarios: list[ScenarioName] = Field(default_factory=lambda: list(SCENARIOS), min_length=1)
     resolutions: list[int] = Field(default_factory=lambda: [32, 64], min_length=1)
+    multires_scenarios: list[ScenarioName] | None = Field(
+        None, description="scenarios generated at every resolution; the others only at resolutions[0] "
+                          "(null: all). The second resolution is what compute-adaptive tokenization is about.")
     n_train: int = Field(8, ge=1, le=512, description="training trajectories per (scenario, resolution)")
     n_test: int = Field(4, ge=1, le=512, description="test trajectories per (scenario, resolution)")
     n_frames: int = Field(48, ge=2, le=1000)
@@ -46,6 +51,11 @@ class Config(StageConfig):
     def _scen(cls, v):
         return unique_items(v, "scenarios")
 
+    @field_validator("multires_scenarios")
+    @classmethod
+    def _multi(cls, v):
+        return None if v is None else unique_items(v, "multires_scenarios")
+
     @field_validator("resolutions")
     @classmethod
     def _res(cls, v):
@@ -56,6 +66,9 @@ class Config(StageConfig):
 
     @model_validator(mode="after")
     def _spec(self):
+        extra = [s for s in (self.multires_scenarios or []) if s not in self.scenarios]
+        if extra:
+            raise ValueError(f"multires_scenarios: {extra[0]!r} is not in scenarios ({', '.join(self.scenarios)})")
         if self.context + self.rollout_steps > self.n_frames:
             raise ValueError(f"context: context ({self.context}) + rollout_steps ({self.rollout_steps}) is longer "
                              f"than the trajectories (n_frames = {self.n_frames})")
@@ -85,6 +98,8 @@ def run(cfg: Config, ctx: StageContext) -> None:
     with torch_threads(cfg.num_threads):
         for si, name in enumerate(cfg.scenarios):
             for ri, n in enumerate(cfg.resolutions):
+                if ri > 0 and cfg.multires_scenarios is not None and name not in cfg.multires_scenarios:
+                    continue
                 gen = generator(device, cfg.seed * 1000 + 10 * SCENARIOS.index(name) + ri)
                 sc = Scenario(name, n, device)
                 traj = sc.trajectories(cfg.n_train + cfg.n_test, cfg.n_frames, gen).float().cpu().numpy()
@@ -109,7 +124,7 @@ def run(cfg: Config, ctx: StageContext) -> None:
     write_json(ctx.out / "meta.json", {
         "scenarios": list(cfg.scenarios), "resolutions": list(cfg.resolutions), "n_frames": cfg.n_frames,
         "context": cfg.context, "rollout_steps": cfg.rollout_steps, "patch_size": cfg.patch_size,
-        "tokens_per_axis": cfg.tokens_per_axis, "n_train": cfg.n_train, "n_test": cfg.n_test,
+        "tokens_per_axis": cfg.tokens_per_axis, "multires_scenarios": cfg.multires_scenarios, "n_train": cfg.n_train, "n_test": cfg.n_test,
         "groups": sorted(groups)})
 
 

@@ -21,9 +21,38 @@ from stages.common.runner import StageContext  # noqa: E402
 
 class Config(StageConfig):
     one_step_delta: float = Field(0.05, gt=0, le=10.0, description="'nearly unchanged' one-step VRMSE band")
+    tok_delta: float = Field(0.1, gt=0, le=10.0, description="band for 'adaptive tokenization matches fixed' "
+                                                            "(long-horizon VRMSE on the highest resolution)")
 
 
-def claims(cfg: Config, has_transfer: bool):
+def ablation_claims(cfg: Config, arms) -> list:
+    """Each ablation against the official configuration (jitter_on), seed-aware, on long-horizon VRMSE."""
+    out = []
+    if "jitter_on" not in arms:
+        return out
+    if "jitter_patch" in arms:
+        out.append(Better("domain_shift_beats_patch_shift", "The official whole-domain shift U{-(N/2-1)..N/2-1} "
+                          "gives lower long-horizon VRMSE than a patch-scale shift U{-(p/2-1)..p/2-1}",
+                          a="arms.jitter_on.long", b="arms.jitter_patch.long", higher_is_better=False,
+                          refuted_by="jitter_patch's long-horizon VRMSE below jitter_on's beyond 2 s.e. on a "
+                                     "majority of seeds"))
+    if "jitter_no_roll" in arms:
+        out.append(Better("token_roll_helps", "The per-block token roll lowers long-horizon VRMSE (vs the same "
+                          "domain shift without it)",
+                          a="arms.jitter_on.long", b="arms.jitter_no_roll.long", higher_is_better=False,
+                          refuted_by="jitter_no_roll's long-horizon VRMSE below jitter_on's beyond 2 s.e. on a "
+                                     "majority of seeds"))
+    if "fixed_tok" in arms:
+        out.append(Within("adaptive_tok_matches_fixed", f"Compute-adaptive tokenization (fixed token count per "
+                          f"axis) keeps long-horizon VRMSE at the highest resolution within {cfg.tok_delta} of "
+                          f"fixed patch tokenization, which spends 4x the tokens there",
+                          a="arms.jitter_on.long_hi", b="arms.fixed_tok.long_hi", delta=cfg.tok_delta,
+                          refuted_by=f"long-horizon VRMSE on the highest-resolution groups differing by more "
+                                     f"than {cfg.tok_delta} between adaptive and fixed tokenization"))
+    return out
+
+
+def claims(cfg: Config, has_transfer: bool, arms=("jitter_off", "jitter_on")):
     out = [
         Better("jitter_lowers_long_vrmse", "Patch jittering lowers long-horizon rollout VRMSE",
                a="arms.jitter_on.long", b="arms.jitter_off.long", higher_is_better=False,
@@ -44,7 +73,7 @@ def claims(cfg: Config, has_transfer: bool):
                           "scratch on a held-out scenario",
                           a="transfer.finetune.mean", b="transfer.scratch.mean", higher_is_better=False,
                           refuted_by="fine-tuned rollout VRMSE (mean over steps) not below scratch's"))
-    return out
+    return out + ablation_claims(cfg, arms)
 
 
 def run(cfg: Config, ctx: StageContext) -> None:
@@ -104,6 +133,23 @@ frames of each test trajectory, jitter on at evaluation (as the official code)."
         a.set(xlabel="rollout step", ylabel="VRMSE", title=t, yscale="log")
         a.legend(fontsize=7)
     rep.figure("vrmse_vs_step", fig, "VRMSE(t) per arm (mean over seeds, band = seed range); dashed: persistence.")
+    if "jitter_on" in res["arms"] and len(res["arms"]) > 1:
+        # figure 1b: each arm relative to jitter_on, paired per seed (the ablations are small against VRMSE(t))
+        fig, a = plt.subplots(figsize=(6.5, 4))
+        ref = np.array(res["curves"]["jitter_on"])
+        for name in res["arms"]:
+            if name == "jitter_on":
+                continue
+            r = np.array(res["curves"][name]) / ref                     # (seeds, R), same seed order
+            a.plot(steps, r.mean(0), label=name)
+            if len(r) > 1:
+                a.fill_between(steps, r.min(0), r.max(0), alpha=0.15)
+            plot_cols[f"{name}_over_jitter_on"] = r.mean(0)
+        a.axhline(1.0, color="k", lw=1)
+        a.set(xlabel="rollout step", ylabel="VRMSE(arm) / VRMSE(jitter_on)", title="ablations vs jitter_on (pretraining scenarios)")
+        a.legend(fontsize=7)
+        rep.figure("vrmse_ratio_vs_step", fig, "VRMSE(t) of each arm divided by jitter_on's, per seed, then mean "
+                                              "over seeds (band = seed range); above 1 = worse than jitter_on.")
     rep.plot("vrmse_vs_step", pl.DataFrame({k: list(map(float, v)) for k, v in plot_cols.items()}), x="step",
              title="VRMSE vs rollout step")
 
@@ -141,40 +187,58 @@ frames of each test trajectory, jitter on at evaluation (as the official code)."
     rep.figure("rollout_frames", fig, f"First field of test trajectory 0 of {res['frame_group']} (seed "
                                       f"{metrics['seeds'][0]}): truth / jitter off / jitter on.")
 
-    rep.section("Deviations", """
+    tc = tinfo["config"]
+    multi = meta.get("multires_scenarios")
+    hi_note = ("every scenario" if multi is None else ", ".join(multi) + " only")
+    rep.section("Deviations", f"""
 | what | paper / official code | here | why |
 | --- | --- | --- | --- |
-| data | 19 scenarios of The Well etc., up to 3D | 4 periodic 2D spectral-solver scenarios, 2 fields each (Kolmogorov stored as velocity) | laptop scale, no downloads |
-| size | d 1408, 40 blocks, 16 heads, 6 frames, 32 tokens/axis | small d, few blocks, 3 frames, 8 tokens/axis | 2 CPU cores, minutes |
-| training | 201 epochs x 2000 batches, AdamW 2e-4, inverse-sqrt LR, Rot90 aug, loss x100 | a few hundred steps, AdamW, warmup + inverse-sqrt, no augmentation, loss x1 | budget |
-| jitter | periodic fixed jitter U{-(N/2-1)..N/2-1} + per-block token roll, on at eval | same (plus ablations) | — |
-| hMLP strides | N//32 -> {4:(2,2), 8:(4,2), 16:(4,4)}, kernels (8,4) | same table with N//8 | fewer tokens |
+| data | 19 scenarios of The Well etc., up to 3D | 4 periodic 2D spectral-solver scenarios, 2 fields each (Kolmogorov stored as velocity); {meta['n_train']} train / {meta['n_test']} test trajectories of {meta['n_frames']} frames per group | laptop scale, no downloads |
+| resolutions | many per dataset | {' and '.join(f'{n}²' for n in meta['resolutions'])}; the second resolution for {hi_note} | the 64² data exists for what needs it: compute-adaptive vs fixed tokenization; the rest costs CPU without testing anything new |
+| size | d 1408, 40 blocks, 16 heads, 6 frames, 32 tokens/axis | d {tc['d']}, {tc['depth']} blocks, {tc['heads']} heads, {meta['context']} frames, {meta['tokens_per_axis']} tokens/axis | 2 CPU cores, minutes |
+| training | 201 epochs x 2000 batches of 2x4, AdamW 2e-4, inverse-sqrt LR, Rot90 aug, loss x100 | {tinfo.get('steps', '?')} steps of batch {tinfo.get('batch_size', '?')} per arm x seed, AdamW, warmup + inverse-sqrt, no augmentation, loss x1 | budget; the step count was chosen from a learning curve measured outside the pipeline (one seed): long-horizon VRMSE of both jitter arms was lowest near 500 steps and rose again by 1000-1500 steps (Kolmogorov-32 rollouts blow up) while one-step error kept falling |
+| jitter | periodic fixed jitter U{{-(N/2-1)..N/2-1}} + per-block token roll, on at eval | same; ablations: patch-scale shift, no token roll, fixed tokenization | — |
+| hMLP strides | N//32 -> {{4:(2,2), 8:(4,2), 16:(4,4)}}, kernels (8,4) | same table with N//8 | fewer tokens |
 | RoPE / time bias | axial RoPE linspace(-1,1); T5 bucketed bias | axial RoPE with frequencies π·(1..hd/4); one learned bias per lag | simpler |
-| fine-tune | dataset-level RMS normalisation, lr 1e-4, 51 epochs | same per-sample RMS as pretraining, a few steps on 3 trajectories | budget |
-| eval | batch 1, start t=17, 200 steps | all test trajectories, start t=0, rollout_steps steps | short trajectories |
+| fine-tune | dataset-level RMS normalisation, lr 1e-4, 51 epochs | same per-sample RMS as pretraining, {tinfo.get('ft_steps', '?')} steps on {tinfo.get('ft_traj', '?')} trajectories | budget |
+| eval | batch 1, start t=17, 200 steps | {meta['n_test']} test trajectories per group, start t=0, {R} steps | short trajectories |
 """)
     arm_ref = "jitter_on" if "jitter_on" in res["arms"] else next(iter(res["arms"]))
     pers = res["persistence"].get("pretrain", {})
     gain = {k: 100 * (1 - float(np.mean(res["arms"][arm_ref][k])) / pers[k]) for k in ("one_step", "long")} if pers else {}
+    pc = np.array(res["curves"].get("persistence_pretrain", [[0.0]])[0])
+    cross = int(np.argmax(pc >= 1.0)) + 1 if (pc >= 1.0).any() else f"> {R} (never)"
     runtime = ctx.upstream_runtimes()
     total = sum(v for v in runtime.values() if v is not None)
     rep.section("Reading the numbers", (
         f"`{arm_ref}` improves on persistence by {gain.get('one_step', float('nan')):.1f}% at one step and "
-        f"{gain.get('long', float('nan')):.1f}% over the long-horizon window of the {R}-step rollouts: the miniature models are "
-        f"barely past the trivial predictor, so arm differences are small against seed noise. "
-        f"Upstream stages took {total:.0f} s here (a 2-core machine shared with other jobs); the DESIGN budget is "
-        f"5 minutes, so the default profile trains only the two jitter arms plus transfer, and the ablations "
-        f"(jitter_patch, jitter_no_roll, fixed_tok) run in the smoke and full profiles.") if gain else "")
+        f"{gain.get('long', float('nan')):.1f}% over the long-horizon window (last {res.get('long_window', '')} steps) of the "
+        f"{R}-step rollouts. Averaged over the pretraining groups, persistence VRMSE passes 1 at step "
+        f"{cross} (the flows decorrelate from their start), so the long-horizon number mostly measures whether a rollout stays "
+        f"bounded and keeps the right variance, not whether it tracks the truth. All five arms train at this "
+        f"profile with the same seeds, data stream and step count; the ablation verdicts compare each with "
+        f"`jitter_on` seed by seed. Upstream stages took {total:.0f} s of wall time here (a 2-core machine "
+        f"shared with other jobs).") if gain else "")
+    if res["transfer"] and res["persistence"].get("held_out"):
+        ph = res["persistence"]["held_out"]
+        worse = [k for k, v in res["transfer"].items() if float(np.mean(v["long"])) > ph["long"]]
+        rep.section("Transfer against the trivial predictor", (
+            f"On the held-out `{tinfo['held_out']}` scenario, persistence has long-horizon VRMSE {ph['long']:.3g}; "
+            + ("; ".join(f"`{k}` {float(np.mean(v['long'])):.3g}" for k, v in res["transfer"].items()))
+            + (f". {' and '.join(worse)} do not beat persistence over the long-horizon window (they do at one step: "
+               + "; ".join(f"`{k}` {float(np.mean(v['one_step'])):.3g}" for k, v in res["transfer"].items())
+               + f" vs {ph['one_step']:.3g})." if worse else ".")))
     rep.section("Discussion", """
 The paper pretrains a 1.3B-parameter model on 19 datasets and finds that patch jittering improves
 long-horizon stability on 17 of them, removing the spectral spikes at the patch frequency that a fixed
 patch grid accumulates. This miniature keeps the mechanism exactly (official periodic fixed jitter with
 the per-block token roll, jitter on at evaluation, per-sample RMS normalisation, L1 on normalised deltas,
-VRMSE on raw fields) but trains tiny models for a few hundred CPU steps on four simple periodic
-scenarios. Such models are far from converged and their rollout errors are dominated by underfitting,
-not by the slow accumulation of patch-frequency aliasing the paper targets, so a null or reversed
-verdict here says little about the full-scale effect; the `full` profile scales the same code up. The
-ablation arms (patch-scale shift, no per-block token roll, fixed tokenization) run when listed in
-`papers.walrus.train.arms` (the full profile lists them).
+VRMSE on raw fields) and ablates its parts (patch-scale instead of whole-domain shift, no per-block token
+roll, fixed instead of compute-adaptive tokenization), but trains tiny models for a few hundred CPU steps
+on four simple periodic scenarios from a few trajectories each. Their rollout errors are dominated by
+model error and overfitting to eight training trajectories, not by the slow accumulation of
+patch-frequency aliasing over hundreds of steps that the paper targets, so a null or reversed verdict
+here says little about the full-scale effect; the `full` profile scales the same code up (bigger model,
+64 trajectories per group, all scenarios at both resolutions, 100-step rollouts).
 """)
-    rep.finish(claims(cfg, has_transfer), metrics)
+    rep.finish(claims(cfg, has_transfer, list(res["arms"])), metrics)

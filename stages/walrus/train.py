@@ -42,18 +42,18 @@ ARMS = {  # name -> (jitter, token_roll, tokenization)
 
 class Config(StageConfig):
     seeds: Seeds = Field(default_factory=lambda: [0, 1, 2])
-    arms: list[ArmName] = Field(default_factory=lambda: ["jitter_off", "jitter_on"], min_length=1)
+    arms: list[ArmName] = Field(default_factory=lambda: list(ARMS), min_length=1)
     held_out: Literal["kolmogorov", "burgers", "advdiff", "wave", "none"] = "wave"
     d: int = Field(32, ge=8, le=2048)
-    depth: int = Field(4, ge=1, le=64)
+    depth: int = Field(2, ge=1, le=64)
     heads: int = Field(2, ge=1, le=32)
     mlp_ratio: int = Field(4, ge=1, le=8)
-    batch_size: int = Field(6, ge=1, le=1024)
-    steps: int = Field(150, ge=1, le=200_000)
+    batch_size: int = Field(4, ge=1, le=1024)
+    steps: int = Field(500, ge=1, le=200_000)
     lr: float = Field(2e-3, gt=0, le=1.0)
     weight_decay: float = Field(1e-4, ge=0, le=1.0)
     warmup: int = Field(20, ge=1, le=10_000)
-    ft_steps: int = Field(60, ge=0, le=100_000, description="fine-tune / scratch steps on the held-out scenario")
+    ft_steps: int = Field(100, ge=0, le=100_000, description="fine-tune / scratch steps on the held-out scenario")
     ft_lr: float = Field(1e-3, gt=0, le=1.0)
     ft_traj: int = Field(3, ge=1, le=512, description="held-out training trajectories used for transfer")
     num_threads: int = Field(1, ge=1, le=64)
@@ -169,5 +169,6 @@ def run(cfg: Config, ctx: StageContext) -> None:
                     torch.save(model.state_dict(), ctx.out / "models" / f"{kind}_s{seed}.pt")
                     record["transfer"].setdefault(kind, []).append({"seed": seed,
                                                                     "final_loss": float(np.mean(losses[-10:]))})
+    record.update(steps=cfg.steps, batch_size=cfg.batch_size, ft_steps=cfg.ft_steps, ft_traj=cfg.ft_traj)
     write_json(ctx.out / "train.json", {**record, "config": {"d": cfg.d, "depth": cfg.depth, "heads": cfg.heads,
                                                              "mlp_ratio": cfg.mlp_ratio}})

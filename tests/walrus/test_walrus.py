@@ -165,6 +165,7 @@ def test_core_effect_jitter_removes_patch_frequency_aliasing():
     ({"n_frames": 20, "context": 3, "rollout_steps": 40}, "longer than the trajectories"),
     ({"scenarios": ["kolmogorov", "navier"]}, "scenarios"),
     ({"tokens_per_axis": 3}, "tokens_per_axis"),
+    ({"scenarios": ["advdiff", "wave"], "multires_scenarios": ["kolmogorov"]}, "multires_scenarios"),
 ])
 def test_bad_input_fails_at_config_load(block, match):
     with pytest.raises(ConfigError, match=match):
@@ -176,7 +177,10 @@ def test_smoke_pipeline(smoke_run):
     metrics = json.loads((out["report"] / "metrics.json").read_text())
     names = [c["name"] for c in metrics["claims"]]
     assert names == ["jitter_lowers_long_vrmse", "jitter_suppresses_patch_peaks", "one_step_nearly_unchanged",
-                     "model_beats_persistence", "pretraining_transfers"]
+                     "model_beats_persistence", "pretraining_transfers", "domain_shift_beats_patch_shift",
+                     "token_roll_helps", "adaptive_tok_matches_fixed"]
+    assert set(metrics["metrics"]["arms"]) == {"jitter_off", "jitter_on", "jitter_patch", "jitter_no_roll", "fixed_tok"}
+    assert all("long_hi" in v for v in metrics["metrics"]["arms"].values())
     for c in metrics["claims"]:
         assert c["verdict"] in ("holds", "fails", "inconclusive") and c["refuted_by"]
     k = metrics["kernels"]["rolled_patchify"]
@@ -187,4 +191,4 @@ def test_smoke_pipeline(smoke_run):
     assert "## Deviations" in text and "## Discussion" in text
     import datasets
     dd = datasets.load_from_disk(str(out["prepare"] / "dataset"))
-    assert {"advdiff_32", "advdiff_64"} <= set(dd)
+    assert set(dd) == {"advdiff_32", "advdiff_64", "wave_32"}      # second resolution only for multires_scenarios
