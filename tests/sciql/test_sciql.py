@@ -473,3 +473,29 @@ def test_smoke_pipeline(smoke_run):
     assert (out["report"] / "plots" / "learning_curves.csv").exists()
     text = (out["report"] / "report.md").read_text()
     assert "Relabelling ablation" in text and "Deviations" in text
+    names = {c["name"] for c in metrics["claims"]}
+    assert {"random_relabel_beats_mixed_position", "gawr_adds_return_halfcheetah"} <= names
+    assert len(metrics["metrics"]["ablation"]["alignment"]["sciql"]) == len(metrics["metrics"]["circle2d"]["seeds"])
+
+
+def test_report_claims_are_seed_aware():
+    """HalfCheetah return claim: inconclusive when both arms are below the random policy even with a
+    consistent gap; ablation claim: holds / fails / inconclusive from per-seed lists."""
+    from stages.common.claims import evaluate_claims
+    from stages.sciql import report
+
+    cfg = report.Config()
+    gawr = next(c for c in report.claims_for("halfcheetah", ["speed"], cfg) if c.name == "gawr_adds_return_halfcheetah")
+    below = {"halfcheetah": {"norm_return": {"gawr": [-0.1, -0.11, -0.09], "sciql": [-0.5, -0.52, -0.48]}}}
+    above = {"halfcheetah": {"norm_return": {"gawr": [0.6, 0.61, 0.59], "sciql": [0.2, 0.22, 0.18]}}}
+    assert evaluate_claims([gawr], below)[0]["verdict"] == "inconclusive"
+    assert evaluate_claims([gawr], above)[0]["verdict"] == "holds"
+    claim = report.ablation_claim("position", [0.0, 0.0, 1.0], "[0.2, 0.5, 0.3]")
+
+    def verdict(main, abl):
+        m = {"circle2d": {"per_style": {"position": {"alignment": {"sciql": main}}}}, "ablation": {"alignment": {"sciql": abl}}}
+        return evaluate_claims([claim], m)[0]["verdict"]
+
+    assert verdict([0.5, 0.52, 0.48], [0.3, 0.31, 0.29]) == "holds"
+    assert verdict([0.3, 0.31, 0.29], [0.5, 0.52, 0.48]) == "fails"
+    assert verdict([0.5, 0.3, 0.4], [0.3, 0.5, 0.4]) == "inconclusive"
