@@ -1,0 +1,347 @@
+"""BRepGround-mini, its baselines, and the program model (prefix-LM seq2seq + GRPO policy).
+
+BRepGround-mini (per query q and B-Rep B):
+    t = TextEnc(words(q))                          scratch word embeddings + transformer encoder   (B, W, C)
+    f = FaceEnc(UV grid of points/normals/mask)    UV-Net-style 2D conv over the UV grid, max-pool   (B, F, C)
+    e = EdgeEnc(curve of points/tangents)          UV-Net-style 1D conv along the curve, max-pool    (B, E, C)
+    h = Fusion([t; f + type; e + type])            transformer over text and primitive tokens
+    s_p = w·h_p                                    one logit per face/edge
+    # ALGO: Eq. 5 (grounding q → π ⊆ P(B)): π = {p : σ(s_p) > ½}, trained with BCE over primitives
+"""
+from __future__ import annotations
+
+import json
+
+import lightning as L
+import numpy as np
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from stages.futurecad import cad
+
+PAD, UNK = 0, 1
+
+
+# ----------------------------------------------------------------------------------------------
+# vocabulary and batching
+# ----------------------------------------------------------------------------------------------
+def build_vocab(texts) -> list[str]:
+    words = sorted({w for t in texts for w in cad.tokenize_query(t)})
+    return ["<pad>", "<unk>"] + words
+
+
+def encode_query(text: str, vocab: dict[str, int], max_words: int) -> list[int]:
+    ids = [vocab.get(w, UNK) for w in cad.tokenize_query(text)][:max_words]
+    return ids + [PAD] * (max_words - len(ids))
+
+
+def pad_parts(parts: list[dict], max_f: int, max_e: int) -> dict[str, torch.Tensor]:
+    """Stack per-part primitive tensors, padded to (N, max_f, ...) / (N, max_e, ...)."""
+    n = len(parts)
+    faces = torch.zeros(n, max_f, cad.UV * cad.UV, cad.FACE_CH)
+    edges = torch.zeros(n, max_e, cad.CURVE, cad.EDGE_CH)
+    ftype = torch.zeros(n, max_f, dtype=torch.long)
+    etype = torch.zeros(n, max_e, dtype=torch.long)
+    fmask = torch.zeros(n, max_f, dtype=torch.bool)
+    emask = torch.zeros(n, max_e, dtype=torch.bool)
+    for i, p in enumerate(parts):
+        nf, ne = p["faces"].shape[0], p["edges"].shape[0]
+        if nf > max_f or ne > max_e:
+            raise ValueError(f"part with {nf} faces / {ne} edges exceeds the model's {max_f} / {max_e}")
+        faces[i, :nf], edges[i, :ne] = p["faces"], p["edges"]
+        ftype[i, :nf], etype[i, :ne] = p["face_type"], p["edge_type"]
+        fmask[i, :nf], emask[i, :ne] = True, True
+    return {"faces": faces, "edges": edges, "face_type": ftype, "edge_type": etype, "fmask": fmask, "emask": emask}
+
+
+def label_matrix(rows, parts: dict, max_f: int, max_e: int) -> torch.Tensor:
+    """(Q, max_f + max_e) multi-hot targets: faces first, then edges."""
+    y = torch.zeros(len(rows), max_f + max_e)
+    for i, r in enumerate(rows):
+        off = 0 if r["prim"] == "faces" else max_f
+        for j in json.loads(r["target"]):
+            y[i, off + j] = 1.0
+    return y
+
+
+# ----------------------------------------------------------------------------------------------
+# BRepGround-mini
+# ----------------------------------------------------------------------------------------------
+def _encoder(d: int, heads: int, layers: int) -> nn.TransformerEncoder:
+    layer = nn.TransformerEncoderLayer(d, heads, 2 * d, dropout=0.0, batch_first=True, norm_first=True)
+    return nn.TransformerEncoder(layer, layers, enable_nested_tensor=False)
+
+
+class BRepGround(nn.Module):
+    def __init__(self, vocab_size: int, d: int = 64, heads: int = 4, text_layers: int = 1,
+                 fusion_layers: int = 2, max_words: int = 24):
+        super().__init__()
+        self.word = nn.Embedding(vocab_size, d)
+        self.wpos = nn.Embedding(max_words, d)
+        self.text = _encoder(d, heads, text_layers)
+        self.face_enc = nn.Sequential(nn.Conv2d(cad.FACE_CH, 32, 3, padding=1), nn.GELU(),
+                                      nn.Conv2d(32, d, 3, padding=1), nn.GELU(), nn.AdaptiveMaxPool2d(1))
+        self.edge_enc = nn.Sequential(nn.Conv1d(cad.EDGE_CH, 32, 3, padding=1), nn.GELU(),
+                                      nn.Conv1d(32, d, 3, padding=1), nn.GELU(), nn.AdaptiveMaxPool1d(1))
+        self.ftype = nn.Embedding(len(cad.FACE_TYPES), d)
+        self.etype = nn.Embedding(len(cad.EDGE_TYPES), d)
+        self.kind = nn.Embedding(3, d)                                           # text / face / edge
+        self.fusion = _encoder(d, heads, fusion_layers)
+        self.head = nn.Linear(d, 1)
+
+    def forward(self, words, faces, edges, face_type, edge_type, fmask, emask):
+        B, W = words.shape
+        _, Fn, G, Cf = faces.shape
+        En = edges.shape[1]
+        wmask = words != PAD
+        t = self.word(words) + self.wpos(torch.arange(W, device=words.device))           # (B, W, C)
+        t = self.text(t, src_key_padding_mask=~wmask)
+        g = faces.reshape(B * Fn, cad.UV, cad.UV, Cf).permute(0, 3, 1, 2)                 # (B·F, 7, UV, UV)
+        f = self.face_enc(g).reshape(B, Fn, -1) + self.ftype(face_type) + self.kind.weight[1]
+        c = edges.reshape(B * En, cad.CURVE, -1).permute(0, 2, 1)                         # (B·E, 6, CURVE)
+        e = self.edge_enc(c).reshape(B, En, -1) + self.etype(edge_type) + self.kind.weight[2]
+        x = torch.cat([t + self.kind.weight[0], f, e], 1)                                 # (B, W+F+E, C)
+        mask = torch.cat([wmask, fmask, emask], 1)
+        h = self.fusion(x, src_key_padding_mask=~mask)
+        return self.head(h[:, W:]).squeeze(-1)                                           # (B, F+E) logits
+
+
+class GroundModule(L.LightningModule):
+    """BCE over the real primitives of each query's B-Rep."""
+
+    def __init__(self, net: BRepGround, lr: float, weight_decay: float = 0.0):
+        super().__init__()
+        self.net, self.lr, self.weight_decay = net, lr, weight_decay
+        self.history: list[dict] = []
+
+    def training_step(self, batch, idx):
+        logits = self.net(batch["words"], batch["faces"], batch["edges"], batch["face_type"],
+                          batch["edge_type"], batch["fmask"], batch["emask"])
+        mask = torch.cat([batch["fmask"], batch["emask"]], 1).float()
+        bce = F.binary_cross_entropy_with_logits(logits, batch["y"], reduction="none")  # ALGO: per-primitive BCE
+        loss = (bce * mask).sum() / mask.sum()
+        self.history.append({"step": int(self.global_step), "loss": float(loss.detach())})
+        self.log("ground/loss", loss, on_step=True, prog_bar=False)
+        return loss
+
+    def configure_optimizers(self):
+        return torch.optim.AdamW(self.net.parameters(), lr=self.lr, weight_decay=self.weight_decay)
+
+
+class GroundLoader:
+    """``steps`` random batches of (query, part) rows, seeded."""
+
+    def __init__(self, words, part_idx, y, parts, batch: int, steps: int, seed: int):
+        self.words, self.part_idx, self.y, self.parts = words, part_idx, y, parts
+        self.batch, self.steps, self.seed = batch, steps, seed
+
+    def __len__(self):
+        return self.steps
+
+    def __iter__(self):
+        g = torch.Generator().manual_seed(self.seed)
+        for _ in range(self.steps):
+            i = torch.randint(0, self.words.shape[0], (self.batch,), generator=g)
+            p = self.part_idx[i]
+            yield crop_batch({"words": self.words[i], "y": self.y[i], **{k: v[p] for k, v in self.parts.items()}})
+
+
+def crop_batch(b: dict) -> dict:
+    """Drop the padding slots no row of this batch uses (faces, edges, words); labels follow."""
+    mf = b["fmask"].shape[1]
+    nf = max(1, int(b["fmask"].sum(1).max()))
+    ne = max(1, int(b["emask"].sum(1).max()))
+    nw = max(1, int((b["words"] != PAD).sum(1).max()))
+    out = dict(b, words=b["words"][:, :nw], faces=b["faces"][:, :nf], edges=b["edges"][:, :ne],
+               face_type=b["face_type"][:, :nf], edge_type=b["edge_type"][:, :ne],
+               fmask=b["fmask"][:, :nf], emask=b["emask"][:, :ne])
+    if "y" in b:
+        out["y"] = torch.cat([b["y"][:, :nf], b["y"][:, mf: mf + ne]], 1)
+    return out
+
+
+@torch.no_grad()
+def predict(net: BRepGround, words, parts_batch: dict, threshold: float = 0.5, chunk: int = 256):
+    """Sigmoid scores (Q, F+E) with padding at −1, and the selected sets (score > threshold)."""
+    net.eval()
+    out = []
+    mf, me = parts_batch["fmask"].shape[1], parts_batch["emask"].shape[1]
+    for s in range(0, words.shape[0], chunk):
+        sl = slice(s, s + chunk)
+        b = crop_batch({"words": words[sl], **{k: v[sl] for k, v in parts_batch.items()}})
+        logits = net(b["words"], b["faces"], b["edges"], b["face_type"], b["edge_type"], b["fmask"], b["emask"])
+        mask = torch.cat([b["fmask"], b["emask"]], 1)
+        sc = torch.where(mask, torch.sigmoid(logits), torch.full_like(logits, -1.0))
+        nf, ne = b["fmask"].shape[1], b["emask"].shape[1]
+        full = torch.full((sc.shape[0], mf + me), -1.0, device=sc.device)
+        full[:, :nf], full[:, mf: mf + ne] = sc[:, :nf], sc[:, nf:]
+        out.append(full)
+    scores = torch.cat(out)
+    return scores, scores > threshold
+
+
+# ----------------------------------------------------------------------------------------------
+# baselines (operate on the exported primitive attributes; no learning)
+# ----------------------------------------------------------------------------------------------
+def _kind_of(words: list[str]) -> str:
+    return "faces" if ("faces" in words or "face" in words) else "edges"
+
+
+def keyword_rule(query: str, prims: cad.Primitives) -> tuple[str, list[int]]:
+    """Keyword/rule selector written from the canonical template words: type word (straight / vertical /
+    circular / planar / cylindrical) and place word (top / bottom / sides / step) → the matching
+    geometric predicate. It does not know the paraphrases and does not parse size qualifiers."""
+    w = cad.tokenize_query(query)
+    prim = _kind_of(w)
+    place = "top" if "top" in w else "bottom" if "bottom" in w else "step level" if "step" in w else "sides"
+    if prim == "edges":
+        tword = "vertical straight" if "vertical" in w else "circular" if "circular" in w else "straight"
+    else:
+        tword = "cylindrical" if "cylindrical" in w else "planar"
+    if place == "sides" and tword not in ("vertical straight", "cylindrical"):
+        place = "top"                                     # "sides" only names vertical edges / cylinders
+    return prim, cad.target_ids(prims, (prim, tword, place, ""))
+
+
+def type_only(query: str, prims: cad.Primitives) -> tuple[str, list[int]]:
+    """Type-only selector: every primitive of the geometric type the query names."""
+    w = cad.tokenize_query(query)
+    prim = _kind_of(w)
+    if prim == "edges":
+        t = "CIRCLE" if "circular" in w else "LINE"
+        return prim, [i for i, a in enumerate(prims.edge_attr) if a["type"] == t]
+    t = "CYLINDER" if "cylindrical" in w else "PLANE"
+    return prim, [i for i, a in enumerate(prims.face_attr) if a["type"] == t]
+
+
+def set_metrics(pred: set, truth: set) -> tuple[float, float]:
+    """Exact-set accuracy and F1 of one selection."""
+    exact = float(pred == truth)
+    tp = len(pred & truth)
+    f1 = 2 * tp / (len(pred) + len(truth)) if (pred or truth) else 1.0
+    return exact, f1
+
+
+# ----------------------------------------------------------------------------------------------
+# program model: prefix-LM seq2seq (description -> script tokens) on the shared tiny transformer
+# ----------------------------------------------------------------------------------------------
+SPECIAL = ["<pad>", "<bos>", "<eos>", "<unk>"]
+TPAD, BOS, EOS, TUNK = 0, 1, 2, 3
+
+
+def desc_tokens(text: str) -> list[str]:
+    return text.lower().replace(";", " ; ").split()
+
+
+def build_program_vocab(descs, scripts) -> list[str]:
+    toks = {t for d in descs for t in desc_tokens(d)} | {t for s in scripts for t in cad.script_tokens(s)}
+    return SPECIAL + sorted(toks)
+
+
+def encode_prompt(desc: str, vocab: dict[str, int], prompt_len: int) -> list[int]:
+    ids = [vocab.get(t, TUNK) for t in desc_tokens(desc)][-(prompt_len - 1):] + [BOS]
+    return [TPAD] * (prompt_len - len(ids)) + ids                                      # left-padded, ends in BOS
+
+
+def encode_script(script: str, vocab: dict[str, int], script_len: int) -> list[int]:
+    ids = [vocab.get(t, TUNK) for t in cad.script_tokens(script)][: script_len - 1] + [EOS]
+    return ids + [TPAD] * (script_len - len(ids))
+
+
+def decode_script(ids, itos: list[str]) -> str:
+    out = []
+    for i in ids:
+        i = int(i)
+        if i == EOS:
+            break
+        if i in (TPAD, BOS):
+            continue
+        out.append(itos[i])
+    return cad.detokenize_script(out)
+
+
+class SFTModule(L.LightningModule):
+    """Supervised fine-tuning: cross-entropy on the script tokens given the description prefix."""
+
+    def __init__(self, model, prompt_len: int, lr: float):
+        super().__init__()
+        self.model, self.prompt_len, self.lr = model, prompt_len, lr
+        self.history: list[dict] = []
+
+    def training_step(self, batch, idx):
+        x = batch                                                              # (B, Lp + Ls)
+        logits = self.model(x[:, :-1])[:, self.prompt_len - 1:]                # predicts x[:, Lp:]
+        tgt = x[:, self.prompt_len:]
+        loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), tgt.reshape(-1), ignore_index=TPAD)
+        self.history.append({"step": int(self.global_step), "loss": float(loss.detach())})
+        self.log("sft/loss", loss, on_step=True)
+        return loss
+
+    def configure_optimizers(self):
+        return torch.optim.AdamW(self.model.parameters(), lr=self.lr)
+
+
+class RowLoader:
+    def __init__(self, rows: torch.Tensor, batch: int, steps: int, seed: int):
+        self.rows, self.batch, self.steps, self.seed = rows, batch, steps, seed
+
+    def __len__(self):
+        return self.steps
+
+    def __iter__(self):
+        g = torch.Generator().manual_seed(self.seed)
+        for _ in range(self.steps):
+            yield self.rows[torch.randint(0, self.rows.shape[0], (self.batch,), generator=g)]
+
+
+@torch.no_grad()
+def sample_scripts(model, prompts: torch.Tensor, script_len: int, temperature: float,
+                   generator: torch.Generator | None) -> torch.Tensor:
+    """(B, Lp) prompts -> (B, Ls) tokens (greedy when temperature == 0); EOS then padding."""
+    cache = model.new_cache()
+    logits = model(prompts, cache)[:, -1]
+    B = prompts.shape[0]
+    out = torch.full((B, script_len), TPAD, dtype=torch.long, device=prompts.device)
+    done = torch.zeros(B, dtype=torch.bool, device=prompts.device)
+    for t in range(script_len):
+        if temperature == 0:
+            nxt = logits.argmax(-1)
+        else:
+            probs = torch.softmax(logits / temperature, -1)
+            nxt = torch.multinomial(probs, 1, generator=generator).squeeze(-1)
+        nxt = torch.where(done, torch.full_like(nxt, TPAD), nxt)
+        out[:, t] = nxt
+        done |= nxt == EOS
+        if bool(done.all()) or t == script_len - 1:
+            break
+        logits = model(nxt[:, None], cache)[:, -1]
+    return out
+
+
+class ScriptPolicy(nn.Module):
+    """GRPO policy over scripts: prompts are (P, Lp + 1) rows (last column: program row id)."""
+
+    def __init__(self, model, prompt_len: int, script_len: int, logprob_fn):
+        super().__init__()
+        self.model, self.prompt_len, self.script_len = model, prompt_len, script_len
+        self.logprob_fn = logprob_fn
+
+    def rollout(self, prompts, group_size, generator):
+        p = prompts[:, : self.prompt_len].repeat_interleave(group_size, 0)
+        rid = prompts[:, -1].repeat_interleave(group_size, 0)
+        comp = sample_scripts(self.model, p, self.script_len, 1.0, generator)
+        mask = torch.ones_like(comp, dtype=torch.float)
+        ended = torch.cumsum((comp == EOS).long(), 1)
+        mask = torch.where((ended - (comp == EOS).long()) > 0, torch.zeros_like(mask), mask)  # up to EOS inclusive
+        mask = mask * (comp != TPAD).float()
+        return {"tokens": torch.cat([p, comp], 1), "mask": mask, "rid": rid}
+
+    def token_logprobs(self, roll):
+        x = roll["tokens"]
+        logits = self.model(x[:, :-1])[:, self.prompt_len - 1:]                 # (B, Ls, V)
+        return self.logprob_fn(logits, x[:, self.prompt_len:])
+
+
+def np_seed(seed: int) -> np.random.Generator:
+    return np.random.default_rng(seed)
