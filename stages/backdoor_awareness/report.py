@@ -228,6 +228,7 @@ strict subset). Seeds {ev['seeds']}.
     rep.figure("unlearning", defense_figure(ev), "ASR and clean accuracy before and after unlearning")
     curve = hist.filter(pl.col("step") > 0).group_by(["attack", "step"]).agg(pl.col("reward_mean").mean()).pivot(
         on="attack", index="step", values="reward_mean").sort("step")
+    curve = curve.select("step", *(a for a in ev["attacks"] if a in curve.columns))  # column order fixed
     rep.plot("reward_curve", curve, x="step", y=[a for a in ev["attacks"] if a in curve.columns],
              title="inversion RL reward vs step")
     rep.table("Deviations", pl.DataFrame({

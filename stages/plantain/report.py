@@ -222,6 +222,7 @@ the lower of the two levels' best accuracy (reachable by both). Seeds {seeds}.
                  title=f"accuracy vs max retries (pf {stage}); tokens in the CSV")
     hist_frame = tt.filter(pl.col("model") == "grpo").group_by(["ttfr_tokens", "format"]).len().pivot(
         on="format", index="ttfr_tokens", values="len").fill_null(0).sort("ttfr_tokens")
+    hist_frame = hist_frame.select("ttfr_tokens", *(c for c in ("tta", "pf") if c in hist_frame.columns))  # fixed order
     rep.plot("ttfr_hist_grpo", hist_frame, x="ttfr_tokens",
              y=[c for c in ("tta", "pf") if c in hist_frame.columns], title="TTFR histogram after GRPO")
     rep.table("Deviations", pl.DataFrame({

@@ -178,6 +178,7 @@ def run(cfg: Config, ctx) -> None:
         wide = (cf.filter(pl.col("arm") != "tgdt_share").group_by(["step", "env", "arm"]).agg(pl.col("mse").mean())
                 .with_columns((pl.col("env") + "/" + pl.col("arm")).alias("run"))
                 .pivot(on="run", index="step", values="mse").sort("step"))
+        wide = wide.select("step", *sorted(c for c in wide.columns if c != "step"))  # column order fixed
         rep.plot("training_mse", wide, x="step", title="training action MSE per env/arm (mean over seeds)")
 
     for env in envs:
