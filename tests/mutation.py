@@ -25,7 +25,7 @@ ROOT = Path(__file__).resolve().parents[1]
 # core module -> the tests that own it
 CORE: dict[str, list[str]] = {
     "stages/common/claims.py": ["tests/common/test_claims_and_reporting.py"],
-    "stages/l2g_net/gft.py": ["tests/l2g_net/test_gft.py"],
+    "stages/l2g_net/gft.py": ["tests/l2g_net/test_gft.py", "tests/l2g_net/test_gft_inputs.py"],
     "stages/cv_stability/stability.py": ["tests/cv_stability/test_method.py", "tests/cv_stability/test_identities.py"],
     "stages/reversal_curse/measures.py": ["tests/reversal_curse"],
     "stages/fair_bandits/scm.py": ["tests/fair_bandits/test_scm.py", "tests/fair_bandits/test_scm_world.py"],

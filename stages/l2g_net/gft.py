@@ -80,7 +80,7 @@ def _check_laplacian(L) -> sp.csr_matrix:
     if asym.nnz and np.abs(asym.data).max() > 1e-12 * max(scale, 1e-300):
         k = int(np.argmax(np.abs(asym.data)))
         i, j = int(asym.row[k]), int(asym.col[k])
-        raise GraphInputError(f"L: not symmetric: L[{i}, {j}] = {M[i, j]!r} but L[{j}, {i}] = {M[j, i]!r}")
+        raise GraphInputError(f"L: not symmetric: L[{i}, {j}] = {float(M[i, j])!r} but L[{j}, {i}] = {float(M[j, i])!r}")
     off = sp.triu(M, k=1).tocoo()
     pos = off.data > 0
     if pos.any():
