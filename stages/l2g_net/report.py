@@ -315,12 +315,13 @@ same training budget and seeds.
 
 def _large_text() -> str:
     return ("The default profile stops at n = 3000 (dense eigh at n = 8000 alone costs ~1 min per graph on one "
-            "thread, beyond the 5-minute budget). The larger sizes (BA and grid, n = 1000 ... 6000, METIS and "
+            "thread, beyond the 5-minute budget). The larger sizes (BA and grid, n = 1000 ... 8000, METIS and "
             "spectral parts, memory of both at the largest size) are measured by the standalone command in "
             "`stages/l2g_net/scaling.py`; its numbers, fitted exponents, crossover and wall-clock claims are in "
-            "[scaling_large.md](scaling_large.md) (JSON: scaling_large.json), committed with this report and not "
+            "[l2g_net_scaling_large.md](../studies/l2g_net_scaling_large.md) (JSON beside it), committed and not "
             "re-run by `dvc repro` (rerun: `python -m stages.l2g_net.scaling --sizes 1000 2000 3000 4000 5000 6000 "
-            "--jobs 2 --memory-sizes 1 --out reports/l2g_net/scaling_large.json`, ~10 CPU-minutes).")
+            "7000 8000 --jobs 2 --memory-sizes 1 --out reports/studies/l2g_net_scaling_large.json`, "
+            "~25 CPU-minutes).")
 
 
 def _discussion(m: dict, ttab: pl.DataFrame, ptab: pl.DataFrame | None = None) -> str:

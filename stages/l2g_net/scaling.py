@@ -9,14 +9,15 @@ claims reading them are marked wall-clock in the report. Peak memory by tracemal
 its timed run; L2G: a separate run, as tracemalloc slows its many small allocations).
 
 The evaluate stage runs ``measure`` on the prepared sizes (default profile: n <= 3000). The larger
-sizes (to n = 6000, beyond the 5-minute default budget: dense eigh alone costs ~30 s per graph at
+sizes (to n = 8000, beyond the 5-minute default budget: dense eigh alone costs ~30 s per graph at
 n = 6000 and ~1 min at 8000 on one thread) are run by the standalone command
 
-    python -m stages.l2g_net.scaling --sizes 1000 2000 3000 4000 5000 6000 --jobs 2 --memory-sizes 1 \\
-        --out reports/l2g_net/scaling_large.json
+    python -m stages.l2g_net.scaling --sizes 1000 2000 3000 4000 5000 6000 7000 8000 --jobs 2 \\
+        --memory-sizes 1 --out reports/studies/l2g_net_scaling_large.json
 
-whose JSON (and the markdown table next to it, ``scaling_large.md``) is committed with the report;
-the report stage does not read it (it is not a DVC dependency), it only links to it.
+whose JSON (and the markdown table next to it) is committed; it lives outside reports/l2g_net/
+because the report stage replaces that folder as a whole. The report stage does not read it (it is
+not a DVC dependency), it only links to it.
 """
 from __future__ import annotations
 
