@@ -3,8 +3,9 @@
 Each core module is mutated on its own and checked only against its own tests, in a scratch copy
 of the checkout (mutmut rewrites sources under ``mutants/``). The kill rate per module is printed
 and written to ``reports/mutation.json``; the README's table is copied from it. Goal: >= 80% per
-module. Equivalent mutants (a change that cannot alter behaviour) are listed by name in
-``EQUIVALENT`` with the reason, and not counted.
+module. The registry lives beside each paper's tests, in ``tests/<area>/mutation.json`` (the module, the
+pytest args selecting its own tests, and its equivalent mutants: a change that cannot alter behaviour,
+listed by name with the reason and not counted).
 
     python -m tests.mutation                          # every module in CORE
     python -m tests.mutation stages/common/claims.py  # one module
@@ -13,7 +14,9 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import fcntl
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -22,24 +25,38 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 
-# core module -> the tests that own it
-CORE: dict[str, list[str]] = {
-    "stages/common/claims.py": ["tests/common/test_claims_and_reporting.py"],
-    "stages/l2g_net/gft.py": ["tests/l2g_net/test_gft.py", "tests/l2g_net/test_gft_inputs.py"],
-    "stages/cv_stability/stability.py": ["tests/cv_stability/test_method.py", "tests/cv_stability/test_identities.py"],
-    "stages/reversal_curse/measures.py": ["tests/reversal_curse"],
-    "stages/fair_bandits/scm.py": ["tests/fair_bandits/test_scm.py", "tests/fair_bandits/test_scm_world.py"],
-    "stages/unembed_rank/geometry.py": ["tests/unembed_rank"],
-    "stages/opus/selection.py": ["tests/opus/test_selection.py", "tests/opus/test_selection_math.py",
-                                 "tests/opus/test_selection_brute.py"],
-    "stages/induction/semantics.py": ["tests/induction/test_semantics.py"],
-    "stages/sciql/algos.py": ["tests/sciql"],
-    "stages/ftrl_potential/dynamics.py": ["tests/ftrl_potential"],
-    "stages/backdoor_awareness/method.py": ["tests/backdoor_awareness"],
-}
+def load_registry(root: Path = ROOT) -> tuple[dict[str, list[str]], dict[str, str]]:
+    """Core modules and their equivalent mutants, from every ``tests/<area>/mutation.json``.
 
-# "<module>::<mutant name>": why it cannot change behaviour
-EQUIVALENT: dict[str, str] = {}
+    Each file belongs to its paper's test folder::
+
+        {"modules": {"stages/<slug>/<module>.py": {
+            "tests": ["tests/<slug>/test_x.py", "-k", "not smoke"],   # pytest args: that module's own tests
+            "equivalent": {"<mutant name>": "why this change cannot alter behaviour"}}}}
+    """
+    core: dict[str, list[str]] = {}
+    equivalent: dict[str, str] = {}
+    for path in sorted((root / "tests").glob("*/mutation.json")):
+        rel = path.relative_to(root)
+        try:
+            modules = json.loads(path.read_text())["modules"]
+        except (ValueError, KeyError, TypeError) as exc:
+            raise SystemExit(f"error: {rel}: not a mutation registry ({exc})") from None
+        for module, entry in modules.items():
+            if module in core:
+                raise SystemExit(f"error: {rel}: {module} is registered twice")
+            if not (root / module).is_file() or not entry.get("tests"):
+                raise SystemExit(f"error: {rel}: {module}: no such module, or no tests listed")
+            core[module] = list(entry["tests"])
+            for name, why in (entry.get("equivalent") or {}).items():
+                if not str(why).strip():
+                    raise SystemExit(f"error: {rel}: equivalent mutant {name} has no reason")
+                equivalent[f"{module}::{name}"] = why
+    return core, equivalent
+
+
+# core module -> the pytest args selecting the tests that own it; "<module>::<mutant>" -> why equivalent
+CORE, EQUIVALENT = load_registry()
 
 
 def _copy_checkout(dest: Path) -> None:
@@ -61,18 +78,26 @@ def run_module(module: str, tests: list[str], workdir: Path) -> dict:
                   f"source_paths = [\"{module}\"]\n"
                   "also_copy = [\"stages\", \"kernels\", \"flows\", \"params.yaml\", \"tests\"]\n"
                   f"pytest_add_cli_args_test_selection = {json.dumps(tests)}\n"
-                  "pytest_add_cli_args = [\"-x\", \"-q\", \"-p\", \"no:cacheprovider\", \"-o\", \"addopts=\"]\n")
+                  "pytest_add_cli_args = [\"-x\", \"-q\", \"-p\", \"no:cacheprovider\", \"-o\", \"addopts=\"]\n"
+                  # workers fork from a server that has only collected the tests: polars' and torch's thread
+                  # pools are not fork-safe, and a child forked after they started hangs on a futex until
+                  # the wall limit, which mutmut reads as a "timeout" (counted as killed)
+                  "process_isolation = \"forkserver\"\n")
     (work / "pyproject.toml").write_text(pyproject)
-    env = {**__import__("os").environ, "TRITON_INTERPRET": "1", "WANDB_MODE": "disabled"}
+    # one OpenMP/MKL thread: mutmut forks a worker per mutant from a process that already ran torch, and a
+    # forked child of a process whose OpenMP pool was started can hang (then it is misread as a timeout)
+    env = {**os.environ, "TRITON_INTERPRET": "1", "WANDB_MODE": "disabled", "OMP_NUM_THREADS": "1",
+           "MKL_NUM_THREADS": "1"}
     with open(work / "mutmut.log", "w") as log:  # kept with --keep: why mutants were "not run"
         subprocess.run([sys.executable, "-m", "mutmut", "run", "--max-children", "2"], cwd=work, env=env,
                        stdout=log, stderr=subprocess.STDOUT)
-    counts = {"killed": 0, "survived": 0, "timeout": 0, "other": 0}
+    counts = {"killed": 0, "survived": 0, "timeout": 0, "other": 0, "equivalent": 0}
     survivors = []
     for meta in (work / "mutants").rglob("*.meta"):
         data = json.loads(meta.read_text())
         for name, code in (data.get("exit_code_by_key") or {}).items():
             if f"{module}::{name}" in EQUIVALENT:
+                counts["equivalent"] += 1
                 continue
             if code == 1 or code == 3:
                 counts["killed"] += 1
@@ -88,28 +113,54 @@ def run_module(module: str, tests: list[str], workdir: Path) -> dict:
     return {"module": module, **counts, "kill_rate": round(rate, 3), "survivors": sorted(survivors)}
 
 
+def table(results: dict) -> str:
+    rows = ["| core module | kill rate (killed + timeouts) / decided | killed | timeouts | survivors | equivalent | not run |",
+            "| --- | --- | --- | --- | --- | --- | --- |"]
+    for module in sorted(set(CORE) | set(results)):
+        r = results.get(module)
+        if r is None:
+            rows.append(f"| `{module}` | not measured yet | | | | | |")
+            continue
+        decided = r["killed"] + r["timeout"] + r["survived"]
+        rows.append(f"| `{module}` | {r['kill_rate']:.0%} ({r['killed'] + r['timeout']}/{decided}) | {r['killed']} | "
+                    f"{r['timeout']} | {r['survived']} | {r.get('equivalent', 0)} | {r['other']} |")
+    return "\n".join(rows)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m tests.mutation", description=__doc__.splitlines()[0])
     parser.add_argument("modules", nargs="*", help="core modules (default: all of CORE)")
     parser.add_argument("--keep", metavar="DIR", help="keep the scratch checkouts (mutants, mutmut.log) under DIR")
+    parser.add_argument("--table", action="store_true", help="print the README's kill-rate table from reports/mutation.json")
     args = parser.parse_args(argv)
+    out = ROOT / "reports" / "mutation.json"
+    if args.table:
+        print(table(json.loads(out.read_text())))
+        return 0
     modules = args.modules or list(CORE)
     unknown = [m for m in modules if m not in CORE]
     if unknown:
         print(f"error: {unknown[0]}: not a core module (known: {', '.join(CORE)})", file=sys.stderr)
         return 2
-    out = ROOT / "reports" / "mutation.json"
     if args.keep:
         Path(args.keep).mkdir(parents=True, exist_ok=True)
+    status = 0
     with (contextlib.nullcontext(args.keep) if args.keep else tempfile.TemporaryDirectory(prefix="mutants-")) as tmp:
         for module in modules:
             res = run_module(module, CORE[module], Path(tmp))
+            if res["killed"] + res["timeout"] + res["survived"] == 0:  # interrupted, or no test ran: no rate
+                print(f"error: {module}: mutmut decided no mutant (see mutmut.log with --keep); nothing recorded",
+                      file=sys.stderr)
+                status = 1
+                continue
             print(f"{module}: {res['kill_rate']:.0%} killed ({res['killed']} killed, {res['timeout']} timeout, "
                   f"{res['survived']} survived, {res['other']} not run)", flush=True)
-            previous = json.loads(out.read_text()) if out.exists() else {}
-            previous[module] = res  # written after each module: a long run keeps what it finished
-            out.write_text(json.dumps(previous, indent=2, sort_keys=True) + "\n")
-    return 0
+            with open(out.with_suffix(".lock"), "w") as lock:  # several runs may finish at once
+                fcntl.flock(lock, fcntl.LOCK_EX)
+                previous = json.loads(out.read_text()) if out.exists() else {}
+                previous[module] = res  # written after each module: a long run keeps what it finished
+                out.write_text(json.dumps(previous, indent=2, sort_keys=True) + "\n")
+    return status
 
 
 if __name__ == "__main__":

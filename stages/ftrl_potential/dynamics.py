@@ -64,6 +64,8 @@ def multi_fp_hitting_time(payoffs, eps: float, cap: int) -> tuple[int, list[floa
     T = check_identical_interest(payoffs).numpy() if not isinstance(payoffs, np.ndarray) else payoffs
     if eps <= 0:
         raise GameError(f"eps: must be > 0 (got {eps})")
+    if len(set(T.shape)) != 1:
+        raise GameError(f"payoffs: every player needs the same number of actions (shape {tuple(T.shape)})")
     N, m = T.ndim, T.shape[0]
     U = np.zeros((N, m))
     phis = []
