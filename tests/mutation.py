@@ -91,39 +91,53 @@ def run_module(module: str, tests: list[str], workdir: Path) -> dict:
     with open(work / "mutmut.log", "w") as log:  # kept with --keep: why mutants were "not run"
         subprocess.run([sys.executable, "-m", "mutmut", "run", "--max-children", "2"], cwd=work, env=env,
                        stdout=log, stderr=subprocess.STDOUT)
-    counts = {"killed": 0, "survived": 0, "timeout": 0, "other": 0, "equivalent": 0}
-    survivors = []
+    return score(module, work)
+
+
+def score(module: str, work: Path) -> dict:
+    """The result of a finished mutmut run in ``work`` (its mutants/**/*.meta), equivalents left out."""
+    counts = {"killed": 0, "timeout": 0, "survived": 0, "no_tests": 0, "other": 0, "equivalent": 0}
+    survivors, uncovered = [], []
     for meta in (work / "mutants").rglob("*.meta"):
         data = json.loads(meta.read_text())
         for name, code in (data.get("exit_code_by_key") or {}).items():
             if f"{module}::{name}" in EQUIVALENT:
                 counts["equivalent"] += 1
                 continue
-            if code == 1 or code == 3:
-                counts["killed"] += 1
-            elif code == 0:
-                counts["survived"] += 1
+            kind = EXIT_KIND.get(code, "other")
+            counts[kind] += 1
+            if kind == "survived":
                 survivors.append(name)
-            elif code in (-24, 24, 36, 152, 255):
-                counts["timeout"] += 1
-            else:
-                counts["other"] += 1
-    decided = counts["killed"] + counts["survived"] + counts["timeout"]
-    rate = (counts["killed"] + counts["timeout"]) / decided if decided else float("nan")
-    return {"module": module, **counts, "kill_rate": round(rate, 3), "survivors": sorted(survivors)}
+            elif kind == "no_tests":
+                uncovered.append(name)
+    return {"module": module, **counts, "kill_rate": kill_rate(counts), "survivors": sorted(survivors),
+            "uncovered": sorted(uncovered)}
+
+
+# mutmut's exit codes (mutmut.stats.status_by_exit_code). Its score is (killed + timeout) / (all - skipped):
+# a mutant no selected test executes ("no tests") counts against the module, as here. "other" (skipped,
+# not checked, interrupted, killed by a signal other than the CPU limit) is reported and left out.
+EXIT_KIND = {1: "killed", 3: "killed", 37: "killed", 0: "survived", 5: "no_tests", 33: "no_tests",
+             -24: "timeout", 24: "timeout", 36: "timeout", 152: "timeout", 255: "timeout"}
+
+
+def kill_rate(r: dict) -> float:
+    decided = r["killed"] + r["timeout"] + r["survived"] + r.get("no_tests", 0)
+    return round((r["killed"] + r["timeout"]) / decided, 3) if decided else float("nan")
 
 
 def table(results: dict) -> str:
-    rows = ["| core module | kill rate (killed + timeouts) / decided | killed | timeouts | survivors | equivalent | not run |",
-            "| --- | --- | --- | --- | --- | --- | --- |"]
+    rows = ["| core module | kill rate: (killed + timeouts) / (decided + no test) | killed | timeouts | survived | "
+            "no test covers it | equivalent (listed) | left out |",
+            "| --- | --- | --- | --- | --- | --- | --- | --- |"]
     for module in sorted(set(CORE) | set(results)):
         r = results.get(module)
         if r is None:
-            rows.append(f"| `{module}` | not measured yet | | | | | |")
+            rows.append(f"| `{module}` | not measured yet | | | | | | |")
             continue
-        decided = r["killed"] + r["timeout"] + r["survived"]
-        rows.append(f"| `{module}` | {r['kill_rate']:.0%} ({r['killed'] + r['timeout']}/{decided}) | {r['killed']} | "
-                    f"{r['timeout']} | {r['survived']} | {r.get('equivalent', 0)} | {r['other']} |")
+        total = r["killed"] + r["timeout"] + r["survived"] + r["no_tests"]
+        rows.append(f"| `{module}` | {r['kill_rate']:.0%} ({r['killed'] + r['timeout']}/{total}) | {r['killed']} | "
+                    f"{r['timeout']} | {r['survived']} | {r['no_tests']} | {r.get('equivalent', 0)} | {r['other']} |")
     return "\n".join(rows)
 
 
@@ -131,6 +145,8 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m tests.mutation", description=__doc__.splitlines()[0])
     parser.add_argument("modules", nargs="*", help="core modules (default: all of CORE)")
     parser.add_argument("--keep", metavar="DIR", help="keep the scratch checkouts (mutants, mutmut.log) under DIR")
+    parser.add_argument("--rescore", metavar="DIR", help="record the result of a run kept with --keep DIR again "
+                        "(after editing the equivalent list) without re-running mutmut")
     parser.add_argument("--table", action="store_true", help="print the README's kill-rate table from reports/mutation.json")
     args = parser.parse_args(argv)
     out = ROOT / "reports" / "mutation.json"
@@ -147,14 +163,15 @@ def main(argv: list[str] | None = None) -> int:
     status = 0
     with (contextlib.nullcontext(args.keep) if args.keep else tempfile.TemporaryDirectory(prefix="mutants-")) as tmp:
         for module in modules:
-            res = run_module(module, CORE[module], Path(tmp))
-            if res["killed"] + res["timeout"] + res["survived"] == 0:  # interrupted, or no test ran: no rate
+            res = (score(module, Path(args.rescore) / Path(module).stem) if args.rescore
+                   else run_module(module, CORE[module], Path(tmp)))
+            if res["killed"] + res["timeout"] + res["survived"] + res["no_tests"] == 0:  # interrupted: no rate
                 print(f"error: {module}: mutmut decided no mutant (see mutmut.log with --keep); nothing recorded",
                       file=sys.stderr)
                 status = 1
                 continue
             print(f"{module}: {res['kill_rate']:.0%} killed ({res['killed']} killed, {res['timeout']} timeout, "
-                  f"{res['survived']} survived, {res['other']} not run)", flush=True)
+                  f"{res['survived']} survived, {res['no_tests']} no test, {res['other']} left out)", flush=True)
             with open(out.with_suffix(".lock"), "w") as lock:  # several runs may finish at once
                 fcntl.flock(lock, fcntl.LOCK_EX)
                 previous = json.loads(out.read_text()) if out.exists() else {}
