@@ -18,6 +18,8 @@ def singular_values(w: torch.Tensor) -> torch.Tensor:
 
 def erank(w: torch.Tensor, kind: Literal["sigma", "sigma2"] = "sigma") -> float:
     """exp of the Shannon entropy of the normalized singular-value distribution."""
+    if kind not in ("sigma", "sigma2"):
+        raise ValueError(f"kind: must be 'sigma' or 'sigma2' (got {kind!r})")
     s = singular_values(w)
     s = s.pow(2) if kind == "sigma2" else s
     if float(s.sum()) <= 0:

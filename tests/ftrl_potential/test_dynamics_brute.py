@@ -132,11 +132,11 @@ def test_starts_and_run_arm_build_tensors_on_the_inputs_device(monkeypatch):
         return {}
 
     monkeypatch.setattr("stages.ftrl_potential.dynamics.ftrl_run", spy)
-    A = torch.zeros(2, 3, 3, dtype=torch.float32, device="meta")
+    A = torch.zeros(2, 3, 3, dtype=torch.float64, device="meta")   # not torch's default dtype (float32)
     run_arm(Arm(name="a", reg="logbarrier", eta=0.4, schedule="sqrt", alternating=True), A, 0.03, 9, ux, uy,
             KernelRecord("cpu"), every=3)
     for v in (seen["eta"], seen["eps"]):
-        assert v.device.type == "meta" and v.dtype == torch.float32 and v.shape == (2,)
+        assert v.device.type == "meta" and v.dtype == torch.float64 and v.shape == (2,)
     assert (seen["cap"], seen["reg"], seen["schedule"], seen["alternating"], seen["every"]) == (
         9, "logbarrier", "sqrt", True, 3)
     assert seen["backend"] == KernelRecord("cpu").backend
