@@ -96,6 +96,6 @@ def additivity_r2(y: np.ndarray, a: np.ndarray, b: np.ndarray, n_objects: int, t
     X[np.arange(len(a)), a] = 1.0
     X[np.arange(len(a)), n_objects + b] = 1.0
     fit = Ridge(alpha=alpha).fit(X[~test_mask], y[~test_mask])
-    pred = fit.predict(X[test_mask])
+    pred = fit.predict(X[test_mask]).reshape(y[test_mask].shape)   # sklearn returns (n,) for a (n, 1) target
     sst = ((y[test_mask] - y.mean(0)) ** 2).sum()
     return float(1 - ((y[test_mask] - pred) ** 2).sum() / max(sst, 1e-12))
