@@ -76,7 +76,7 @@ class BatchLoader:
 
 def forward_seqs(prompts: torch.Tensor, resp: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """[prompt SEP response] with the loss on the response tokens."""
-    sep = torch.full((prompts.shape[0], 1), SEP, dtype=torch.long)
+    sep = torch.full((prompts.shape[0], 1), SEP, dtype=torch.long, device=prompts.device)
     x = torch.cat([prompts, sep, resp], 1)
     m = torch.zeros_like(x)
     m[:, -resp.shape[1]:] = 1
