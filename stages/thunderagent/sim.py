@@ -175,6 +175,10 @@ class Simulator:
                 raise RuntimeError("simulation did not finish within max_events (livelock?)")
             if all(p.phase == "done" for p in self.P) and not any(b.running for b in self.B):
                 break
+        stuck = [p.prog.id for p in self.P if p.phase != "done"]
+        if stuck:  # e.g. a call whose context outgrows one backend's KV pool: it can never be admitted
+            raise RuntimeError(f"simulation stalled with {len(stuck)} unfinished programs (first: {stuck[0]!r}); "
+                               "a request needs more KV than one backend holds")
         return self.summary()
 
     def _advance_clock(self, t: float) -> None:
@@ -377,8 +381,9 @@ class Simulator:
         t0 = sum(self.P[r.pid].ctx + self.P[r.pid].gen for r in b.running)
         rem = min(self.P[r.pid].prog.steps[self.P[r.pid].idx].decode_tokens - self.P[r.pid].gen for r in b.running)
         k = min(rem, self.sc.max_chunk_iters, free // n)
-        if self.events:
-            k = min(k, self.cost.iters_within(self.events[0][0] - self.now, n, t0))
+        if self.events:  # cut at the next event; the first iteration also carries this chunk's prefill
+            pre = self.cost.p * prefill + self.cost.q * prefill_ctx
+            k = min(k, self.cost.iters_within(self.events[0][0] - self.now - pre, n, t0))
         k = max(1, k)
         dt = self.cost.chunk_time(k, n, t0, prefill, prefill_ctx)
         if self.trace is not None:

@@ -1,0 +1,443 @@
+"""model.py (BRepGround-mini, its baselines, the grounding metrics, the program-model encodings and the GRPO
+rollout mask) against hand-made primitives, hand-worked numbers and an independent functional forward.
+No CAD kernel calls: primitives are built by hand (attributes only), so these tests are fast."""
+from __future__ import annotations
+
+import json
+import math
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+
+from stages.futurecad import cad
+from stages.futurecad.model import (BOS, EOS, PAD, TPAD, TUNK, UNK, BRepGround, GroundLoader, GroundModule, RowLoader,
+                                    ScriptPolicy, SFTModule, build_program_vocab, build_vocab, crop_batch,
+                                    decode_script, desc_tokens, encode_prompt, encode_query, encode_script,
+                                    keyword_rule, label_matrix, np_seed, pad_parts, predict, sample_scripts,
+                                    set_metrics, type_only)
+
+
+# ------------------------------------------------------------------------------------ hand-made primitives
+def _prims() -> cad.Primitives:
+    E = [("LINE", "top", False, True, 0.0),      # 0 straight top
+         ("LINE", "span", True, True, 0.0),      # 1 vertical outer
+         ("CIRCLE", "top", False, False, 3.0),   # 2
+         ("CIRCLE", "top", False, False, 5.0),   # 3
+         ("LINE", "bottom", False, True, 0.0),   # 4
+         ("CIRCLE", "bottom", False, False, 3.0),  # 5
+         ("LINE", "middle", False, False, 0.0),  # 6
+         ("CIRCLE", "middle", False, False, 2.0),  # 7
+         ("LINE", "span", True, False, 0.0)]     # 8 vertical inner (not on the sides)
+    Fa = [("PLANE", "top", "up"), ("PLANE", "bottom", "down"), ("CYLINDER", "span", "side"),
+          ("PLANE", "middle", "up"), ("PLANE", "span", "side")]
+    eattr = [{"type": t, "level": lv, "vertical": v, "outer": o, "radius": r} for t, lv, v, o, r in E]
+    fattr = [{"type": t, "level": lv, "facing": fc} for t, lv, fc in Fa]
+    return cad.Primitives(np.zeros((5, cad.UV * cad.UV, cad.FACE_CH), np.float32),
+                          np.zeros((9, cad.CURVE, cad.EDGE_CH), np.float32),
+                          [a["type"] for a in fattr], [a["type"] for a in eattr], fattr, eattr)
+
+
+@pytest.mark.parametrize("query,prim,ids", [
+    ("fillet the circular edges on the top", "edges", [2, 3]),
+    ("fillet the largest circular edges on the top", "edges", [2, 3]),      # size words are not parsed
+    ("fillet the circular edges on the bottom", "edges", [5]),
+    ("fillet the circular edges at the step level", "edges", [7]),
+    ("fillet the vertical straight edges on the sides", "edges", [1]),
+    ("fillet the vertical edges on the top", "edges", [1]),                 # vertical ignores the place
+    ("chamfer the straight edges on the bottom", "edges", [4]),
+    ("chamfer the straight edges at the step level", "edges", [6]),
+    ("chamfer the straight edges on the sides", "edges", [0]),              # "sides" only for vertical → top
+    ("chamfer the round edges on the top", "edges", [0]),                  # unknown type word → straight
+    ("chamfer the edges from top to bottom", "edges", [0]),                 # "top" is checked first
+    ("select the planar faces on the top", "faces", [0]),
+    ("shell the planar faces on the bottom", "faces", [1]),
+    ("select the planar faces at the step level", "faces", [3]),
+    ("select the planar faces on the sides", "faces", [0]),
+    ("select the cylindrical faces on the sides", "faces", [2]),
+    ("select the cylindrical faces on the top", "faces", [2]),
+    ("select the face on the top", "faces", [0]),
+    ("select the flat surfaces at the step level", "edges", [6]),          # paraphrase: no "faces" word
+])
+def test_keyword_rule_hand_sets(query, prim, ids):
+    assert keyword_rule(query, _prims()) == (prim, ids)
+
+
+@pytest.mark.parametrize("query,prim,ids", [
+    ("fillet the circular edges on the top", "edges", [2, 3, 5, 7]),
+    ("fillet the straight edges on the top", "edges", [0, 1, 4, 6, 8]),
+    ("fillet the round edges", "edges", [0, 1, 4, 6, 8]),
+    ("select the cylindrical faces", "faces", [2]),
+    ("select the planar face on the top", "faces", [0, 1, 3, 4]),
+])
+def test_type_only_hand_sets(query, prim, ids):
+    assert type_only(query, _prims()) == (prim, ids)
+
+
+def test_set_metrics_hand_values():
+    assert set_metrics({1, 2}, {2, 3}) == (0.0, 0.5)
+    assert set_metrics({1, 2, 3}, {1, 2, 3}) == (1.0, 1.0)
+    assert set_metrics(set(), set()) == (1.0, 1.0)                           # empty selection of nothing: exact
+    assert set_metrics(set(), {4}) == (0.0, 0.0) and set_metrics({4}, set()) == (0.0, 0.0)
+    ex, f1 = set_metrics({1, 2, 3, 4}, {4, 5})                               # tp 1: 2·1 / (4 + 2)
+    assert ex == 0.0 and f1 == pytest.approx(1 / 3, rel=1e-12)
+
+
+# ------------------------------------------------------------------------------------ vocab, labels, padding
+def test_vocab_and_query_encoding():
+    v = build_vocab(["Fillet the TOP edges", "the bottom : faces"])
+    assert v == ["<pad>", "<unk>", ":", "bottom", "edges", "faces", "fillet", "the", "top"]
+    vocab = {w: i for i, w in enumerate(v)}
+    assert encode_query("the top zzz edges", vocab, 6) == [7, 8, UNK, 4, PAD, PAD]
+    assert encode_query("the top zzz edges", vocab, 3) == [7, 8, UNK]
+    assert PAD == 0 and UNK == 1
+
+
+def test_label_matrix_offsets():
+    rows = [{"prim": "faces", "target": json.dumps([0, 2])}, {"prim": "edges", "target": json.dumps([1, 4])},
+            {"prim": "edges", "target": "[]"}]
+    y = label_matrix(rows, {}, 3, 5)
+    want = torch.zeros(3, 8)
+    want[0, 0] = want[0, 2] = 1.0
+    want[1, 3 + 1] = want[1, 3 + 4] = 1.0
+    assert torch.equal(y, want)
+
+
+def _part(nf, ne, seed):
+    g = torch.Generator().manual_seed(seed)
+    return {"faces": torch.randn(nf, cad.UV * cad.UV, cad.FACE_CH, generator=g),
+            "edges": torch.randn(ne, cad.CURVE, cad.EDGE_CH, generator=g),
+            "face_type": torch.randint(0, len(cad.FACE_TYPES), (nf,), generator=g),
+            "edge_type": torch.randint(0, len(cad.EDGE_TYPES), (ne,), generator=g)}
+
+
+def test_pad_parts_layout_and_overflow():
+    parts = [_part(2, 3, 0), _part(4, 1, 1)]
+    b = pad_parts(parts, 5, 6)
+    assert b["faces"].shape == (2, 5, cad.UV * cad.UV, cad.FACE_CH) and b["edges"].shape == (2, 6, cad.CURVE, cad.EDGE_CH)
+    assert b["fmask"].tolist() == [[True, True, False, False, False], [True] * 4 + [False]]
+    assert b["emask"].tolist() == [[True] * 3 + [False] * 3, [True] + [False] * 5]
+    assert torch.equal(b["faces"][1, :4], parts[1]["faces"]) and torch.equal(b["edges"][0, :3], parts[0]["edges"])
+    assert float(b["faces"][0, 2:].abs().sum()) == 0.0 and float(b["edges"][1, 1:].abs().sum()) == 0.0
+    assert torch.equal(b["face_type"][1, :4], parts[1]["face_type"]) and int(b["face_type"][0, 2:].sum()) == 0
+    assert torch.equal(b["edge_type"][0, :3], parts[0]["edge_type"]) and b["edge_type"].dtype == torch.long
+    assert b["fmask"].dtype == torch.bool and b["emask"].dtype == torch.bool
+    with pytest.raises(ValueError, match=r"part with 4 faces / 1 edges exceeds the model's 3 / 6"):
+        pad_parts(parts, 3, 6)
+    with pytest.raises(ValueError, match=r"part with 2 faces / 3 edges exceeds the model's 5 / 2"):
+        pad_parts(parts, 5, 2)
+    b = pad_parts([_part(5, 6, 2)], 5, 6)                     # exactly full: allowed
+    assert bool(b["fmask"].all()) and bool(b["emask"].all())
+
+
+def test_crop_batch_drops_unused_slots_and_keeps_labels_aligned():
+    b = pad_parts([_part(2, 3, 0), _part(1, 1, 1)], 4, 5)
+    b["words"] = torch.tensor([[5, 6, 0, 0, 0], [7, 0, 0, 0, 0]])
+    y = torch.arange(2 * 9, dtype=torch.float).reshape(2, 9)   # 4 face slots then 5 edge slots
+    b["y"] = y
+    c = crop_batch(b)
+    assert c["words"].tolist() == [[5, 6], [7, 0]]
+    assert c["faces"].shape[1] == 2 and c["edges"].shape[1] == 3 and c["fmask"].shape == (2, 2)
+    assert c["face_type"].shape == (2, 2) and c["edge_type"].shape == (2, 3) and c["emask"].shape == (2, 3)
+    assert c["y"].tolist() == [[0, 1, 4, 5, 6], [9, 10, 13, 14, 15]]
+    assert torch.equal(c["edges"], b["edges"][:, :3])
+    assert crop_batch(dict(b, rid=torch.tensor([4, 2])))["rid"].tolist() == [4, 2]   # other entries pass through
+    # nothing used at all: one slot each is kept
+    e = {k: v[:, :] for k, v in pad_parts([_part(0, 0, 3)], 3, 2).items()}
+    e["words"] = torch.zeros(1, 4, dtype=torch.long)
+    c = crop_batch(e)
+    assert c["faces"].shape[1] == 1 and c["edges"].shape[1] == 1 and c["words"].shape[1] == 1 and "y" not in c
+
+
+# ------------------------------------------------------------------------------------ BRepGround forward
+def _ref_forward(net: BRepGround, words, faces, edges, ftype, etype, fmask, emask):
+    """Independent functional forward written from the module docstring, with the module's weights."""
+    B, W = words.shape
+    Fn, En = faces.shape[1], edges.shape[1]
+    fe, ee = net.face_enc, net.edge_enc
+    t = net.word.weight[words] + net.wpos.weight[:W][None]
+    t = net.text(t, src_key_padding_mask=words == PAD)
+    g = faces.reshape(B * Fn, cad.UV, cad.UV, cad.FACE_CH).permute(0, 3, 1, 2)
+    g = F.gelu(F.conv2d(F.gelu(F.conv2d(g, fe[0].weight, fe[0].bias, padding=1)), fe[2].weight, fe[2].bias, padding=1))
+    f = g.amax(dim=(2, 3)).reshape(B, Fn, -1) + net.ftype.weight[ftype] + net.kind.weight[1]
+    c = edges.reshape(B * En, cad.CURVE, cad.EDGE_CH).permute(0, 2, 1)
+    c = F.gelu(F.conv1d(F.gelu(F.conv1d(c, ee[0].weight, ee[0].bias, padding=1)), ee[2].weight, ee[2].bias, padding=1))
+    e = c.amax(dim=2).reshape(B, En, -1) + net.etype.weight[etype] + net.kind.weight[2]
+    x = torch.cat([t + net.kind.weight[0], f, e], 1)
+    keep = torch.cat([words != PAD, fmask, emask], 1)
+    h = net.fusion(x, src_key_padding_mask=~keep)
+    return (h[:, W:] @ net.head.weight.T + net.head.bias).squeeze(-1)
+
+
+def _net_and_batch(d=16):
+    torch.manual_seed(1)
+    net = BRepGround(11, d=d, heads=2, text_layers=1, fusion_layers=2, max_words=7).eval()
+    b = pad_parts([_part(3, 4, 5), _part(2, 2, 6)], 4, 5)
+    words = torch.tensor([[3, 4, 5, 0, 0, 0], [6, 2, 0, 0, 0, 0]])
+    return net, words, b
+
+
+def test_brepground_matches_functional_reference_and_shapes():
+    net, words, b = _net_and_batch()
+    args = (words, b["faces"], b["edges"], b["face_type"], b["edge_type"], b["fmask"], b["emask"])
+    with torch.no_grad():
+        out = net(*args)
+        ref = _ref_forward(net, *args)
+    assert out.shape == (2, 4 + 5)
+    assert torch.allclose(out, ref, atol=1e-5)
+    # the architecture of the docstring: conv widths/kernels, type and kind tables, pre-norm encoders, FF 2·d
+    assert net.face_enc[0].weight.shape == (32, cad.FACE_CH, 3, 3) and net.face_enc[2].weight.shape == (16, 32, 3, 3)
+    assert net.edge_enc[0].weight.shape == (32, cad.EDGE_CH, 3) and net.edge_enc[2].weight.shape == (16, 32, 3)
+    assert net.ftype.weight.shape == (3, 16) and net.etype.weight.shape == (3, 16) and net.kind.weight.shape == (3, 16)
+    assert net.wpos.weight.shape == (7, 16) and net.word.weight.shape == (11, 16) and net.head.weight.shape == (1, 16)
+    for enc, n in ((net.text, 1), (net.fusion, 2)):
+        assert len(enc.layers) == n
+        lay = enc.layers[0]
+        assert lay.linear1.weight.shape == (32, 16) and lay.norm_first and lay.self_attn.batch_first
+        assert lay.self_attn.num_heads == 2 and lay.dropout.p == 0.0 and lay.dropout1.p == 0.0
+    # dropout 0: train mode gives the same output
+    net.train()
+    with torch.no_grad():
+        assert torch.allclose(net(*args), out, atol=1e-5)
+
+
+def test_default_architecture_and_optimizer():
+    net = BRepGround(13)
+    assert net.word.weight.shape == (13, 64) and net.wpos.weight.shape == (24, 64)
+    assert len(net.text.layers) == 1 and len(net.fusion.layers) == 2
+    assert net.fusion.layers[1].self_attn.num_heads == 4 and net.text.layers[0].linear2.weight.shape == (64, 128)
+    opt = GroundModule(net, lr=0.01).configure_optimizers()
+    assert opt.param_groups[0]["weight_decay"] == 0.0 and opt.param_groups[0]["lr"] == 0.01
+    assert GroundModule(net, lr=0.01).history == [] and SFTModule(net, 3, 0.1).history == []
+
+
+def test_brepground_padding_is_invisible():
+    net, words, b = _net_and_batch()
+    args = (words, b["faces"], b["edges"], b["face_type"], b["edge_type"], b["fmask"], b["emask"])
+    big = pad_parts([_part(3, 4, 5), _part(2, 2, 6)], 7, 9)
+    big["faces"][:, 4:] = 9.0                                  # garbage in masked slots
+    big["edges"][:, 5:] = -9.0
+    wbig = torch.cat([words, torch.zeros(2, 1, dtype=torch.long)], 1)
+    with torch.no_grad():
+        out = net(*args)
+        out2 = net(wbig, big["faces"], big["edges"], big["face_type"], big["edge_type"], big["fmask"], big["emask"])
+    assert torch.allclose(out[:, :4][b["fmask"]], out2[:, :7][big["fmask"]], atol=1e-5)
+    assert torch.allclose(out[:, 4:][b["emask"]], out2[:, 7:][big["emask"]], atol=1e-5)
+
+
+def test_predict_layout_threshold_and_chunking():
+    net, words, b = _net_and_batch()
+    with torch.no_grad():
+        c = crop_batch({"words": words, **b})
+        logits = net(c["words"], c["faces"], c["edges"], c["face_type"], c["edge_type"], c["fmask"], c["emask"])
+    scores, sel = predict(net, words, b, threshold=0.55)
+    assert scores.shape == (2, 9)
+    nf, ne = c["fmask"].shape[1], c["emask"].shape[1]          # 3 faces, 4 edges used
+    sig = torch.sigmoid(logits)
+    assert torch.allclose(scores[0, :3], sig[0, :3], atol=1e-6) and torch.allclose(scores[0, 4:8], sig[0, nf:], atol=1e-6)
+    assert scores[1, 2].item() == -1.0 and scores[1, 3].item() == -1.0 and scores[0, 3].item() == -1.0
+    assert (scores[1, 4 + 2:] == -1.0).all() and (scores[0, 8:] == -1.0).all()
+    assert torch.allclose(scores[1, :2], sig[1, :2], atol=1e-6) and ne == 4
+    assert torch.equal(sel, scores > 0.55)
+    s1, _ = predict(net, words, b, chunk=1)
+    assert torch.allclose(s1, scores, atol=1e-5) and not net.training
+
+
+def test_ground_module_loss_is_masked_mean_bce():
+    net, words, b = _net_and_batch()
+    c = crop_batch({"words": words, **b})
+    y = (torch.arange(c["fmask"].shape[1] + c["emask"].shape[1]) % 2).float().repeat(2, 1)
+    c["y"] = y
+    m = GroundModule(net, lr=0.003, weight_decay=0.02)
+    logged = []
+    m.log = lambda *a, **k: logged.append((a, k))
+    loss = m.training_step(c, 0)
+    assert logged == [(("ground/loss", loss), {"on_step": True, "prog_bar": False})]
+    logits = net(c["words"], c["faces"], c["edges"], c["face_type"], c["edge_type"], c["fmask"], c["emask"])
+    mask = torch.cat([c["fmask"], c["emask"]], 1)
+    manual = []
+    for i in range(2):
+        for j in range(mask.shape[1]):
+            if mask[i, j]:
+                p = torch.sigmoid(logits[i, j])
+                manual.append(-(y[i, j] * torch.log(p) + (1 - y[i, j]) * torch.log(1 - p)))
+    assert float(loss) == pytest.approx(float(torch.stack(manual).mean()), rel=1e-5)
+    assert m.history == [{"step": 0, "loss": pytest.approx(float(loss))}]
+    opt = m.configure_optimizers()
+    assert isinstance(opt, torch.optim.AdamW)
+    assert opt.param_groups[0]["lr"] == 0.003 and opt.param_groups[0]["weight_decay"] == 0.02
+
+
+def test_ground_loader_batches_are_seeded_rows():
+    b = pad_parts([_part(2, 3, 0), _part(3, 1, 1)], 4, 4)
+    words = torch.tensor([[5, 0, 0, 0], [6, 7, 0, 0], [8, 0, 0, 0]])   # 3 rows × 4 columns
+    y = torch.arange(3 * 8, dtype=torch.float).reshape(3, 8)
+    pidx = torch.tensor([0, 1, 1])
+    L1 = GroundLoader(words, pidx, y, b, batch=5, steps=3, seed=4)
+    assert len(L1) == 3
+    got = list(L1)
+    assert len(got) == 3 and all(x["words"].shape[0] == 5 for x in got)
+    again = list(GroundLoader(words, pidx, y, b, batch=5, steps=3, seed=4))
+    assert all(torch.equal(a["words"], c["words"]) for a, c in zip(got, again))
+    g = torch.Generator().manual_seed(4)
+    i = torch.randint(0, 3, (5,), generator=g)
+    want = crop_batch({"words": words[i], "y": y[i], **{k: v[pidx[i]] for k, v in b.items()}})
+    assert all(torch.equal(got[0][k], want[k]) for k in want)
+
+
+# ------------------------------------------------------------------------------------ program model
+def test_program_vocab_and_prompt_script_encoding():
+    assert desc_tokens("A Box; With hole") == ["a", "box", ";", "with", "hole"]
+    v = build_program_vocab(["box; hole"], ['cq.Workplane("XY").box(2, 3)'])
+    assert v[:4] == ["<pad>", "<bos>", "<eos>", "<unk>"] and v[4:] == sorted(v[4:])
+    assert set(v[4:]) == {"box", ";", "hole", "cq", ".", "Workplane", "(", '"XY"', ")", "2", ",", "3"}
+    vocab = {w: i for i, w in enumerate(v)}
+    # left-padded, the last prompt_len − 1 description tokens, then BOS
+    assert encode_prompt("box ; hole", vocab, 6) == [TPAD, TPAD, vocab["box"], vocab[";"], vocab["hole"], BOS]
+    assert encode_prompt("box ; hole zzz", vocab, 3) == [vocab["hole"], TUNK, BOS]
+    s = encode_script("box ( 2 ) qq", vocab, 8)
+    assert s == [vocab["box"], vocab["("], vocab["2"], vocab[")"], TUNK, EOS, TPAD, TPAD]
+    assert encode_script("box ( 2 ) qq", vocab, 3) == [vocab["box"], vocab["("], EOS]
+    assert decode_script([BOS, vocab["box"], TPAD, vocab["("], vocab["2"], EOS, vocab["3"]], v) == "box ( 2"
+    assert decode_script([vocab["box"], vocab[")"]], v) == "box )"
+    assert (TPAD, BOS, EOS, TUNK) == (0, 1, 2, 3)
+
+
+class _FakeLM(torch.nn.Module):
+    """Logits depend on the last token only: next = table[last]; cache is a list (the shared LM's API)."""
+
+    def __init__(self, table, V):
+        super().__init__()
+        self.table, self.V = table, V
+        self.w = torch.nn.Parameter(torch.zeros(1))
+
+    def new_cache(self):
+        return []
+
+    def forward(self, x, cache=None):
+        logits = torch.full((*x.shape, self.V), -5.0) + self.w
+        for i in range(x.shape[0]):
+            for j in range(x.shape[1]):
+                logits[i, j, self.table[int(x[i, j])]] = 5.0
+        if cache is not None:
+            cache.append(x.shape[1])
+        return logits
+
+
+def test_sample_scripts_greedy_stops_at_eos_then_pads():
+    V = 8
+    table = {0: 4, 1: 4, 4: 5, 5: EOS, EOS: 6, 6: 7, 7: 7, 3: 6}      # after BOS: 4 5 EOS
+    lm = _FakeLM(table, V)
+    prompts = torch.tensor([[0, 3, 1], [0, 0, 3]])                    # row 1 ends in 3: 6 7 7 7 ...
+    out = sample_scripts(lm, prompts, 5, 0.0, None)
+    assert out.tolist() == [[4, 5, EOS, TPAD, TPAD], [6, 7, 7, 7, 7]]
+    out = sample_scripts(lm, prompts[:1], 3, 0.0, None)
+    assert out.tolist() == [[4, 5, EOS]]
+    # sampling at temperature 1 with a generator: reproducible, and probabilities of 5 vs −5 logits
+    g1, g2 = torch.Generator().manual_seed(0), torch.Generator().manual_seed(0)
+    a = sample_scripts(lm, prompts, 4, 1.0, g1)
+    assert torch.equal(a, sample_scripts(lm, prompts, 4, 1.0, g2))
+    cold = sample_scripts(lm, prompts, 4, 0.05, torch.Generator().manual_seed(1))   # near-greedy
+    assert cold.tolist() == [[4, 5, EOS, TPAD], [6, 7, 7, 7]]
+
+
+def test_rollout_mask_up_to_eos_and_token_logprobs():
+    V = 8
+    lm = _FakeLM({0: 4, 1: 4, 4: 5, 5: EOS, EOS: 6, 6: 7, 7: 7, 3: 6}, V)
+    seen = {}
+
+    def logprob_fn(logits, tgt):
+        seen["shapes"] = (tuple(logits.shape), tuple(tgt.shape))
+        return torch.log_softmax(logits, -1).gather(-1, tgt[..., None]).squeeze(-1)
+
+    pol = ScriptPolicy(lm, 3, 4, logprob_fn)
+    torch.manual_seed(0)
+    prompts = torch.tensor([[0, 3, 1, 7], [0, 0, 3, 9]])               # last column: program row id
+    # near-deterministic sampling: force temperature-1 sampling to follow the table by sharp logits
+    lm.w.data.fill_(0.0)
+    roll = pol.rollout(prompts, 2, torch.Generator().manual_seed(0))
+    assert roll["rid"].tolist() == [7, 7, 9, 9]
+    assert roll["tokens"].shape == (4, 3 + 4) and roll["tokens"][:, :3].tolist() == [[0, 3, 1]] * 2 + [[0, 0, 3]] * 2
+    comp = roll["tokens"][:, 3:]
+    for row, m in zip(comp.tolist(), roll["mask"].tolist()):
+        want, ended = [], False
+        for t in row:
+            want.append(0.0 if (ended or t == TPAD) else 1.0)
+            ended = ended or t == EOS
+        assert m == want
+    lp = pol.token_logprobs(roll)
+    assert seen["shapes"] == ((4, 4, V), (4, 4)) and lp.shape == (4, 4)
+    full = lm(roll["tokens"])
+    want = torch.log_softmax(full[:, 2:6], -1).gather(-1, comp[..., None]).squeeze(-1)
+    assert torch.allclose(lp, want)
+
+
+def test_rollout_mask_hand_case():
+    class Fixed(torch.nn.Module):
+        def new_cache(self):
+            return None
+
+    pol = ScriptPolicy(Fixed(), 2, 5, None)
+    import stages.futurecad.model as M
+    orig = M.sample_scripts
+    try:
+        M.sample_scripts = lambda *a, **k: torch.tensor([[5, EOS, 6, TPAD, TPAD], [5, 6, 7, 6, 5], [EOS, 4, 4, 4, 4]])
+        roll = pol.rollout(torch.tensor([[1, 2, 0], [3, 4, 1], [5, 6, 2]]), 1, None)
+    finally:
+        M.sample_scripts = orig
+    assert roll["mask"].tolist() == [[1, 1, 0, 0, 0], [1, 1, 1, 1, 1], [1, 0, 0, 0, 0]]
+    assert roll["tokens"][:, :2].tolist() == [[1, 2], [3, 4], [5, 6]] and roll["rid"].tolist() == [0, 1, 2]
+
+
+def test_sft_loss_is_shifted_cross_entropy_ignoring_pad():
+    V = 8
+    lm = _FakeLM({i: (i + 1) % V for i in range(V)}, V)
+    m = SFTModule(lm, prompt_len=3, lr=0.004)
+    logged = []
+    m.log = lambda *a, **k: logged.append((a, k))
+    x = torch.tensor([[0, 5, BOS, 4, 6, EOS, TPAD], [7, 3, BOS, 2, 3, 4, EOS]])
+    loss = m.training_step(x, 0)
+    assert logged == [(("sft/loss", loss), {"on_step": True})]
+    logits = lm(x[:, :-1])
+    terms = []
+    for i in range(2):
+        for j in range(3, 7):                   # script positions; predicted from position j − 1
+            if int(x[i, j]) != TPAD:
+                terms.append(-torch.log_softmax(logits[i, j - 1], -1)[x[i, j]])
+    assert float(loss) == pytest.approx(float(torch.stack(terms).mean()), rel=1e-6)
+    assert m.history[0]["step"] == 0 and m.history[0]["loss"] == pytest.approx(float(loss))
+    opt = m.configure_optimizers()
+    assert isinstance(opt, torch.optim.AdamW) and opt.param_groups[0]["lr"] == 0.004
+
+
+def test_row_loader_and_np_seed():
+    rows = torch.arange(30).reshape(10, 3)
+    L1 = RowLoader(rows, batch=4, steps=2, seed=9)
+    got = list(L1)
+    assert len(L1) == 2 and len(got) == 2 and got[0].shape == (4, 3)
+    g = torch.Generator().manual_seed(9)
+    assert torch.equal(got[0], rows[torch.randint(0, 10, (4,), generator=g)])
+    assert torch.equal(got[1], rows[torch.randint(0, 10, (4,), generator=g)])
+    assert np_seed(3).integers(1000) == np.random.default_rng(3).integers(1000)
+
+
+class _SoftLM(_FakeLM):
+    """Moderately peaked logits (+1 on the table's token), so the sampling temperature matters."""
+
+    def forward(self, x, cache=None):
+        return super().forward(x, cache) / 5.0 + 1.0
+
+
+def test_rollout_samples_at_temperature_one_with_the_given_generator():
+    lm = _SoftLM({i: (i + 3) % 8 for i in range(8)}, 8)
+    pol = ScriptPolicy(lm, 3, 6, None)
+    prompts = torch.tensor([[0, 3, 1, 7], [0, 0, 3, 9]])
+    torch.manual_seed(123)
+    a = pol.rollout(prompts, 3, torch.Generator().manual_seed(5))
+    torch.manual_seed(999)                                            # the global RNG must not matter
+    b = pol.rollout(prompts, 3, torch.Generator().manual_seed(5))
+    assert torch.equal(a["tokens"], b["tokens"])
+    want = sample_scripts(lm, prompts[:, :3].repeat_interleave(3, 0), 6, 1.0, torch.Generator().manual_seed(5))
+    assert torch.equal(a["tokens"][:, 3:], want)
+    assert a["mask"].dtype == torch.float32
