@@ -270,13 +270,16 @@ class StarKVLM(nn.Module):
                 vl = torch.stack(cache[i][1], 1)  # (B, t+1, Rv)
                 if kl.shape[2] != a.H:  # joint K: one latent shared by every head
                     kl = kl.expand(-1, -1, a.H, -1)
-                if ku.shape[1] > a.D:  # joint K with rank > head_dim: outside the kernel's API
+                if quant is not None:
+                    kq = quantize_latent(kl, *qspec(quant["hi_k"], kl.shape[-1], quant["hi_bits"]))
+                    vq = quantize_latent(vl, *qspec(quant["hi_v"], vl.shape[-1], quant["hi_bits"]))
+                if ku.shape[1] > a.D:  # joint K with rank > head_dim: outside the kernel's API (reference)
+                    if quant is not None:  # the cache is still the quantized one
+                        kl, vl = dequantize_latent(kq), dequantize_latent(vq)
                     y = decode_ref(q, kl, ku, vl, vu, pos, 10000.0)
                 elif quant is None:
                     y = decode(q, kl, ku, vl, vu, pos, 10000.0, backend=backend)
                 else:
-                    kq = quantize_latent(kl, *qspec(quant["hi_k"], kl.shape[-1], quant["hi_bits"]))
-                    vq = quantize_latent(vl, *qspec(quant["hi_v"], vl.shape[-1], quant["hi_bits"]))
                     y = decode_quant(q, kq, ku, vq, vu, pos, 10000.0, backend=backend)
                 if rec is not None:
                     rec.count(name)
