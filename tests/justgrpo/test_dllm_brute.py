@@ -1,0 +1,323 @@
+"""stages/justgrpo/dllm.py on a deterministic toy "dLLM" whose logits are a closed form of the context,
+  logits(x)[i, v] = A[i, v] + s · sin(3 f(x)) · E[i, v],   f(x) = Σ_j [x_j ≠ MASK] (x_j + 1)(j + 1) / 60,
+so that every quantity can be recomputed in plain Python loops: the decode order / committed tokens /
+steps / entropies / log-probs of greedy decoding for several block and tokens-per-step settings, the
+untempered log-probs of tempered (Gumbel-max) decoding and its sampling law, the exact AR likelihood and
+the one-step surrogate, the masked-diffusion pretraining loss, the two RL policies, the reward, greedy
+accuracy on an oracle, and the kernel-call counts. Expected values never come from dllm.py itself."""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+import torch
+
+from kernels.record import KernelCounter
+from stages.common.tiny_transformer import TinyTransformerConfig
+from stages.justgrpo.dllm import (NEG, DLLMPolicy, MaskedDiffusionLM, ar_logprobs, decode, gen_logits,
+                                  greedy_accuracy, onestep_logprobs, reward_fn)
+from stages.justgrpo.task import EOS, HASH, MASK, PLUS, TIMES, VOCAB_SIZE
+
+V = VOCAB_SIZE
+P = 5
+TMAX = 24
+
+
+class Toy(torch.nn.Module):
+    """logits = hidden @ unembed.T with hidden = [onehot(position), sin(3 f(x))·onehot(position)] and
+    unembed = [A^T, s·E^T] (V, 2·TMAX)."""
+
+    def __init__(self, seed=0, scale=1.0, s=2.5):
+        super().__init__()
+        g = torch.Generator().manual_seed(seed)
+        self.A = (scale * torch.randn(TMAX, V, generator=g, dtype=torch.float64)).float()
+        self.E = torch.randn(TMAX, V, generator=g, dtype=torch.float64).float()
+        self.s = s
+        self.unembed = torch.nn.Parameter(torch.cat([self.A.T, s * self.E.T], 1))
+        self.inputs = []
+
+    def hidden(self, x):
+        B, T = x.shape
+        j = torch.arange(T)
+        f = (((x != MASK).float() * (x.float() + 1) * (j + 1).float()).sum(1) / 60.0)            # (B,)
+        h = torch.zeros(B, T, 2 * TMAX)
+        h[:, j, j] = 1.0
+        h[:, j, TMAX + j] = torch.sin(3 * f)[:, None]
+        return h
+
+    def forward(self, x):
+        self.inputs.append(x.clone())
+        return self.hidden(x) @ self.unembed.T
+
+
+def f_py(ctx):
+    return sum((t + 1) * (j + 1) for j, t in enumerate(ctx) if t != MASK) / 60.0
+
+
+def logits_py(toy, ctx, i, exclude_mask=True):
+    f = math.sin(3 * f_py(ctx))
+    out = [float(toy.A[i, v]) + toy.s * f * float(toy.E[i, v]) for v in range(V)]
+    if exclude_mask:
+        out[MASK] = -1.0e4
+    return out
+
+
+def logsoftmax_py(lg):
+    m = max(lg)
+    lse = m + math.log(sum(math.exp(z - m) for z in lg))
+    return [z - lse for z in lg]
+
+
+def entropy_py(lg):
+    ls = logsoftmax_py(lg)
+    return -sum(math.exp(z) * z for z in ls)
+
+
+def decode_py(toy, prompt, L, block, k):
+    """Greedy LLaDA decoding by hand: per block, per step, every masked position of the block proposes its
+    argmax; the k most confident (softmax prob of the proposal) are committed together."""
+    x = list(prompt) + [MASK] * L
+    step_of, logp, ent = [-1] * L, [0.0] * L, [0.0] * L
+    s = 0
+    for b0 in range(0, L, block):
+        b1 = min(b0 + block, L)
+        while any(x[P + i] == MASK for i in range(b0, b1)):
+            cand = []
+            for i in range(b0, b1):
+                if x[P + i] == MASK:
+                    lg = logits_py(toy, x, P + i)
+                    ls = logsoftmax_py(lg)
+                    j = max(range(V), key=lambda v: lg[v])
+                    cand.append((math.exp(ls[j]), i, j, ls[j], entropy_py(lg)))
+            cand.sort(key=lambda c: -c[0])
+            for _, i, j, lp, en in cand[:min(k, len(cand))]:
+                x[P + i], step_of[i], logp[i], ent[i] = j, s, lp, en
+            s += 1
+    return x[P:], step_of, logp, ent, s
+
+
+class Rec:
+    backend = "torch"
+
+    def __init__(self):
+        self.calls = []
+
+    def count(self, name, n):
+        self.calls.append((name, n))
+
+
+PROMPTS = torch.tensor([[3, PLUS, 4, TIMES, 1], [0, PLUS, 0, PLUS, 0], [4, TIMES, 4, TIMES, 4]])
+
+
+def test_gen_logits_excludes_only_the_mask_token():
+    toy = Toy(1)
+    x = torch.tensor([[1, 2, MASK, 3, 4, MASK, 9]])
+    raw = toy(x)
+    out = gen_logits(toy, x)
+    assert NEG == -1.0e4 and (out[..., MASK] == -1.0e4).all()
+    keep = [v for v in range(V) if v != MASK]
+    assert torch.equal(out[..., keep], raw[..., keep])
+    sl = gen_logits(toy, x, slice(3, None))
+    assert sl.shape == (1, 4, V) and torch.equal(sl[..., keep], raw[:, 3:][..., keep])
+
+
+@pytest.mark.parametrize("L,block,k", [(7, 1, 1), (7, 7, 1), (7, 3, 2), (7, 7, 3), (6, 4, 4), (5, 2, 1)])
+def test_greedy_decode_matches_hand_simulation(L, block, k):
+    toy = Toy(2)
+    rec = Rec()
+    gen, info = decode(toy, PROMPTS, L, block, k, 0.0, None, KernelCounter(rec))
+    n_steps = None
+    for b in range(PROMPTS.shape[0]):
+        g, st, lp, en, n = decode_py(toy, PROMPTS[b].tolist(), L, block, k)
+        assert gen[b].tolist() == g and info["step"][b].tolist() == st, (b, g, st)
+        assert info["logp"][b].tolist() == pytest.approx(lp, abs=2e-4)
+        assert info["entropy"][b].tolist() == pytest.approx(en, abs=2e-4)
+        n_steps = n
+    assert info["n_steps"] == n_steps and rec.calls == [("token_logprob", 1)] * n_steps
+    assert gen.dtype == PROMPTS.dtype and info["step"].dtype == torch.long
+
+
+def test_decode_with_one_token_blocks_is_left_to_right_and_k_is_capped():
+    toy = Toy(3)
+    _, info = decode(toy, PROMPTS[:2], 6, 1, 5, 0.0)
+    assert info["step"].tolist() == [list(range(6))] * 2 and info["n_steps"] == 6
+    _, info = decode(toy, PROMPTS[:2], 6, 6, 6, 0.0)                  # all at once: one step
+    assert info["step"].tolist() == [[0] * 6] * 2 and info["n_steps"] == 1
+
+
+def test_tempered_decode_samples_softmax_over_T_and_scores_untempered():
+    toy = Toy(4, scale=0.5)
+    B = 20000
+    p = PROMPTS[:1].expand(B, P).clone()
+    g = torch.Generator().manual_seed(0)
+    gen, info = decode(toy, p, 1, 1, 1, 0.5, g)
+    freq = np.bincount(gen[:, 0].numpy(), minlength=V) / B
+    lg = logits_py(toy, p[0].tolist() + [MASK], P)
+    want = np.exp(logsoftmax_py([z / 0.5 for z in lg]))                 # softmax(l / T), MASK excluded
+    assert freq[MASK] == 0 and np.abs(freq - want).max() < 0.015, (freq, want)
+    untempered = logsoftmax_py(lg)
+    assert info["logp"][:50, 0].tolist() == pytest.approx([untempered[t] for t in gen[:50, 0].tolist()], abs=1e-4)
+    assert info["entropy"][0, 0].item() == pytest.approx(entropy_py(lg), abs=1e-4)
+
+
+def test_tempered_decode_logp_entropy_in_their_decoding_context():
+    toy = Toy(5, scale=1.0)
+    p = PROMPTS
+    g = torch.Generator().manual_seed(3)
+    gen, info = decode(toy, p, 6, 6, 2, 0.7, g)
+    assert info["n_steps"] == 3
+    for b in range(p.shape[0]):
+        st = info["step"][b].tolist()
+        assert sorted(st) == [0, 0, 1, 1, 2, 2]
+        for i in range(6):
+            ctx = p[b].tolist() + [gen[b, j].item() if st[j] < st[i] else MASK for j in range(6)]
+            lg = logits_py(toy, ctx, P + i)
+            assert info["logp"][b, i].item() == pytest.approx(logsoftmax_py(lg)[gen[b, i].item()], abs=1e-4)
+            assert info["entropy"][b, i].item() == pytest.approx(entropy_py(lg), abs=1e-4)
+    again, _ = decode(toy, p, 6, 6, 2, 0.7, torch.Generator().manual_seed(3))
+    other, _ = decode(toy, p, 6, 6, 2, 0.7, torch.Generator().manual_seed(4))
+    assert torch.equal(again, gen) and not torch.equal(other, gen)
+
+
+def test_ar_and_onestep_logprobs_by_hand():
+    toy = Toy(6)
+    gen = torch.tensor([[1, 4, 0, EOS, 2, 9], [HASH, 3, 3, 1, EOS, EOS], [0, 0, 7, 2, 1, 4]])
+    rec = Rec()
+    ar = ar_logprobs(toy, PROMPTS, gen, KernelCounter(rec))
+    one = onestep_logprobs(toy, PROMPTS, gen, KernelCounter(rec))
+    assert rec.calls == [("token_logprob", 1)] * 2
+    for b in range(3):
+        pr = PROMPTS[b].tolist()
+        for t in range(6):
+            ctx = pr + gen[b, :t].tolist() + [MASK] * (6 - t)            # [prompt, y_<t, MASK·(L−t)]
+            assert ar[b, t].item() == pytest.approx(logsoftmax_py(logits_py(toy, ctx, P + t))[gen[b, t]], abs=1e-4)
+            ctx1 = pr + [MASK] * 6
+            assert one[b, t].item() == pytest.approx(logsoftmax_py(logits_py(toy, ctx1, P + t))[gen[b, t]], abs=1e-4)
+    assert ar.shape == (3, 6) and (ar - one).abs().max() > 1e-2
+    ar_logprobs(toy, PROMPTS, gen)                                       # a default counter works too
+    onestep_logprobs(toy, PROMPTS, gen)
+
+
+def test_ar_logprobs_match_the_block1_rollout_log_probs():
+    toy = Toy(7, scale=1.0)
+    gen, info = decode(toy, PROMPTS, 5, 1, 1, 1.0, torch.Generator().manual_seed(1))
+    assert torch.allclose(ar_logprobs(toy, PROMPTS, gen), info["logp"], atol=1e-5)
+
+
+def test_masked_diffusion_loss_by_hand():
+    rec = Rec()
+    mcfg = TinyTransformerConfig(vocab_size=V, d_model=8, n_layers=1, n_heads=2, max_seq_len=TMAX, causal=False)
+    m = MaskedDiffusionLM(mcfg, lr=0.02, weight_decay=0.15, seed=3, counter=KernelCounter(rec))
+    toy = Toy(8, scale=1.0)
+    m.model = toy
+    gen_rng = np.random.default_rng(0)
+    B, Lg = 64, 8
+    y = torch.tensor(gen_rng.integers(0, 15, size=(B, Lg)))
+    x0 = torch.cat([PROMPTS[torch.arange(B) % 3], y], 1)
+    loss = m.training_step(x0, 0)
+    xt = toy.inputs[-1]
+    assert torch.equal(xt[:, :P], x0[:, :P])                             # the prompt is never masked
+    masked = xt[:, P:] == MASK
+    assert torch.equal(xt[:, P:][~masked], y[~masked])
+    # the documented draw: t ~ U(1e-3, 1] per row, then each token masked with probability t
+    g = torch.Generator().manual_seed(3)
+    t = 1e-3 + (1 - 1e-3) * torch.rand(B, generator=g)
+    assert torch.equal(torch.rand(B, Lg, generator=g) < t[:, None], masked)
+    assert 0.35 < masked.float().mean() < 0.65
+    total = 0.0
+    for b in range(B):
+        ctx = xt[b].tolist()
+        for i in range(Lg):
+            if masked[b, i]:
+                total += logsoftmax_py(logits_py(toy, ctx, P + i, exclude_mask=False))[y[b, i]] / float(t[b])
+    assert float(loss) == pytest.approx(-total / (B * Lg), rel=1e-4)
+    assert m.history == [{"step": 0, "loss": pytest.approx(float(loss))}] and rec.calls == [("token_logprob", 1)]
+    loss.backward()
+    assert toy.unembed.grad is not None
+    opt = m.configure_optimizers()
+    assert isinstance(opt, torch.optim.AdamW) and opt.defaults["lr"] == 0.02 and opt.defaults["weight_decay"] == 0.15
+    assert [id(q) for grp in opt.param_groups for q in grp["params"]] == [id(toy.unembed)]
+    # the generator is created once and advanced: a second step draws new masks
+    m.training_step(x0, 1)
+    assert not torch.equal(toy.inputs[-1], xt) and len(m.history) == 2
+    m2 = MaskedDiffusionLM(mcfg, lr=0.02, weight_decay=0.0, seed=3)
+    m2.model = Toy(8, scale=1.0)
+    m2.training_step(x0, 0)
+    assert torch.equal(m2.model.inputs[-1], xt)                          # same seed, same masks
+
+
+@pytest.mark.parametrize("arm,block", [("justgrpo", 1), ("arbitrary", 6)])
+def test_policies_rollout_and_score(arm, block):
+    toy = Toy(9, scale=1.0)
+    rec = Rec()
+    pol = DLLMPolicy(toy, 6, arm, KernelCounter(rec))
+    roll = pol.rollout(PROMPTS[:2], 3, torch.Generator().manual_seed(2))
+    assert roll.keys() == {"prompts", "tokens", "mask"}
+    assert roll["prompts"].tolist() == [PROMPTS[0].tolist()] * 3 + [PROMPTS[1].tolist()] * 3   # prompt-major
+    assert roll["mask"].dtype == torch.float32 and (roll["mask"] == 1).all() and roll["mask"].shape == (6, 6)
+    ref, info = decode(toy, roll["prompts"], 6, block, 1, 1.0, torch.Generator().manual_seed(2))
+    assert torch.equal(roll["tokens"], ref) and len(rec.calls) == info["n_steps"] == 6
+    other = "arbitrary" if arm == "justgrpo" else "justgrpo"
+    assert not torch.equal(DLLMPolicy(toy, 6, other).rollout(PROMPTS[:2], 3, torch.Generator().manual_seed(2))["tokens"],
+                           roll["tokens"])
+    lp = pol.token_logprobs(roll)
+    assert len(rec.calls) == 7
+    for b in (0, 4):
+        pr, y = roll["prompts"][b].tolist(), roll["tokens"][b].tolist()
+        for t in range(6):
+            ctx = pr + (y[:t] + [MASK] * (6 - t) if arm == "justgrpo" else [MASK] * 6)
+            assert lp[b, t].item() == pytest.approx(logsoftmax_py(logits_py(toy, ctx, P + t))[y[t]], abs=1e-4)
+    assert pol.gen_len == 6 and pol.arm == arm and pol.model is toy
+    assert DLLMPolicy(toy, 6, arm).counter.rec is None
+
+
+def test_reward_fn_plus_minus_one():
+    p = torch.tensor([[3, PLUS, 4, TIMES, 1], [2, TIMES, 2, PLUS, 1], [1, PLUS, 1, PLUS, 1]])   # 3+4·1=2, 2·2+1=0, 3
+    gen = torch.tensor([[HASH, 2, EOS], [HASH, 0, EOS], [HASH, 4, EOS]])
+    r = reward_fn(None, {"prompts": p, "tokens": gen})
+    assert r.tolist() == [1.0, 1.0, -1.0] and r.dtype == torch.float32
+
+
+class Oracle(torch.nn.Module):
+    """Greedy output '# d EOS …' with d the true answer, except when a = 0 (then d + 1); margins of 0.5 only,
+    so that sampling instead of argmax would go wrong often."""
+
+    def forward(self, x):
+        B, T = x.shape
+        logits = torch.zeros(B, T, V)
+        for b, (a, o1, bb, o2, c) in enumerate(x[:, :5].tolist()):
+            ab = (a + bb) % 5 if o1 == PLUS else (a * bb) % 5
+            val = ((ab + c) % 5 if o2 == PLUS else (ab * c) % 5) if (o1 == TIMES or o2 == PLUS) else \
+                (a + bb * c) % 5
+            d = val if a != 0 else (val + 1) % 5
+            logits[b, 5, HASH] = 0.5
+            logits[b, 6, d] = 0.5
+            logits[b, 7:, EOS] = 0.5
+        return logits
+
+
+def test_greedy_accuracy_on_an_oracle():
+    rows = torch.tensor([[a, o1, b, o2, c] for a, o1, b, o2, c in
+                         [(0, PLUS, 1, PLUS, 2), (1, TIMES, 2, PLUS, 3), (2, PLUS, 3, TIMES, 4), (0, TIMES, 4, TIMES, 4),
+                          (4, PLUS, 4, PLUS, 4), (3, TIMES, 0, PLUS, 1), (0, PLUS, 2, TIMES, 2)] * 4])
+    rec = Rec()
+    acc = greedy_accuracy(Oracle(), rows, 5, 2, 1, KernelCounter(rec), batch=3)
+    assert acc == pytest.approx(16 / 28)                                 # 4 of 7 rows have a ≠ 0
+    assert len(rec.calls) == 10 * 5                                     # 10 batches × 5 one-token steps
+    assert greedy_accuracy(Oracle(), rows, 5, 5, 5) == pytest.approx(16 / 28)
+    assert greedy_accuracy(Oracle(), rows[1:2], 4, 4, 1) == 1.0
+    assert greedy_accuracy(Oracle(), rows[:0], 4, 4, 1) == 0.0
+
+
+def test_pretraining_logs_the_per_step_loss_through_the_trainer():
+    from stages.common.trainer import TrainerConfig, make_trainer
+    mcfg = TinyTransformerConfig(vocab_size=V, d_model=8, n_layers=1, n_heads=2, max_seq_len=TMAX, causal=False)
+    m = MaskedDiffusionLM(mcfg, lr=0.01, weight_decay=0.0, seed=1)
+    m.model = Toy(10)
+    y = torch.tensor(np.random.default_rng(1).integers(0, 15, size=(16, 6)))
+    x0 = torch.cat([PROMPTS[torch.arange(16) % 3], y], 1)
+    trainer = make_trainer(TrainerConfig(enable_progress_bar=False), None, max_epochs=1)
+    trainer.fit(m, torch.utils.data.DataLoader(x0, batch_size=8))
+    assert [h["step"] for h in m.history] == [0, 1] and m.history[0]["loss"] != m.history[1]["loss"]
+    assert float(trainer.callback_metrics["pretrain/loss"]) == pytest.approx(m.history[-1]["loss"], rel=1e-6)
