@@ -53,7 +53,12 @@ class TGDT(L.LightningModule):
             raise ValueError(f"arm: unknown arm {arm!r} (known: {', '.join(ARMS)})")
         if context <= 0:
             raise ValueError(f"context: must be a positive number of timesteps (got {context})")
-        self.save_hyperparameters()
+        # explicit (not frame inspection, which a wrapped __init__, e.g. under mutmut, defeats)
+        self.save_hyperparameters(dict(
+            arm=arm, obs_dim=obs_dim, act_dim=act_dim, n_tasks=n_tasks, task_dim=task_dim, vocab_size=vocab_size,
+            text_len=text_len, context=context, seg_len=seg_len, max_steps=max_steps, d_model=d_model,
+            n_layers=n_layers, n_heads=n_heads, proj_dim=proj_dim, lr=lr, weight_decay=weight_decay,
+            batch_size=batch_size, nce_weight=nce_weight, itm_weight=itm_weight, seed=seed))
         d = d_model
         # --- trajectory token embeddings (shared by the DT and the trajectory encoder)
         self.embed_s, self.embed_a, self.embed_r = nn.Linear(obs_dim, d), nn.Linear(act_dim, d), nn.Linear(1, d)
