@@ -125,9 +125,10 @@ def normalize(r: dict) -> dict:
     """An entry written before no-test mutants were told apart: every mutant it did not run counts as one no
     test covers (so its rate is a lower bound)."""
     if "no_tests" not in r:
-        r = {**r, "no_tests": r.get("other", 0), "other": 0, "uncovered": [],
-             "note": "measured before no-test mutants were told apart: every mutant not run is counted as one "
-                     "no test covers (a lower bound)"}
+        r = {**r, "no_tests": r.get("other", 0), "other": 0, "uncovered": []}
+        if r["no_tests"]:
+            r["note"] = ("measured before no-test mutants were told apart: every mutant not run is counted as one "
+                         "no test covers (a lower bound)")
         r["kill_rate"] = kill_rate(r)
     return r
 
@@ -148,7 +149,7 @@ def table(results: dict) -> str:
             continue
         total = r["killed"] + r["timeout"] + r["survived"] + r["no_tests"]
         mark = " ¹" if r.get("note") else ""
-        rows.append(f"| `{module}` | {r['kill_rate']:.0%}{mark} ({r['killed'] + r['timeout']}/{total}) | {r['killed']} | "
+        rows.append(f"| `{module}` | {r['kill_rate']:.1%}{mark} ({r['killed'] + r['timeout']}/{total}) | {r['killed']} | "
                     f"{r['timeout']} | {r['survived']} | {r['no_tests']} | {r.get('equivalent', 0)} | {r['other']} |")
     if any(r.get("note") for r in results.values()):
         rows.append("\n¹ measured before mutants that no test executes were told apart from ones mutmut did not run: "
