@@ -17,14 +17,6 @@ import torch
 from stages.sciql import algos
 
 
-@pytest.fixture(autouse=True)
-def _one_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
-
-
 def _np_mlp(net: algos.EnsembleMLP, member: int, x: np.ndarray) -> np.ndarray:
     """One member's forward, with plain numpy (layer norm: eps 1e-5, biased variance)."""
     h = np.asarray(x, dtype=np.float64)

@@ -16,15 +16,6 @@ from stages.sciql import prepare, train
 from stages.sciql.envs import LABELLERS, Circle2D, get_labeller, make_env
 
 
-@pytest.fixture(autouse=True)
-def _one_thread():
-    """Tiny networks: one intra-op thread (two threads on a loaded 2-core machine are ~20x slower here)."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
-
-
 # ---------------------------------------------------------------------------------------------- env
 def test_circle2d_passes_gymnasium_checker():
     from gymnasium.utils.env_checker import check_env
