@@ -23,6 +23,8 @@ import sys
 import tempfile
 from pathlib import Path
 
+from mutmut.stats import status_by_exit_code
+
 ROOT = Path(__file__).resolve().parents[1]
 
 def load_registry(root: Path = ROOT) -> tuple[dict[str, list[str]], dict[str, str]]:
@@ -84,8 +86,7 @@ def run_module(module: str, tests: list[str], workdir: Path) -> dict:
                   # the wall limit, which mutmut reads as a "timeout" (counted as killed)
                   "process_isolation = \"forkserver\"\n")
     (work / "pyproject.toml").write_text(pyproject)
-    # one OpenMP/MKL thread: mutmut forks a worker per mutant from a process that already ran torch, and a
-    # forked child of a process whose OpenMP pool was started can hang (then it is misread as a timeout)
+    # one OpenMP/MKL thread as well: no thread pool for a forked worker to inherit half-started
     env = {**os.environ, "TRITON_INTERPRET": "1", "WANDB_MODE": "disabled", "OMP_NUM_THREADS": "1",
            "MKL_NUM_THREADS": "1"}
     with open(work / "mutmut.log", "w") as log:  # kept with --keep: why mutants were "not run"
@@ -114,11 +115,13 @@ def score(module: str, work: Path) -> dict:
             "uncovered": sorted(uncovered)}
 
 
-# mutmut's exit codes (mutmut.stats.status_by_exit_code). Its score is (killed + timeout) / (all - skipped):
-# a mutant no selected test executes ("no tests") counts against the module, as here. "other" (skipped,
-# not checked, interrupted, killed by a signal other than the CPU limit) is reported and left out.
-EXIT_KIND = {1: "killed", 3: "killed", 37: "killed", 0: "survived", 5: "no_tests", 33: "no_tests",
-             -24: "timeout", 24: "timeout", 36: "timeout", 152: "timeout", 255: "timeout"}
+# mutmut's own verdict per exit code, folded into the counts here. Its score is (killed + timeout) /
+# (all - skipped): a mutant no selected test executes ("no tests") counts against the module, as here.
+# "other" (skipped, not checked, interrupted, killed by a signal other than the CPU limit) is reported and
+# left out.
+EXIT_KIND = {code: {"killed": "killed", "caught by type check": "killed", "survived": "survived",
+                    "no tests": "no_tests", "timeout": "timeout"}.get(status, "other")
+             for code, status in status_by_exit_code.items()}
 
 
 def normalize(r: dict) -> dict:
