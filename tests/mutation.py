@@ -71,8 +71,13 @@ def _copy_checkout(dest: Path) -> None:
             shutil.copy2(src, dest / rel)
 
 
+def _scratch(workdir: Path, module: str) -> Path:
+    """A module's scratch checkout, named by its path (several papers have a model.py)."""
+    return workdir / module.replace("/", "_").removesuffix(".py")
+
+
 def run_module(module: str, tests: list[str], workdir: Path) -> dict:
-    work = workdir / module.replace("/", "_").removesuffix(".py")  # unique: several papers have a model.py
+    work = _scratch(workdir, module)
     work.mkdir(parents=True)
     _copy_checkout(work)
     pyproject = (work / "pyproject.toml").read_text()
@@ -160,12 +165,6 @@ def table(results: dict) -> str:
     return "\n".join(rows)
 
 
-def _rescore_dir(keep: Path, module: str) -> Path:
-    """The scratch folder of ``module`` in a kept run (named by path; older runs by the file's stem)."""
-    named = keep / module.replace("/", "_").removesuffix(".py")
-    return named if named.is_dir() else keep / Path(module).stem
-
-
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m tests.mutation", description=__doc__.splitlines()[0])
     parser.add_argument("modules", nargs="*", help="core modules (default: all of CORE)")
@@ -188,7 +187,7 @@ def main(argv: list[str] | None = None) -> int:
     status = 0
     with (contextlib.nullcontext(args.keep) if args.keep else tempfile.TemporaryDirectory(prefix="mutants-")) as tmp:
         for module in modules:
-            res = (score(module, _rescore_dir(Path(args.rescore), module)) if args.rescore
+            res = (score(module, _scratch(Path(args.rescore), module)) if args.rescore
                    else run_module(module, CORE[module], Path(tmp)))
             if res["killed"] + res["timeout"] + res["survived"] + res["no_tests"] == 0:  # interrupted: no rate
                 print(f"error: {module}: mutmut decided no mutant (see mutmut.log with --keep); nothing recorded",
