@@ -44,6 +44,9 @@ PositiveInt = Annotated[int, Field(gt=0)]
 Probability = Annotated[float, Field(ge=0.0, le=1.0)]
 Fraction = Annotated[float, Field(gt=0.0, lt=1.0)]       # open interval (0, 1)
 MaybeInf = Annotated[float, Field(allow_inf_nan=True)]   # the only float type that may be ±inf/NaN
+# papers.<slug>.report.claims: claim name (or glob pattern) -> {threshold: number}; every min effect,
+# band, tolerance, bound and constant a claim reads (stages.common.claims.bind checks names and keys)
+ClaimThresholds = dict[str, dict[str, Annotated[float, Field(allow_inf_nan=False)] | int]]
 
 
 def unique_items(values: list[Any], key: str) -> list[Any]:
@@ -70,6 +73,11 @@ class StageConfig(BaseModel):
     """Base of every stage config: unknown keys and wrong types are errors, values are frozen."""
 
     model_config = ConfigDict(extra="forbid", strict=True, frozen=True, allow_inf_nan=False)
+
+
+class ReportConfig(StageConfig):
+    """Base of every report stage's Config: the claims' thresholds, fixed in params before the run."""
+    claims: ClaimThresholds = Field(default_factory=dict)
 
 
 class TransformerShape(StageConfig):

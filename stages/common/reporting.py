@@ -9,11 +9,14 @@
     rep.finish(CLAIMS, metrics)                  # verdicts + metrics.json + report.md
 
 Outputs in reports/<slug>/:
-- metrics.json: {"slug", "profile", "command", "claims": [{"name", "statement", "check", "holds",
-  "verdict", "values", "refuted_by", ("stats")}], "kernels": {name: {"backend", "calls",
-  "parity_max_abs_err", "parity_backend", "slice"}}, "runtime_s": {stage: s}, "metrics": {...}}
-- dvc_metrics.json: flat scalars for `dvc metrics show/diff` (claim.<name> = 1/0, claim.<name>.verdict
-  as 1 holds / 0 inconclusive / -1 fails, and every scalar a claim reads; per-seed lists as their mean)
+- metrics.json: {"slug", "profile", "command", "claims": [{"name", "statement", "kind", "check", "holds",
+  "verdict", "values", "params", "refuted_by", "wallclock", ("stats")}], "findings": {counts},
+  "kernels": {name: {"backend", "calls", "parity_max_abs_err", "parity_backend", "slice"}},
+  "runtime_s": {stage: s}, "metrics": {...}}
+- dvc_metrics.json: flat values for `dvc metrics show/diff`, keyed by paper so 19 papers never clash:
+  <slug>.claim.<name> = "holds" | "fails" | "inconclusive", <slug>.findings.{holds,fails,inconclusive},
+  <slug>.checks.{pass,total}, and every scalar a claim reads (<slug>.<claim>.<metric>; per-seed lists as
+  their mean)
 - plots/<name>.csv and plots/_specs.json (x, y, title per CSV; `python -m stages dvcplots` turns the
   specs into dvc.yaml's top-level `plots:`), figures/<name>.png
 - report.md. Timings (runtime_s) appear only in metrics.json and report.md, which are not DVC-hashed
@@ -33,10 +36,11 @@ import polars as pl  # noqa: E402
 import math  # noqa: E402
 import os  # noqa: E402
 
-from stages.common.claims import AnyClaim, evaluate_claims  # noqa: E402
+from stages.common.claims import AnyClaim, evaluate_claims, findings_line, findings_summary  # noqa: E402
 from stages.common.paths import atomic_write_text, stage_dir, write_json  # noqa: E402
 
 VERDICT_CODE = {"holds": 1, "inconclusive": 0, "fails": -1}
+PLOT_TEMPLATES = ("linear", "simple", "scatter", "smooth", "bar_horizontal", "bar_horizontal_sorted")
 VERDICT_TEXT = {"holds": "holds", "inconclusive": "*inconclusive*", "fails": "**fails**"}
 
 
@@ -53,18 +57,29 @@ _TIME_NAME = __import__("re").compile(r"(^|_)(s|ms|sec|seconds|runtime|time|timi
 
 
 def is_wallclock_key(key: str, wallclock=()) -> bool:
-    """A metric measured in wall-clock time: under a declared subtree, or named like one
-    (`*_s`, `*_ms`, `runtime*`, `time_*`, `timing`)."""
+    """A metrics key that may differ between reruns because it is (or may be) a time: under a declared
+    subtree, or named like one (`*_s`, `*_ms`, `runtime*`, `time_*`, `timing`). Used by the determinism
+    test to leave such keys out; a *claim* is labelled wall-clock only when declared (see in_wallclock)."""
     parts = key.split(".")
-    return any(key == w or key.startswith(w + ".") for w in wallclock) or any(_TIME_NAME.search(p) for p in parts)
+    return in_wallclock(key, wallclock) or any(_TIME_NAME.search(p) for p in parts)
 
 
-def flat_scalars(verdicts: list[dict[str, Any]]) -> dict[str, float]:
-    """dvc_metrics.json: one scalar per claim verdict and per number a claim reads."""
-    out: dict[str, float] = {}
+def in_wallclock(key: str, wallclock=()) -> bool:
+    """key lies under one of the declared wall-clock subtrees."""
+    return any(key == w or key.startswith(w + ".") for w in wallclock)
+
+
+def flat_scalars(verdicts: list[dict[str, Any]], slug: str) -> dict[str, Any]:
+    """dvc_metrics.json: the 3-way verdict per claim, the findings/checks counts and every number a
+    claim reads, all keyed <slug>.… so that `dvc metrics show` over 19 papers never merges names."""
+    counts = findings_summary(verdicts)
+    out: dict[str, Any] = {f"{slug}.findings.holds": counts["findings_holds"],
+                           f"{slug}.findings.fails": counts["findings_fails"],
+                           f"{slug}.findings.inconclusive": counts["findings_inconclusive"],
+                           f"{slug}.checks.pass": counts["checks_pass"], f"{slug}.checks.total": counts["checks"]}
     for v in verdicts:
-        out[f"claim.{v['name']}"] = int(v["holds"])
-        out[f"claim.{v['name']}.verdict"] = VERDICT_CODE[v["verdict"]]
+        out[f"{slug}.claim.{v['name']}"] = v["verdict"]
+    for v in verdicts:
         for key, val in v["values"].items():
             try:
                 float(key)
@@ -76,7 +91,7 @@ def flat_scalars(verdicts: list[dict[str, Any]]) -> dict[str, float]:
             if isinstance(val, bool):
                 val = int(val)
             if isinstance(val, (int, float)) and math.isfinite(val):
-                out[f"{v['name']}.{key}"] = round(float(val), 6)
+                out[f"{slug}.{v['name']}.{key}"] = round(float(val), 6)
     return out
 
 
@@ -123,65 +138,114 @@ class Report:
         if self.ctx.tracker is not None:
             self.ctx.tracker.log_image(f"figures/{name}", path)
 
-    def plot(self, name: str, frame: pl.DataFrame, x: str | None = None, y: str | list[str] | None = None,
+    def plot(self, name: str, frame: pl.DataFrame, x: str, y: str | list[str], series: str | None = None,
              title: str = "", template: str = "linear") -> None:
-        """plots/<name>.csv for `dvc plots show`, with its x/y fields (default: first column vs the rest)."""
-        x = x or frame.columns[0]
-        ys = [y] if isinstance(y, str) else list(y or [c for c in frame.columns if c != x])
-        missing = [c for c in [x, *ys] if c not in frame.columns]
+        """plots/<name>.csv for `dvc plots show`, with its x/y fields in plots/_specs.json.
+
+        Long format: pass ``series=`` (a column naming the line each row belongs to) and one ``y``; the CSV
+        gets one column per series value (DVC draws one line each, with a legend). Wide format: several
+        ``y`` columns. x must be numeric, except with a bar template (``bar_horizontal``), where it is an
+        ordinal label; every y is numeric. A spec that would render empty or merge series into one zigzag
+        (text x on a line template, no finite y, several rows per x) is an error here, at report time."""
+        where = f"report@{self.ctx.slug}: plot {name!r}"
+        if template not in PLOT_TEMPLATES:
+            raise ValueError(f"{where}: unknown template {template!r} (one of {', '.join(PLOT_TEMPLATES)})")
+        ys = [y] if isinstance(y, str) else list(y)
+        need = [x, *ys] + ([series] if series else [])
+        missing = [c for c in need if c not in frame.columns]
         if missing:
-            raise ValueError(f"report@{self.ctx.slug}: plot {name!r} has no column {missing[0]!r}")
-        frame.write_csv(self.ctx.out / "plots" / f"{name}.csv")
+            raise ValueError(f"{where} has no column {missing[0]!r}")
+        if series:
+            if len(ys) != 1:
+                raise ValueError(f"{where}: series= takes exactly one y column (got {ys})")
+            long = frame.select(x, series, ys[0]).with_columns(pl.col(series).cast(pl.Utf8))
+            if long.select(pl.struct(x, series).is_duplicated().any()).item():
+                raise ValueError(f"{where}: several rows share one ({x}, {series}) pair; aggregate first")
+            order = list(dict.fromkeys(long[series].to_list()))
+            frame = long.pivot(on=series, index=x, values=ys[0]).select(x, *order).sort(x)
+            ys = order
+        bar = template.startswith("bar")
+        if not bar and not frame.schema[x].is_numeric():
+            raise ValueError(f"{where}: x {x!r} is {frame.schema[x]}, not numeric; use a numeric x or "
+                             "template='bar_horizontal' for labels")
+        for col in ys:
+            if not frame.schema[col].is_numeric():
+                raise ValueError(f"{where}: y {col!r} is {frame.schema[col]}, not numeric")
+            finite = frame[col].cast(pl.Float64).is_finite().fill_null(False).sum()
+            if finite == 0:
+                raise ValueError(f"{where}: y {col!r} has no finite value (the plot would be empty)")
+        if not bar and template != "scatter" and frame[x].is_duplicated().any():
+            raise ValueError(f"{where}: several rows per x value would draw one zigzag line; pass series=")
+        frame.select(x, *ys).write_csv(self.ctx.out / "plots" / f"{name}.csv")
         self.plots[name] = {"x": x, "y": ys, "title": title or name.replace("_", " "), "template": template}
 
     def finish(self, claims: list[AnyClaim], metrics: dict[str, Any],
                wallclock: tuple[str, ...] | list[str] = ()) -> list[dict[str, Any]]:
-        """wallclock: metric subtrees measured in wall-clock time (speed, scaling exponents). A claim
-        reading them is marked "wall-clock" (its verdict may change with machine load); everything
-        else must be identical across reruns with the same params (tests/common/test_determinism.py)."""
+        """Evaluate the claims with their thresholds from params (papers.<slug>.report.claims, i.e. the
+        report Config's ``claims`` field) and write metrics.json, dvc_metrics.json and report.md.
+
+        wallclock: metric subtrees measured in wall-clock time (speed, scaling exponents); a claim reading
+        them, or declared ``wallclock=True``, is labelled "(wall-clock)" (its verdict may change with
+        machine load); everything else must be identical across reruns with the same params
+        (tests/common/test_determinism.py)."""
         from kernels.record import describe, merge_records
 
         if not self.figures:
             raise RuntimeError(f"report@{self.ctx.slug}: a report needs at least one figure")
-        verdicts = evaluate_claims(claims, metrics)
+        thresholds = getattr(getattr(self.ctx, "cfg", None), "claims", None)
+        verdicts = evaluate_claims(claims, metrics, thresholds, where=f"papers.{self.ctx.slug}.report")
         for v in verdicts:
-            if any(is_wallclock_key(k, wallclock) for k in v["values"]):
+            if v.get("wallclock") or any(in_wallclock(k, wallclock) for k in v["values"]):
                 v["wallclock"] = True
+        order = {"finding": 0, "check": 1}
+        verdicts = sorted(verdicts, key=lambda v: order[v["kind"]])  # findings first (stable within a kind)
         kernels = merge_records(*(stage_dir(self.ctx.slug, s, self.ctx.root) for s in ("train", "evaluate")))
         runtime = self.ctx.upstream_runtimes()
         runtime["report"] = round(self.ctx.elapsed(), 3)
         command = producing_command(self.ctx.slug)
+        counts = findings_summary(verdicts)
         doc = {"slug": self.ctx.slug, "profile": self.ctx.profile, "command": command, "claims": verdicts,
-               "kernels": kernels, "runtime_s": runtime, "wallclock": sorted(wallclock), "metrics": metrics}
+               "findings": counts, "kernels": kernels, "runtime_s": runtime, "wallclock": sorted(wallclock),
+               "metrics": metrics}
         write_json(self.ctx.out / "metrics.json", doc)
-        write_json(self.ctx.out / "dvc_metrics.json", flat_scalars(verdicts))
+        write_json(self.ctx.out / "dvc_metrics.json", flat_scalars(verdicts, self.ctx.slug))
         write_json(self.ctx.out / "plots" / "_specs.json", self.plots)
         self.section("Kernel paths", describe(kernels))
         atomic_write_text(self.ctx.out / "report.md", self._markdown(verdicts, runtime, command))
         if self.ctx.tracker is not None:
-            held = sum(v["holds"] for v in verdicts)
-            self.ctx.tracker.summary({"claims_held": held, "claims_total": len(verdicts),
+            self.ctx.tracker.summary({**{k: v for k, v in counts.items()},
+                                      "claims_held": sum(v["holds"] for v in verdicts),
+                                      "claims_total": len(verdicts),
                                       **{f"claim/{v['name']}": VERDICT_CODE[v["verdict"]] for v in verdicts},
-                                      **{f"metric/{k}": v for k, v in flat_scalars(verdicts).items()}})
+                                      **{f"metric/{k}": v for k, v in flat_scalars(verdicts, self.ctx.slug).items()
+                                         if not isinstance(v, str)}})
         return verdicts
 
     def _markdown(self, verdicts: list[dict[str, Any]], runtime: dict[str, float | None], command: str) -> str:
         lines = [f"# {self.title}", "", f"**Paper's claim.** {self.claim.strip()}", "",
                  f"Profile: `{self.ctx.profile}` — generated by `{command}`; "
-                 "every number below is read from this run's `metrics.json`.", ""]
-        held = sum(v["holds"] for v in verdicts)
-        lines.append(f"## Verdicts ({held}/{len(verdicts)} hold)\n")
-        lines.append("| claim | verdict | statement | measured | would have refuted it |")
-        lines.append("| --- | --- | --- | --- | --- |")
-        for v in verdicts:
-            vals = "; ".join(f"{k} = {_fmt(x)}" for k, x in v["values"].items())
-            st = v.get("stats") or {}
-            if "mean" in st:
-                vals += f"; mean gap {st['mean']:.4g} ± {2 * st['se']:.2g} (2 s.e.), n = {int(st['n'])}"
-            clock = " (wall-clock)" if v.get("wallclock") else ""
-            lines.append(f"| {v['name']} | {VERDICT_TEXT[v['verdict']]}{clock} | {v['statement']} | "
-                         f"{vals} (check: `{v['check']}`) | {v.get('refuted_by') or '—'} |")
-        lines.append("")
+                 "every number below is read from this run's `metrics.json`.", "",
+                 f"**{findings_line(verdicts)}.** Findings are the paper's statements, tested; checks are "
+                 "sanity, machinery, controls and properties of the data or format, shown apart. Verdicts use "
+                 "the shared rule (`stages/common/claims.py`): a finding holds when the one-sided 95% t-bound "
+                 "of its per-seed gap clears the minimum effect fixed in params and it wins on most seeds; it "
+                 "fails when the other bound is below the minimum effect.", ""]
+        for kind, heading in (("finding", "Findings"), ("check", "Checks")):
+            group = [v for v in verdicts if v["kind"] == kind]
+            if not group:
+                continue
+            c = findings_summary(group)
+            head = (f"{c['findings_holds']} hold, {c['findings_fails']} fail, {c['findings_inconclusive']} "
+                    "inconclusive" if kind == "finding" else f"{c['checks_pass']}/{c['checks']} pass")
+            lines.append(f"## {heading} ({head})\n")
+            lines.append("| claim | verdict | statement | measured | thresholds (params) | would have refuted it |")
+            lines.append("| --- | --- | --- | --- | --- | --- |")
+            for v in group:
+                clock = " (wall-clock)" if v.get("wallclock") else ""
+                params = ", ".join(f"{k} = {_fmt(x)}" for k, x in (v.get("params") or {}).items()) or "—"
+                lines.append(f"| {v['name']} | {VERDICT_TEXT[v['verdict']]}{clock} | {v['statement']} | "
+                             f"{measured_text(v)} (check: `{v['check']}`) | {params} | {v.get('refuted_by') or '—'} |")
+            lines.append("")
         lines.extend(self.parts)
         known = [s for s in runtime.values() if s is not None]
         lines.append("## Runtime\n")
@@ -191,6 +255,28 @@ class Report:
                      + f" | {sum(known):.1f} s |")
         lines.append("")
         return "\n".join(lines)
+
+
+def measured_text(v: dict[str, Any]) -> str:
+    """The numbers a verdict read: values, then the raw gap, the minimum effect / band, the one-sided 95%
+    t-bounds, n and wins as separate numbers; for an inconclusive result the detectable gap."""
+    vals = "; ".join(f"{k} = {_fmt(x)}" for k, x in v["values"].items())
+    st = v.get("stats") or {}
+    if "mean" not in st:
+        return vals + (f"; n = {int(st['n'])} (fewer than 3 seeds or a non-finite value)" if "n" in st else "")
+    parts = [f"gap {st['mean']:.4g}"]
+    if "delta" in st:
+        parts.append(f"band ±{st['delta']:.4g}")
+    else:
+        parts.append(f"min effect {st.get('min_effect', 0.0):.4g}")
+    parts.append(f"95% t-bounds [{st['lower']:.4g}, {st['upper']:.4g}] (se {st['se']:.2g}"
+                 + (f", of which items {st['se_items']:.2g}" if st.get("se_items") else "")
+                 + f", df {st['df']:.3g})")
+    parts.append(f"n = {int(st['n'])}, wins {round(st['wins'] * st['n'])}/{int(st['n'])}")
+    if v["verdict"] == "inconclusive" and "detectable" in st:
+        what = "band half-width confirmable" if "delta" in st else "smallest detectable gap"
+        parts.append(f"{what} (80% power) {st['detectable']:.3g}")
+    return vals + "; " + "; ".join(parts)
 
 
 def _fmt(x: Any) -> str:

@@ -46,6 +46,7 @@ class StageContext:
     root: Path = ROOT
     started: float = field(default_factory=time.perf_counter)
     tracker: Any = None  # stages.common.tracking.Tracker
+    cfg: Any = None  # the stage's validated Config (the report reads its claim thresholds from cfg.claims)
 
     def input(self, stage: str) -> Path:
         """Output dir of an upstream stage of the same paper; errors clearly if it is missing."""
@@ -95,7 +96,23 @@ def load_config(slug: str, stage: str, profile: str | None = None, params_path: 
     prof = active_profile(params, profile)
     cfg = load_stage_config(slug, stage, config_cls, prof, params_path)
     check_cross_stage(slug, params)
+    if stage == "report":
+        check_claim_thresholds(slug, module, cfg)
     return module, cfg, prof
+
+
+def check_claim_thresholds(slug: str, module, cfg) -> None:
+    """A report whose claims are a static list (``CLAIMS``) has its thresholds bound at config load:
+    a missing or unknown threshold in papers.<slug>.report.claims fails before any work."""
+    from stages.common.claims import ClaimError, bind
+
+    claims = getattr(module, "CLAIMS", None)
+    if not isinstance(claims, list):
+        return
+    try:
+        bind(claims, getattr(cfg, "claims", None) or {}, f"papers.{slug}.report", strict_unused=True)
+    except ClaimError as err:
+        raise ConfigError(str(err)) from None
 
 
 def check_cross_stage(slug: str, params: dict) -> None:
@@ -139,7 +156,7 @@ def run_stage(slug: str, stage: str, profile: str | None = None, root: Path = RO
     # DDP (Lightning "ddp", torchrun, SLURM) runs the whole stage once per rank: only global rank 0
     # writes and renames the outputs; other ranks write into a scratch dir that is then deleted.
     with (atomic_dir(final) if global_rank() == 0 else scratch_dir(stage)) as tmp:
-        ctx = StageContext(slug=slug, stage=stage, profile=prof, out=tmp, root=root, started=started)
+        ctx = StageContext(slug=slug, stage=stage, profile=prof, out=tmp, root=root, started=started, cfg=cfg)
         with stage_run(slug, stage, cfg.model_dump(mode="json"), prof, root) as tracker:
             ctx.tracker = tracker
             module.run(cfg, ctx)

@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from stages.common.claims import findings_line, findings_summary
 from stages.common.config import ConfigError, read_params, registered_papers
 from stages.common.paths import ROOT, atomic_write_text, read_json, write_json
 
@@ -24,8 +25,13 @@ def collect(root: Path = ROOT) -> dict[str, Any]:
                               f"{str(err).splitlines()[0][:80]})") from None
         if not isinstance(doc, dict) or "claims" not in doc or "runtime_s" not in doc:
             raise ConfigError(f"reports/{slug}/metrics.json: lacks 'claims' or 'runtime_s'")
-        summary[slug] = {"claims": doc["claims"], "runtime_s": doc["runtime_s"],
-                         "kernels": doc.get("kernels", {}), "profile": doc.get("profile", "default")}
+        missing_kind = [c.get("name") for c in doc["claims"] if c.get("kind") not in ("finding", "check")]
+        if missing_kind:
+            raise ConfigError(f"reports/{slug}/metrics.json: claim {missing_kind[0]!r} has no kind "
+                              f"(finding/check); re-run `dvc repro report@{slug}`")
+        summary[slug] = {"claims": doc["claims"], "findings": findings_summary(doc["claims"]),
+                         "runtime_s": doc["runtime_s"], "kernels": doc.get("kernels", {}),
+                         "profile": doc.get("profile", "default")}
     return summary
 
 
@@ -45,24 +51,32 @@ def _kernels_cell(kernels: dict[str, Any]) -> str:
 
 
 def results_table(summary: dict[str, Any], link_prefix: str = "reports/") -> str:
-    lines = ["| paper | claims held | verdicts | kernels (path, Triton parity) | runtime (default profile) | report |",
-             "| --- | --- | --- | --- | --- | --- |"]
+    """One row per paper: findings (hold / fail / inconclusive) first, checks apart, then every verdict."""
+    lines = ["| paper | findings (hold / fail / inconclusive) | checks pass | finding verdicts | check verdicts | "
+             "kernels (path, Triton parity) | runtime (default profile) | report |",
+             "| --- | --- | --- | --- | --- | --- | --- | --- |"]
     for slug, entry in summary.items():
         claims = entry["claims"]
-        held = sum(c["holds"] for c in claims)
-        verdicts = "; ".join(f"{c['name']}: {_verdict(c)}" for c in claims)
+        c = findings_summary(claims)
+        find = "; ".join(f"{x['name']}: {_verdict(x)}" for x in claims if x.get("kind") == "finding") or "—"
+        chk = "; ".join(f"{x['name']}: {'pass' if _verdict(x) == 'holds' else _verdict(x)}"
+                        for x in claims if x.get("kind") == "check") or "—"
         total = sum(v for v in entry["runtime_s"].values() if v is not None)
-        lines.append(f"| {slug} | {held}/{len(claims)} | {verdicts} | {_kernels_cell(entry.get('kernels', {}))} | "
-                     f"{total:.0f} s | [report]({link_prefix}{slug}/report.md) |")
+        lines.append(f"| {slug} | {c['findings_holds']} / {c['findings_fails']} / {c['findings_inconclusive']} "
+                     f"| {c['checks_pass']}/{c['checks']} | {find} | {chk} | "
+                     f"{_kernels_cell(entry.get('kernels', {}))} | {total:.0f} s | "
+                     f"[report]({link_prefix}{slug}/report.md) |")
     return "\n".join(lines)
 
 
 def claims_line(slug: str, root: Path = ROOT) -> str:
-    """One line per paper for the end of a run: 'opus: 2/4 claims hold (1 inconclusive)'."""
-    doc = read_json(root / "reports" / slug / "metrics.json")
-    verdicts = [_verdict(c) for c in doc["claims"]]
-    extra = [f"{verdicts.count(v)} {v}" for v in ("inconclusive", "fails") if verdicts.count(v)]
-    return f"{slug}: {verdicts.count('holds')}/{len(verdicts)} claims hold" + (f" ({', '.join(extra)})" if extra else "")
+    """One line per paper for the end of a run:
+    'opus: findings: 3 hold, 1 fails, 2 inconclusive; checks: 5/5 pass'."""
+    path = root / "reports" / slug / "metrics.json"
+    if not path.exists():
+        raise ConfigError(f"reports/{slug}/metrics.json: missing; run `dvc repro report@{slug}` first")
+    doc = read_json(path)
+    return f"{slug}: {findings_line(doc['claims'])}"
 
 
 def plots_section(root: Path = ROOT) -> list[dict[str, Any]]:
