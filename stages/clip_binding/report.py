@@ -9,8 +9,8 @@ import numpy as np
 import polars as pl
 from pydantic import Field
 
-from stages.common.claims import Better, Bound
-from stages.common.config import StageConfig
+from stages.common.claims import Better, Bound, Param
+from stages.common.config import ReportConfig
 from stages.common.paths import read_json
 from stages.common.reporting import Report
 from stages.common.runner import StageContext
@@ -18,7 +18,7 @@ from stages.clip_binding.complexity import FAMILIES
 from stages.clip_binding.prepare import frac_key
 
 
-class Config(StageConfig):
+class Config(ReportConfig):
     sharp_margin: float = Field(0.2, ge=0.0, le=1.0, description="'rises sharply': binding-accuracy gain")
     generalize_r2: float = Field(0.5, ge=-1.0, le=1.0, description="R² above which a regressor 'generalizes'")
     fail_r2: float = Field(0.2, ge=-1.0, le=1.0, description="R² below which 'nothing generalizes'")
@@ -30,35 +30,35 @@ def claims(cfg: Config, lo: str, hi: str, clo: str, chi: str) -> list:
         Better("coverage_sharpens_binding",
                f"Held-out-object binding accuracy (2-object scenes of unseen objects) rises sharply with "
                f"coverage: the {hi} models beat the {lo} models by more than {cfg.sharp_margin:g}",
-               a=f"coverage.{hi}.binding_acc", b=f"coverage.{lo}.binding_acc", margin=cfg.sharp_margin,
+               a=f"coverage.{hi}.binding_acc", b=f"coverage.{lo}.binding_acc", min_effect=Param(cfg.sharp_margin, "report.sharp_margin"),
                refuted_by=f"{hi} binding accuracy not above {lo} + {cfg.sharp_margin:g} on a majority of seeds "
-                          "(or the gap within 2 s.e.)"),
+                          "(or the gap within 2 s.e.)", kind="finding"),
         Bound("mult_generalizes_trained",
               f"For the trained encoder the multiplicative slot model generalizes to unseen objects from "
               f"a low split fraction ({clo}): R² above {cfg.generalize_r2:g}",
-              value=f"complexity.trained.mult.{clo}.r2", above=cfg.generalize_r2,
-              refuted_by=f"mult R² at {clo} at or below {cfg.generalize_r2:g}"),
+              value=f"complexity.trained.mult.{clo}.r2", above=Param(cfg.generalize_r2, "report.generalize_r2"),
+              refuted_by=f"mult R² at {clo} at or below {cfg.generalize_r2:g}", kind="finding"),
         Bound("nothing_generalizes_control",
               f"For the high-complexity control (scene = Σ g(obj), g a random table) no regressor family "
               f"generalizes even at the highest split fraction ({chi}): best R² below {cfg.fail_r2:g}",
-              value=f"complexity.control.best_r2.{chi}", below=cfg.fail_r2,
-              refuted_by=f"some family reaching R² >= {cfg.fail_r2:g} on the control's unseen objects"),
+              value=f"complexity.control.best_r2.{chi}", below=Param(cfg.fail_r2, "report.fail_r2"),
+              refuted_by=f"some family reaching R² >= {cfg.fail_r2:g} on the control's unseen objects", kind="finding"),
         Better("trained_lower_complexity_than_control",
                f"The trained encoder's binding function is lower-complexity than the control's: the best "
                f"regressor family reaches a higher R² on unseen objects ({clo} split)",
                a=f"complexity.trained.best_r2.{clo}", b=f"complexity.control.best_r2.{clo}",
-               refuted_by="control best R² >= trained best R² on most seeds"),
+               refuted_by="control best R² >= trained best R² on most seeds", kind="finding"),
         Better("trained_beats_control_probe",
                f"Embeddings of unseen objects predicted by the best regressor family (highest final R², per seed; "
                f"{clo} split) are recognised by the encoder's own frozen object probes more often for the trained "
                "encoder than for the control",
                a=f"complexity.trained.best_probe_acc.{clo}", b=f"complexity.control.best_probe_acc.{clo}",
-               refuted_by="control probe accuracy >= trained on most seeds"),
+               refuted_by="control probe accuracy >= trained on most seeds", kind="finding"),
         Bound("scene_embeddings_additive",
               f"Trained scene embeddings are additive over objects: y(a,b) ≈ μ + A1[a] + A2[b] with held-out "
               f"R² above {cfg.additive_r2:g}",
-              value="additivity.trained", above=cfg.additive_r2,
-              refuted_by=f"additive-fit R² at or below {cfg.additive_r2:g}"),
+              value="additivity.trained", above=Param(cfg.additive_r2, "report.additive_r2"),
+              refuted_by=f"additive-fit R² at or below {cfg.additive_r2:g}", kind="finding"),
     ]
 
 

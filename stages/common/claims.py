@@ -86,13 +86,27 @@ def _check_kind(claim) -> None:
         raise ClaimError(f"claim {claim.name!r}: kind must be 'finding' or 'check' (got {claim.kind!r})")
 
 
+class Param(float):
+    """A threshold read from another params key (a field of the claim's own stage config), marked with
+    where it lives: ``Bound(..., below=Param(cfg.ppl_budget, "evaluate.ppl_budget"))``. The result's
+    ``params`` records the key. Prefer ``papers.<slug>.report.claims``; use this only where the stage
+    that measures the quantity owns the number."""
+
+    key: str
+
+    def __new__(cls, value: float, key: str):
+        obj = float.__new__(cls, value)
+        obj.key = key
+        return obj
+
+
 def _no_number_in_code(claim, *fields: str) -> None:
     """Thresholds come from params (bind): a number written in code is an error naming where it goes."""
     if claim._bound:
         return
     for f in fields:
         value = getattr(claim, f)
-        if isinstance(value, (int, float)) and not isinstance(value, bool):
+        if isinstance(value, (int, float)) and not isinstance(value, (bool, Param)):
             raise ClaimError(f"claim {claim.name!r}: {f}={value!r} is a threshold written in code; declare it in "
                              f"params.yaml under papers.<slug>.report.claims.{claim.name}.{f}")
 
@@ -248,7 +262,14 @@ class _Base:
     REQUIRED: tuple[str, ...] = ()      # ... of which these must be there
 
     def params_used(self) -> dict[str, Any]:
-        return {f: getattr(self, f) for f in self.PARAMS if _is_num(getattr(self, f, None))}
+        out: dict[str, Any] = {}
+        for f in self.PARAMS:
+            v = getattr(self, f, None)
+            if _is_num(v):
+                out[f] = float(v)
+                if isinstance(v, Param):
+                    out[f + "_from"] = v.key
+        return out
 
 
 @dataclass(frozen=True)
@@ -435,6 +456,10 @@ class Claim(_Base):
 
     def __post_init__(self):
         _check_kind(self)
+        for k, v in self.thresholds.items():
+            if not self._bound and not isinstance(v, Param):
+                raise ClaimError(f"claim {self.name!r}: threshold {k}={v!r} is written in code; declare it in "
+                                 f"params.yaml under papers.<slug>.report.claims.{self.name}.{k} (or pass a Param)")
         tree = _parse(self.check, self.name)
         for node in ast.walk(tree):
             if (isinstance(node, ast.Constant) and _is_num(node.value)
@@ -452,7 +477,12 @@ class Claim(_Base):
         return self.PARAMS
 
     def params_used(self) -> dict[str, Any]:
-        return dict(self.thresholds)
+        out: dict[str, Any] = {}
+        for k, v in self.thresholds.items():
+            out[k] = float(v)
+            if isinstance(v, Param):
+                out[k + "_from"] = v.key
+        return out
 
     def names(self) -> list[str]:
         return _dotted_names(_parse(self.check, self.name))
@@ -519,12 +549,14 @@ def bind(claims: list[AnyClaim], thresholds: Thresholds | None, where: str = "pa
             if isinstance(getattr(c, k, None), str):
                 raise ClaimError(f"{where}.claims.{key}.{k}: claim {c.name!r} already compares against the "
                                  f"metric {getattr(c, k)!r}")
-        missing = [r for r in c.REQUIRED if r not in given and getattr(c, r, None) is None]
+        have = c.thresholds if isinstance(c, Claim) else {}
+        missing = [r for r in c.REQUIRED if r not in given and r not in have and getattr(c, r, None) is None]
         if missing:
             raise ClaimError(f"{where}.claims.{c.name}.{missing[0]}: missing (claim {c.name!r} reads this "
                              "threshold; fix it in params.yaml before the run)")
         if isinstance(c, Claim):
-            out.append(dataclasses.replace(c, thresholds={k: float(v) for k, v in given.items()}, _bound=True))
+            out.append(dataclasses.replace(c, thresholds={**c.thresholds, **{k: float(v) for k, v in given.items()}},
+                                           _bound=True))
         else:
             if isinstance(c, Bound) and (("below" in given or c.below is not None)
                                          and ("above" in given or c.above is not None)):

@@ -8,7 +8,7 @@ import numpy as np
 import polars as pl
 
 from stages.common.claims import Better, Bound, Claim, Near  # noqa: F401
-from stages.common.config import StageConfig
+from stages.common.config import ReportConfig
 from stages.common.paths import read_json
 from stages.common.reporting import Report
 from stages.common.runner import StageContext
@@ -30,43 +30,43 @@ def _claims() -> list:
         Claim("single_models_cover",
               "CV confidence intervals for single models (OLS, ST at two thresholds, Lasso) cover at ≈95% at every n "
               "(within 3 Monte-Carlo s.e. of the nominal level, both variance estimators)",
-              "single.min_coverage >= nominal - 3 * mc_se_nominal and single.max_coverage <= nominal + 3 * mc_se_nominal",
-              refuted_by="any single model's coverage at any n outside nominal ± 3 MC s.e."),
+              "single.min_coverage >= nominal - param.k3 * mc_se_nominal and single.max_coverage <= nominal + param.k3 * mc_se_nominal",
+              refuted_by="any single model's coverage at any n outside nominal ± 3 MC s.e.", kind="finding"),
         Near("single_models_near_nominal",
              "Pooled over single models, sizes and estimators, single-model coverage is within 0.02 of nominal "
              "(per replication batch)",
-             value="batch.single_pooled", ref="nominal", tol=0.02,
-             refuted_by="pooled single-model coverage more than 0.02 from nominal beyond 2 s.e. over batches"),
+             value="batch.single_pooled", ref="nominal", 
+             refuted_by="pooled single-model coverage more than 0.02 from nominal beyond 2 s.e. over batches", kind="finding"),
     ]
     for name in COMPARISONS:
         out.append(Bound(f"{name}_undercovers",
                          f"The CV interval for {LABELS[name]} under-covers at every n: even its best coverage over n "
                          "and both estimators is below nominal (per replication batch)",
                          value=f"batch.{name}.max_coverage", below="nominal",
-                         refuted_by="the batch-wise best coverage over n not below nominal beyond 2 s.e."))
+                         refuted_by="the batch-wise best coverage over n not below nominal beyond 2 s.e.", kind="finding"))
         out.append(Claim(f"{name}_does_not_improve",
                          f"Coverage of the CV interval for {LABELS[name]} does not improve with n: the least-squares "
                          f"slope of coverage (σ̂_out) on log₂ n over all n has a 95% confidence interval whose upper end "
                          f"is below {SLOPE_BOUND} per doubling of n (bound fixed before n = 6,400 and 12,800 were run)",
                          f"slope.{name}.ci95_high < slope_bound",
                          refuted_by=f"a 95% CI upper end ≥ {SLOPE_BOUND} per doubling: a coverage gain of a point or more "
-                                    "per doubling of n could not be excluded"))
+                                    "per doubling of n could not be excluded", kind="finding"))
     out += [
         Claim("bonferroni_covers",
               "Recommendation: the conservative interval for a difference built from the two single-model intervals "
               "at level 1 − α/2 covers at ≥ nominal − 3 MC s.e. for every comparison, n and estimator",
-              "bonferroni.min_coverage >= nominal - 3 * mc_se_nominal",
-              refuted_by="any comparison's Bonferroni coverage below nominal − 3 MC s.e."),
+              "bonferroni.min_coverage >= nominal - param.k3 * mc_se_nominal",
+              refuted_by="any comparison's Bonferroni coverage below nominal − 3 MC s.e.", kind="finding"),
         Bound("single_r_goes_to_zero",
               "r(h_n) goes to 0 for single models: r̂(n_max)/r̂(n_min) below 0.25 for the least-shrinking single model "
               "(theory ∝ 1/n), per batch-means group",
-              value="stab_groups.single_max_ratio", below=0.25,
-              refuted_by="a single model's r̂ shrinking less than 4× from the smallest to the largest n"),
+              value="stab_groups.single_max_ratio", 
+              refuted_by="a single model's r̂ shrinking less than 4× from the smallest to the largest n", kind="finding"),
         Bound("comparison_r_does_not_vanish",
               "r(h_n) does not go to 0 for comparisons: r̂(n_max)/r̂(n_min) above 0.5 for the most-shrinking comparison, "
               "per batch-means group",
-              value="stab_groups.comparison_min_ratio", above=0.5,
-              refuted_by="a comparison's r̂ shrinking more than 2× from the smallest to the largest n"),
+              value="stab_groups.comparison_min_ratio", 
+              refuted_by="a comparison's r̂ shrinking more than 2× from the smallest to the largest n", kind="finding"),
     ]
     return out
 
@@ -78,7 +78,7 @@ LABELS = {"ols": "OLS", "st_low": "ST (c=low)", "st_high": "ST (c=high)", "lasso
 CLAIMS = _claims()
 
 
-class Config(StageConfig):
+class Config(ReportConfig):
     pass
 
 

@@ -6,7 +6,7 @@ import numpy as np
 import polars as pl
 
 from stages.common.claims import Better, Bound, Claim
-from stages.common.config import StageConfig
+from stages.common.config import ReportConfig
 from stages.common.paths import read_json
 from stages.common.reporting import Report
 from stages.common.runner import StageContext
@@ -22,49 +22,49 @@ R = "results"
 CLAIMS = [
     Bound("dologb_regret_sublinear_official",
           "Official world, τ = 0.157: DO-LogB's cumulative regret grows sublinearly (log-log slope < 1)",
-          value=f"{R}.{OFF}.tau.methods.dologb.slopes.regret", below=1.0,
-          refuted_by="a per-seed slope of cumulative regret ≥ 1 (linear regret) beyond 2 s.e."),
+          value=f"{R}.{OFF}.tau.methods.dologb.slopes.regret", 
+          refuted_by="a per-seed slope of cumulative regret ≥ 1 (linear regret) beyond 2 s.e.", kind="finding"),
     Claim("official_constraint_inactive",
           "In the official environment every context kept by the rejection loop has only fair arms, so even "
           "unconstrained UCB never violates (the constraint is inactive there)",
           f"{R}.{OFF}.tau.max_violation_ucb == 0",
-          refuted_by="any positive cumulative violation of unconstrained UCB in the official world"),
+          refuted_by="any positive cumulative violation of unconstrained UCB in the official world", kind="finding"),
     Better("dologb_beats_uniform_official", "DO-LogB earns more expected reward than the uniform-random policy",
            a=f"{R}.{OFF}.tau.methods.dologb.final.reward", b=f"{R}.{OFF}.tau.uniform_reward",
-           refuted_by="DO-LogB's cumulative expected reward ≤ the uniform policy's"),
+           refuted_by="DO-LogB's cumulative expected reward ≤ the uniform policy's", kind="finding"),
     Bound("dologb_violation_sublinear_binding",
           "Binding world (τ = 0.2): DO-LogB's cumulative violation grows sublinearly (slope < 1)",
-          value=f"{R}.{BIND}.tau.methods.dologb.slopes.violation", below=1.0,
-          refuted_by="a per-seed violation slope ≥ 1 beyond 2 s.e. (violation linear over the window)"),
+          value=f"{R}.{BIND}.tau.methods.dologb.slopes.violation", 
+          refuted_by="a per-seed violation slope ≥ 1 beyond 2 s.e. (violation linear over the window)", kind="finding"),
     Better("dologb_fairer_than_ucb_binding",
            "Binding world: DO-LogB's cumulative violation is below unconstrained UCB's",
            a=f"{R}.{BIND}.tau.methods.dologb.final.violation", b=f"{R}.{BIND}.tau.methods.ucb.final.violation",
-           higher_is_better=False, refuted_by="DO-LogB's violation ≥ UCB's on most seeds"),
+           higher_is_better=False, refuted_by="DO-LogB's violation ≥ UCB's on most seeds", kind="finding"),
     Better("scaled_radius_fairer_than_ucb_binding",
            "Binding world: DO-LogB with β_t × beta_scale has lower cumulative violation than unconstrained UCB",
            a=f"{R}.{BIND}.tau.methods.dologb_scaled.final.violation", b=f"{R}.{BIND}.tau.methods.ucb.final.violation",
-           higher_is_better=False, refuted_by="the scaled variant's violation ≥ UCB's on most seeds"),
+           higher_is_better=False, refuted_by="the scaled variant's violation ≥ UCB's on most seeds", kind="finding"),
     Bound("ucb_violates_linearly_binding",
           "Binding world: unconstrained UCB's cumulative violation grows linearly (slope > 0.9)",
-          value=f"{R}.{BIND}.tau.methods.ucb.slopes.violation", above=0.9,
-          refuted_by="a UCB violation slope ≤ 0.9 beyond 2 s.e."),
+          value=f"{R}.{BIND}.tau.methods.ucb.slopes.violation", 
+          refuted_by="a UCB violation slope ≤ 0.9 beyond 2 s.e.", kind="finding"),
     Bound("primal_dual_violates_roundwise_binding",
           "Binding world: the predecessor's primal-dual method (long-term constraint, truncated dual) still "
           "violates the round-wise constraint linearly (slope > 0.9)",
-          value=f"{R}.{BIND}.tau.methods.primal_dual.slopes.violation", above=0.9,
-          refuted_by="a primal-dual violation slope ≤ 0.9 beyond 2 s.e."),
+          value=f"{R}.{BIND}.tau.methods.primal_dual.slopes.violation", 
+          refuted_by="a primal-dual violation slope ≤ 0.9 beyond 2 s.e.", kind="finding"),
     Bound("tau0_dologb_falls_back_binding",
           "τ = 0 (no arm is fair, Slater fails): DO-LogB's optimistic set eventually empties and it falls back to "
           "the overall UCB argmax, so its violation grows linearly (slope > 0.9)",
-          value=f"{R}.{BIND}.tau0.methods.dologb.slopes.violation", above=0.9,
-          refuted_by="a τ = 0 violation slope ≤ 0.9 beyond 2 s.e."),
+          value=f"{R}.{BIND}.tau0.methods.dologb.slopes.violation", 
+          refuted_by="a τ = 0 violation slope ≤ 0.9 beyond 2 s.e.", kind="finding"),
 ]
 
 LABEL = {"dologb": "DO-LogB (official)", "dologb_scaled": "DO-LogB, β×scale (ours)", "ucb": "unconstrained UCB",
          "primal_dual": "primal-dual (ICML'25)", "tabular": "tabular (ours)", "oracle": "oracle θ*"}
 
 
-class Config(StageConfig):
+class Config(ReportConfig):
     pass
 
 

@@ -8,7 +8,7 @@ import polars as pl
 import torch
 
 from stages.common.claims import Bound, Claim
-from stages.common.config import StageConfig
+from stages.common.config import ReportConfig
 from stages.common.paths import read_json
 from stages.common.reporting import Report
 from stages.common.runner import StageContext
@@ -28,45 +28,45 @@ CLAIMS = [
           "needs exponentially many steps in m to reach an ε-NE (ε = 0.1/m) on the chain games: log T_ε grows by "
           "at least log 2 per unit m (least-squares slope, capped runs counted at the cap, a lower bound) and the "
           "growth does not slow down (last increment of log T ≥ first, over the uncapped sizes of every arm with >= 3 of them)",
-          "uniform_min_ftrl_slope >= 0.6931 and uniform_min_ftrl_convexity >= 0",
+          "uniform_min_ftrl_slope >= param.k0_6931 and uniform_min_ftrl_convexity >= 0",
           refuted_by="any FTRL arm with a log-T slope below log 2, or whose log-T increments shrink with m "
-                     "(polynomial-looking growth) from the uniform start"),
+                     "(polynomial-looking growth) from the uniform start", kind="finding"),
     Bound("random_start_exponential",
           "From random interior starts (5 seeds), MWU (η = 1) still needs exponentially many steps: per-seed "
           "log-T slope in m above log 2",
-          value="random_start.mwu.slope", above=LOG2,
-          refuted_by="per-seed slopes not above log 2 beyond 2 s.e. (random starts escape the chain)"),
+          value="random_start.mwu.slope",
+          refuted_by="per-seed slopes not above log 2 beyond 2 s.e. (random starts escape the chain)", kind="finding"),
     Bound("random_games_fast",
           "Baseline: on random identical-interest games of the same size (3 game seeds) MWU from the uniform start "
           "does NOT show exponential growth (per-seed log-T slope below log 2) — the slowness is the gadget's",
-          value="random_games.slope", below=LOG2,
-          refuted_by="random games with per-seed slopes above log 2 (then the chain is not what makes FTRL slow)"),
+          value="random_games.slope",
+          refuted_by="random games with per-seed slopes above log 2 (then the chain is not what makes FTRL slow)", kind="finding"),
     Claim("staircase_not_enough",
           "The card's plain staircase (zeros off the chain) does not defeat the uniform start: MWU reaches an ε-NE "
           "with a log-T slope below log 2",
-          "staircase_slope < 0.6931",
-          refuted_by="an exponential-looking staircase slope (then the pre-check was wrong)"),
+          "staircase_slope < param.k0_6931",
+          refuted_by="an exponential-looking staircase slope (then the pre-check was wrong)", kind="finding"),
     Bound("lazy_alternating_bounded",
           "At a FIXED ε = 0.05, lazy alternating MWU's T_ε does not grow exponentially with the game size on random "
           "identical-interest games (per-seed log-T slope in m below 0.25) — consistent with an m-independent "
           "exp(O(1/ε²)) bound",
-          value="fixed_eps.random_slope", below=0.25,
-          refuted_by="per-seed slopes above 0.25 beyond 2 s.e. at fixed ε"),
+          value="fixed_eps.random_slope", 
+          refuted_by="per-seed slopes above 0.25 beyond 2 s.e. at fixed ε", kind="finding"),
     Claim("lazy_alternating_bounded_chain",
           "At the same fixed ε, lazy alternating MWU on the chain games is not slowed by m either (log-T slope < "
           "0.25), while with ε = 0.1/m it is exponential (the alt_mwu row of the uniform-start table)",
-          "fixed_eps.chain_slope < 0.25 and uniform.alt_mwu.slope >= 0.6931",
-          refuted_by="a fixed-ε slope of 0.25 or more on the chain games"),
+          "fixed_eps.chain_slope < param.k0_25 and uniform.alt_mwu.slope >= param.k0_6931",
+          refuted_by="a fixed-ε slope of 0.25 or more on the chain games", kind="finding"),
     Claim("multiplayer_fp_doubly_exponential",
           "Fictitious play in N-player potential games can take doubly exponential time: on the snake construction "
           "(derived, not the paper's) log log T grows linearly in N with increments of log T that grow "
           "(ratio last/first > 1.5)",
-          "multi.loglog_slope > 0.3 and multi.increment_growth > 1.5",
-          refuted_by="shrinking increments of log T in N (at most single-exponential growth) on this construction"),
+          "multi.loglog_slope > param.k0_3 and multi.increment_growth > param.k1_5",
+          refuted_by="shrinking increments of log T in N (at most single-exponential growth) on this construction", kind="finding"),
 ]
 
 
-class Config(StageConfig):
+class Config(ReportConfig):
     pass
 
 

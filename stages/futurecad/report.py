@@ -14,7 +14,7 @@ import numpy as np
 import polars as pl
 
 from stages.common.claims import Better, Bound, Claim, Within
-from stages.common.config import StageConfig
+from stages.common.config import ReportConfig
 from stages.common.paths import read_json
 from stages.common.reporting import Report
 from stages.common.runner import StageContext
@@ -28,41 +28,41 @@ CLAIMS = [
            "design)",
            a="topology.query_exact", b="topology.index_exact",
            refuted_by="BRepGround-mini's exact-set accuracy on the edited designs not above the index replay's beyond "
-                      "2 s.e. on a majority of seeds"),
+                      "2 s.e. on a majority of seeds", kind="finding"),
     Better("rl_raises_geometry_score",
            "RL (GRPO, reward = executes × (1 − normalised Chamfer distance)) raises the program model's mean reward "
            "on held-out descriptions over SFT alone",
            a="program.arms.rl.reward", b="program.arms.sft.reward",
-           refuted_by="SFT+RL mean reward not above SFT's beyond 2 s.e. on a majority of seeds"),
+           refuted_by="SFT+RL mean reward not above SFT's beyond 2 s.e. on a majority of seeds", kind="finding"),
     Better("rl_raises_executability",
            "RL raises the executability rate of generated scripts over SFT alone",
            a="program.arms.rl.exec", b="program.arms.sft.exec",
-           refuted_by="SFT+RL executability not above SFT's beyond 2 s.e. on a majority of seeds"),
+           refuted_by="SFT+RL executability not above SFT's beyond 2 s.e. on a majority of seeds", kind="finding"),
     Within("heldout_templates_generalize",
            "Grounding generalises to held-out query templates: exact-set accuracy on held-out templates is within "
            "0.10 of that on seen templates (same held-out parts)",
-           a="grounding.model.heldout.exact", b="grounding.model.seen.exact", delta=0.10,
-           refuted_by="|held-out − seen| exact-set accuracy ≥ 0.10 beyond 2 s.e."),
+           a="grounding.model.heldout.exact", b="grounding.model.seen.exact", 
+           refuted_by="|held-out − seen| exact-set accuracy ≥ 0.10 beyond 2 s.e.", kind="finding"),
     Better("ground_beats_keyword_rule",
            "BRepGround-mini beats the keyword/rule selector on held-out templates (paraphrased queries)",
            a="grounding.model.heldout.exact", b="grounding.baselines.keyword_rule.heldout.exact",
-           refuted_by="model exact-set accuracy not above the rule's beyond 2 s.e. on a majority of seeds"),
+           refuted_by="model exact-set accuracy not above the rule's beyond 2 s.e. on a majority of seeds", kind="finding"),
     Better("ground_beats_type_only",
            "BRepGround-mini beats selecting every primitive of the named type (held-out templates, F1)",
            a="grounding.model.heldout.f1", b="grounding.baselines.type_only.heldout.f1",
-           refuted_by="model F1 not above the type-only selector's beyond 2 s.e."),
+           refuted_by="model F1 not above the type-only selector's beyond 2 s.e.", kind="finding"),
     Bound("ground_above_chance",
           "Sanity: BRepGround-mini's held-out exact-set accuracy is well above the empty/trivial selector (> 0.2)",
-          value="grounding.model.heldout.exact", above=0.2,
-          refuted_by="held-out exact-set accuracy not above 0.2 beyond 2 s.e."),
+          value="grounding.model.heldout.exact", 
+          refuted_by="held-out exact-set accuracy not above 0.2 beyond 2 s.e.", kind="finding"),
     Claim("cli_matches_stage",
           "The fixed CLI (STEP in, ids in CadQuery order out) selects exactly what the evaluate stage scored",
           "cli.match_frac == 1 and cli.runs >= 1",
-          refuted_by="any CLI run whose selection differs from the batch scoring of the same part and query"),
+          refuted_by="any CLI run whose selection differs from the batch scoring of the same part and query", kind="finding"),
 ]
 
 
-class Config(StageConfig):
+class Config(ReportConfig):
     pass
 
 

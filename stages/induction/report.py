@@ -8,7 +8,7 @@ import numpy as np
 import polars as pl
 
 from stages.common.claims import Better, Bound, Claim
-from stages.common.config import StageConfig
+from stages.common.config import ReportConfig
 from stages.common.paths import read_json
 from stages.common.reporting import Report
 from stages.common.runner import StageContext
@@ -17,41 +17,41 @@ CLAIMS = [
     Claim("enumeration_solves_fullobs",
           "Bottom-up enumeration solves most FULLOBS instances within the formula-count budget "
           "(a compact formula, not the fallback)",
-          "enum.fullobs.valid_rate > 0.5",
+          "enum.fullobs.valid_rate > param.k0_5",
           refuted_by="half or fewer of the FULLOBS instances solved (status 'solved' and valid) within the "
-                     "budget of generated formulas"),
+                     "budget of generated formulas", kind="finding"),
     Better("compact_generalizes",
            "Among training-valid formulas, compact (enumerated) ones generalize to held-out worlds better than "
            "the best of the bloated decision-tree fit and a constant majority-label classifier, by more than "
            "5 points of held-out object accuracy (per generator seed, paired instances)",
-           a="heldout.per_seed.compact_acc", b="heldout.per_seed.best_baseline_acc", margin=0.05,
+           a="heldout.per_seed.compact_acc", b="heldout.per_seed.best_baseline_acc", 
            refuted_by="per-seed held-out accuracy of the compact formulas not above max(bloated tree, majority) + "
-                      "0.05 beyond 2 standard errors on a majority of seeds (fails if the reverse holds)"),
+                      "0.05 beyond 2 standard errors on a majority of seeds (fails if the reverse holds)", kind="finding"),
     Claim("difficulty_rises_with_depth",
           "Difficulty rises sharply with gold formula depth: search effort grows by >= 100x from the "
           "shallowest to the deepest templates and the budgeted solve rate is lower at the deepest",
-          "difficulty.effort_ratio >= 100 and difficulty.solve_rate_deep < difficulty.solve_rate_shallow",
+          "difficulty.effort_ratio >= param.k100 and difficulty.solve_rate_deep < difficulty.solve_rate_shallow",
           refuted_by="median formulas generated at the deepest templates < 100x the shallowest, or the deepest "
-                     "templates solved at least as often within the same count budget"),
+                     "templates solved at least as often within the same count budget", kind="finding"),
     Claim("reaches_outside_fragment",
           "The extended grammar (pairs of guard literals, x != y, a nested guard back to x) solves concepts "
           "outside the original one-literal-guard fragment with near-gold size",
-          "fragment.outside.solve_rate >= 0.5 and fragment.outside.median_size_over_gold <= 1.5",
+          "fragment.outside.solve_rate >= param.k0_5 and fragment.outside.median_size_over_gold <= param.k1_5",
           refuted_by="fewer than half of the outside-fragment instances solved within the budget, or their "
-                     "solutions more than 1.5x the gold size (memorizing fallbacks)"),
+                     "solutions more than 1.5x the gold size (memorizing fallbacks)", kind="finding"),
     Better("lift_reaches_benchmark_families",
            "On the held-out benchmark families (upstream new36 shapes, quantifier depth 2-3, domains 9-11), the "
            "two-bank lift enumerator solves at least 30 points more instances than the guarded grammar "
            "(per generator seed, same instances)",
-           a="bench.per_seed.lift_solve_rate", b="bench.per_seed.guarded_solve_rate", margin=0.3,
+           a="bench.per_seed.lift_solve_rate", b="bench.per_seed.guarded_solve_rate", 
            refuted_by="per-seed lift solve rate not above the guarded grammar's + 0.3 beyond 2 standard errors on a "
-                      "majority of seeds"),
+                      "majority of seeds", kind="finding"),
     Bound("lift_solutions_generalize",
           "Formulas the lift enumerator finds for the benchmark families label fresh worlds of the same hidden "
           "concept correctly: held-out object accuracy above 0.9 (per generator seed)",
-          value="bench.per_seed.lift_heldout_acc_solved", above=0.9,
+          value="bench.per_seed.lift_heldout_acc_solved", 
           refuted_by="per-seed held-out object accuracy of the solved formulas not above 0.9 beyond 2 standard "
-                     "errors on a majority of seeds (compact but spurious formulas that fit only the 4 training worlds)"),
+                     "errors on a majority of seeds (compact but spurious formulas that fit only the 4 training worlds)", kind="finding"),
 ]
 
 # Published LLM numbers on the same families: Claude Opus 5.5, Challenge100 round 1, "new36" subset, per
@@ -73,7 +73,7 @@ UPSTREAM_SRC = ("SerafimBatzoglou/concept-synth, benchmarks/induction/eval/claud
                 "(Claude Opus 5.5, Challenge100 round 1, new36 subset: 19/36 train-correct, median AST 16)")
 
 
-class Config(StageConfig):
+class Config(ReportConfig):
     pass
 
 

@@ -11,7 +11,7 @@ import numpy as np
 import polars as pl
 
 from stages.common.claims import Better, Bound
-from stages.common.config import StageConfig
+from stages.common.config import ReportConfig
 from stages.common.paths import read_json
 from stages.common.reporting import Report
 from stages.common.runner import StageContext
@@ -25,36 +25,36 @@ CLAIMS = [
            "Flexibility trap: on the pretrained dLLM, AR-order sampling covers more solutions than "
            "low-confidence arbitrary order at the largest k (pass@k, T = 1, unbiased estimator)",
            a="passk.ar.at_kmax", b="passk.arbitrary.at_kmax",
-           refuted_by="arbitrary-order pass@k_max not below AR-order pass@k_max beyond 2 s.e. on a majority of seeds"),
+           refuted_by="arbitrary-order pass@k_max not below AR-order pass@k_max beyond 2 s.e. on a majority of seeds", kind="finding"),
     Better("fork_entropy_ar_higher",
            "Arbitrary order defers fork tokens and decodes them with lower entropy than AR order does "
            "(entropy of the fork position's predictive distribution when it gets decoded)",
            a="fork.ar.fork_entropy", b="fork.arbitrary.fork_entropy",
-           refuted_by="fork entropy under arbitrary order not below AR order's beyond 2 s.e."),
+           refuted_by="fork entropy under arbitrary order not below AR order's beyond 2 s.e.", kind="finding"),
     Better("justgrpo_improves_base",
            "JustGRPO (AR-order rollouts, exact AR likelihood, clipped surrogate, no KL) raises greedy accuracy "
            "over the pretrained dLLM (1 token/step, semi-AR low-confidence decoding)",
            a="acc.justgrpo.tps1", b="acc.base.tps1",
-           refuted_by="JustGRPO accuracy not above the base model's beyond 2 s.e."),
+           refuted_by="JustGRPO accuracy not above the base model's beyond 2 s.e.", kind="finding"),
     Better("justgrpo_beats_arbitrary_grpo",
            "JustGRPO reaches higher greedy accuracy than the GRPO baseline that keeps arbitrary-order "
            "rollouts with a one-step masked log-prob surrogate (same steps, group size, learning rate)",
            a="acc.justgrpo.tps1", b="acc.arbitrary.tps1",
-           refuted_by="baseline accuracy not below JustGRPO's beyond 2 s.e. on a majority of seeds"),
+           refuted_by="baseline accuracy not below JustGRPO's beyond 2 s.e. on a majority of seeds", kind="finding"),
     Bound("gain_survives_parallel",
           "Most of JustGRPO's RL gain survives parallel decoding: its gain over the base model at 4 tokens/step "
           "is at least half its gain at 1 token/step (value = gain₄ − ½·gain₁)",
-          value="derived.justgrpo_survival_tps4", above=0.0,
-          refuted_by="gain at 4 tokens/step below half the gain at 1 token/step beyond 2 s.e."),
+          value="derived.justgrpo_survival_tps4", 
+          refuted_by="gain at 4 tokens/step below half the gain at 1 token/step beyond 2 s.e.", kind="finding"),
     Bound("baseline_beats_chance",
           "Sanity: the arbitrary-order GRPO baseline is non-degenerate (greedy accuracy above the 1/MOD = 20% of a "
           "guessed digit)",
-          value="acc.arbitrary.tps1", above=CHANCE,
-          refuted_by="baseline accuracy not above 0.2 beyond 2 s.e."),
+          value="acc.arbitrary.tps1",
+          refuted_by="baseline accuracy not above 0.2 beyond 2 s.e.", kind="finding"),
 ]
 
 
-class Config(StageConfig):
+class Config(ReportConfig):
     pass
 
 

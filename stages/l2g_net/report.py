@@ -9,7 +9,7 @@ import numpy as np
 import polars as pl
 
 from stages.common.claims import Better, Bound, Claim, Within
-from stages.common.config import StageConfig
+from stages.common.config import ReportConfig
 from stages.common.paths import read_json
 from stages.common.reporting import Report
 from stages.common.runner import StageContext
@@ -28,54 +28,53 @@ CLAIMS = [
     Claim("exact", "The factorization is exact for the Laplacian it factorizes: eigenvalues, orthogonality, "
           "reconstruction and spectral filtering (Cauchy chain through the kernel) agree with dense eigh / expm "
           "to <= 1e-8 relative on every test graph (suite, cut-size graphs, sparsified scaling graphs)",
-          "exactness.max_eig_rel_err <= 1e-8 and exactness.max_orthogonality <= 1e-8 and "
-          "exactness.max_reconstruction <= 1e-8 and exactness.max_filter_rel_err <= 1e-8",
-          refuted_by="any error above 1e-8 on any graph or partition"),
+          "exactness.max_eig_rel_err <= param.k1e_08 and exactness.max_orthogonality <= param.k1e_08 and (exactness.max_reconstruction <= param.k1e_08) and (exactness.max_filter_rel_err <= param.k1e_08)",
+          refuted_by="any error above 1e-8 on any graph or partition", kind="finding"),
     Claim("scaling_exponent_ba", "On Barabasi-Albert graphs with parts growing with n and the cut sparsified "
           "(the paper's scaling setting), L2G's runtime exponent is clearly (>= 0.3) below dense eigh's",
-          "scaling.ba.l2g_exponent <= scaling.ba.eigh_exponent - 0.3",
-          refuted_by="a fitted L2G exponent within 0.3 of (or above) eigh's over the measured sizes"),
+          "scaling.ba.l2g_exponent <= scaling.ba.eigh_exponent - param.k0_3",
+          refuted_by="a fitted L2G exponent within 0.3 of (or above) eigh's over the measured sizes", kind="finding"),
     Claim("faster_than_eigh_ba", "At the largest Barabasi-Albert size run here L2G (partition + sparsification "
           "+ factorization) is faster than dense eigh",
           "scaling.ba.l2g_s_at_largest < scaling.ba.eigh_s_at_largest",
-          refuted_by="L2G's CPU time at the largest size >= eigh's"),
+          refuted_by="L2G's CPU time at the largest size >= eigh's", kind="finding"),
     Claim("linear_in_cut", "The rank-one updates grow linearly with the number of cut edges (fitted exponent "
-          "within 0.3 of 1)", "abs(scaling_k.l2g_update_exponent_k - 1) <= 0.3",
-          refuted_by="an update-time exponent in k outside [0.7, 1.3]"),
+          "within 0.3 of 1)", "abs(scaling_k.l2g_update_exponent_k - 1) <= param.k0_3",
+          refuted_by="an update-time exponent in k outside [0.7, 1.3]", kind="finding"),
     Better("l2g_beats_gcn", "On Minesweeper L2G-Net has a higher test ROC AUC than GCN at matched parameters",
-           a=f"{AUC}.l2g", b=f"{AUC}.gcn", refuted_by="GCN's per-seed AUC above L2G-Net's beyond 2 s.e."),
+           a=f"{AUC}.l2g", b=f"{AUC}.gcn", refuted_by="GCN's per-seed AUC above L2G-Net's beyond 2 s.e.", kind="finding"),
     Better("l2g_beats_gin", "... than GIN at matched parameters", a=f"{AUC}.l2g", b=f"{AUC}.gin",
-           refuted_by="GIN's per-seed AUC above L2G-Net's beyond 2 s.e."),
+           refuted_by="GIN's per-seed AUC above L2G-Net's beyond 2 s.e.", kind="finding"),
     Better("l2g_beats_chebnet", "... than ChebNet (order K) at matched parameters", a=f"{AUC}.l2g",
-           b=f"{AUC}.chebnet", refuted_by="ChebNet's per-seed AUC above L2G-Net's beyond 2 s.e."),
+           b=f"{AUC}.chebnet", refuted_by="ChebNet's per-seed AUC above L2G-Net's beyond 2 s.e.", kind="finding"),
     Better("l2g_beats_chebnet_long", "... than ChebNet of order K_long (~20) at matched parameters", a=f"{AUC}.l2g",
-           b=f"{AUC}.chebnet_long", refuted_by="the long ChebNet's per-seed AUC above L2G-Net's beyond 2 s.e."),
+           b=f"{AUC}.chebnet_long", refuted_by="the long ChebNet's per-seed AUC above L2G-Net's beyond 2 s.e.", kind="finding"),
     Within("l2g_matches_full_gft", "L2G-Net (local + global filters on the factorized GFT of the sparsified "
            "graph) is within 0.02 AUC of the same filters on the full dense GFT", a=f"{AUC}.l2g",
-           b=f"{AUC}.full_gft", delta=0.02, refuted_by="a per-seed gap beyond 0.02 AUC (2 s.e.)"),
+           b=f"{AUC}.full_gft", refuted_by="a per-seed gap beyond 0.02 AUC (2 s.e.)", kind="finding"),
     Bound("baselines_beat_chance", "Every baseline beats the trivial predictor (AUC 0.5) on every seed's test "
-          "nodes (the weakest baseline per seed)", value="task.auc_min_baseline", above=0.5,
-          refuted_by="the weakest baseline's AUC not above 0.5"),
+          "nodes (the weakest baseline per seed)", value="task.auc_min_baseline", 
+          refuted_by="the weakest baseline's AUC not above 0.5", kind="finding"),
     Better("parity_l2g_beats_gcn", "On the distance-to-source parity task (heterophilous, long range) L2G-Net has "
            "a higher test ROC AUC than GCN at matched parameters", a=f"{PAR}.l2g", b=f"{PAR}.gcn",
-           refuted_by="GCN's per-seed AUC above L2G-Net's beyond 2 s.e."),
+           refuted_by="GCN's per-seed AUC above L2G-Net's beyond 2 s.e.", kind="finding"),
     Better("parity_l2g_beats_gin", "... than GIN at matched parameters", a=f"{PAR}.l2g", b=f"{PAR}.gin",
-           refuted_by="GIN's per-seed AUC above L2G-Net's beyond 2 s.e."),
+           refuted_by="GIN's per-seed AUC above L2G-Net's beyond 2 s.e.", kind="finding"),
     Better("parity_l2g_beats_chebnet", "... than ChebNet (order K) at matched parameters", a=f"{PAR}.l2g",
-           b=f"{PAR}.chebnet", refuted_by="ChebNet's per-seed AUC above L2G-Net's beyond 2 s.e."),
+           b=f"{PAR}.chebnet", refuted_by="ChebNet's per-seed AUC above L2G-Net's beyond 2 s.e.", kind="finding"),
     Better("parity_l2g_beats_chebnet_long", "... than ChebNet of order K_long (~20) at matched parameters",
            a=f"{PAR}.l2g", b=f"{PAR}.chebnet_long",
-           refuted_by="the long ChebNet's per-seed AUC above L2G-Net's beyond 2 s.e."),
+           refuted_by="the long ChebNet's per-seed AUC above L2G-Net's beyond 2 s.e.", kind="finding"),
     Within("parity_l2g_matches_full_gft", "On the parity task L2G-Net is within 0.02 AUC of the same filters on "
-           "the full dense GFT", a=f"{PAR}.l2g", b=f"{PAR}.full_gft", delta=0.02,
-           refuted_by="a per-seed gap beyond 0.02 AUC (2 s.e.)"),
+           "the full dense GFT", a=f"{PAR}.l2g", b=f"{PAR}.full_gft", 
+           refuted_by="a per-seed gap beyond 0.02 AUC (2 s.e.)", kind="finding"),
     Bound("parity_baselines_beat_chance", "On the parity task every baseline beats the trivial predictor "
-          "(AUC 0.5; the weakest baseline per seed)", value="parity.auc_min_baseline", above=0.5,
-          refuted_by="the weakest baseline's AUC not above 0.5 (the report then says so)"),
+          "(AUC 0.5; the weakest baseline per seed)", value="parity.auc_min_baseline", 
+          refuted_by="the weakest baseline's AUC not above 0.5 (the report then says so)", kind="finding"),
 ]
 
 
-class Config(StageConfig):
+class Config(ReportConfig):
     pass
 
 

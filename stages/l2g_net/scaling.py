@@ -163,10 +163,10 @@ def large_claims(fit: dict) -> list:
     for key, d in fit.items():
         out += [Claim(f"{key}_exponent_below_eigh", f"{key}: L2G's fitted runtime exponent is >= 0.3 below dense "
                       f"eigh's (n up to {d['largest_n']})", f"fits.{key}.l2g_exponent <= fits.{key}.eigh_exponent - 0.3",
-                      refuted_by="an L2G exponent within 0.3 of (or above) eigh's"),
+                      refuted_by="an L2G exponent within 0.3 of (or above) eigh's", kind="finding"),
                 Claim(f"{key}_faster_at_largest", f"{key}: L2G is faster than dense eigh at n = {d['largest_n']}",
                       f"fits.{key}.l2g_s_at_largest < fits.{key}.eigh_s_at_largest",
-                      refuted_by="L2G's CPU time at the largest size >= eigh's")]
+                      refuted_by="L2G's CPU time at the largest size >= eigh's", kind="finding")]
     return out
 
 

@@ -12,7 +12,7 @@ import numpy as np
 import polars as pl
 
 from stages.common.claims import Better, Bound, Claim, Within, evaluate_claims
-from stages.common.config import Seed, StageConfig
+from stages.common.config import Seed, ReportConfig
 from stages.common.paths import read_json
 from stages.common.reporting import Report
 from stages.opus.corpus import KINDS
@@ -27,61 +27,61 @@ CLAIMS = [
            "Population: the main pool (15% target text). OPUS (AdamW-preconditioned, Boltzmann on standardized "
            "utility) reaches lower target-domain validation loss than random selection at equal update tokens",
            a="arms.opus_adamw.val_loss", b="arms.random.val_loss", higher_is_better=False,
-           refuted_by="random selection reaching an equal or lower final target loss on most seeds"),
+           refuted_by="random selection reaching an equal or lower final target loss on most seeds", kind="finding"),
     Better("sgd_opus_beats_sgd_random",
            "Population: the main pool, an SGD-trained model. OPUS with the SGD preconditioner (P = I, η = lr) "
            "beats random selection under the same SGD training",
            a="arms.sgd_opus.val_loss", b="arms.sgd_random.val_loss", higher_is_better=False,
-           refuted_by="sgd_random reaching an equal or lower final target loss on most seeds"),
+           refuted_by="sgd_random reaching an equal or lower final target loss on most seeds", kind="finding"),
     Better("boltzmann_beats_greedy",
            "Population: the main pool (5% near-duplicates of 4 documents). Boltzmann sampling beats greedy "
            "top-utility selection",
            a="arms.opus_adamw.val_loss", b="arms.greedy_opus.val_loss", higher_is_better=False,
-           refuted_by="greedy reaching an equal or lower final target loss on most seeds"),
+           refuted_by="greedy reaching an equal or lower final target loss on most seeds", kind="finding"),
     Better("boltzmann_beats_greedy_redundant",
            "Population: the redundant pool (30% near-duplicates of 2 documents). Boltzmann sampling beats greedy "
            "selection where redundancy exists (the diversity hypothesis)",
            a="arms.redundant_boltzmann.val_loss", b="arms.redundant_greedy.val_loss", higher_is_better=False,
-           refuted_by="greedy reaching an equal or lower final target loss on most seeds of the redundant pool"),
+           refuted_by="greedy reaching an equal or lower final target loss on most seeds of the redundant pool", kind="finding"),
     Bound("official_sampler_near_uniform",
           "The official sampler p ∝ exp(U/τ) on the raw utility (τ = 0.9) is near-uniform here: the spread "
           "(sd over candidates) of its logits U/τ stays below 0.1",
-          value="arms.official_raw_tau.raw_logit_sd", below=0.1,
-          refuted_by="raw logits with sd >= 0.1 (then raw-score sampling would discriminate)"),
+          value="arms.official_raw_tau.raw_logit_sd", 
+          refuted_by="raw logits with sd >= 0.1 (then raw-score sampling would discriminate)", kind="finding"),
     Within("official_sampler_like_random",
            "Consequently the official raw-τ sampler trains like random selection: final target loss within "
            "0.05 nats of random",
-           a="arms.official_raw_tau.val_loss", b="arms.random.val_loss", delta=0.05,
-           refuted_by="a gap of 0.05 nats or more to random on most seeds"),
+           a="arms.official_raw_tau.val_loss", b="arms.random.val_loss", 
+           refuted_by="a gap of 0.05 nats or more to random on most seeds", kind="finding"),
     Bound("static_filter_flags_toxic_in_pool",
           "Population: all candidates (a random sample of the training pool, every kind at its pool share). "
           "The static OPUS utility (low U flagged) ranks toxic documents above the rest: AUROC > 0.5",
-          value="static_filter.pool.opus", above=0.5,
-          refuted_by="AUROC <= 0.5 on the pool sample: the filter would remove other documents before toxic ones"),
+          value="static_filter.pool.opus", 
+          refuted_by="AUROC <= 0.5 on the pool sample: the filter would remove other documents before toxic ones", kind="finding"),
     Bound("static_filter_flags_toxic_among_target",
           "Population: clean target-domain vs toxic documents only. The static OPUS utility flags toxic ones: "
           "AUROC > 0.7",
-          value="static_filter.target_only.opus", above=0.7,
-          refuted_by="AUROC <= 0.7 among target-domain documents"),
+          value="static_filter.target_only.opus", 
+          refuted_by="AUROC <= 0.7 among target-domain documents", kind="finding"),
     Claim("overhead_tracks_token_ratio",
           "Scoring FLOPs per trained step are set by the scored-to-trained token ratio: for every cost variant, "
           "(scoring FLOPs / training-step FLOPs) / (scored tokens / trained tokens) lies in [0.5, 2]",
-          "overhead.flop_per_token_min >= 0.5 and overhead.flop_per_token_max <= 2",
-          refuted_by="a variant whose FLOP overhead departs more than 2x from its token ratio"),
+          "overhead.flop_per_token_min >= param.k0_5 and overhead.flop_per_token_max <= param.k2",
+          refuted_by="a variant whose FLOP overhead departs more than 2x from its token ratio", kind="finding"),
     Better("cheap_variant_keeps_half_the_gain",
            "The all-knobs variant opus_cheap (window 16 of 32 tokens, scoring every 4 steps, combined capture, "
            "on-device selection) keeps more than half of full OPUS's target-loss gain over random",
            a="gain.opus_cheap", b="gain_half.opus_adamw", higher_is_better=True,
-           refuted_by="opus_cheap's gain over random at or below half of opus_adamw's on most seeds"),
+           refuted_by="opus_cheap's gain over random at or below half of opus_adamw's on most seeds", kind="finding"),
     Claim("overhead_small",
           "The paper's overhead: scoring costs a small fraction of a training step, checked in counted FLOPs "
           "for the all-knobs variant opus_cheap as <= 10% (paper: 4.7%)",
-          "overhead.flops.cheap <= 0.10",
-          refuted_by="a FLOP overhead above 0.10 for opus_cheap"),
+          "overhead.flops.cheap <= param.k0_1",
+          refuted_by="a FLOP overhead above 0.10 for opus_cheap", kind="finding"),
 ]
 
 
-class Config(StageConfig):
+class Config(ReportConfig):
     seed: Seed = 0
 
 
@@ -306,7 +306,7 @@ cost variants `opus_window` (a random 16-token window of each 32-token sequence 
                    "|η²⟨φ(pick),Φ⟩| / |η⟨φ(pick),ψ⟩|, and how many of the K (4K for every4/cheap) greedy picks "
                    "differ with and without the penalty on the same scores.")
 
-    v = {x["name"]: x for x in evaluate_claims(CLAIMS, metrics)}
+    v = {x["name"]: x for x in evaluate_claims(CLAIMS, metrics, cfg.claims, "papers.opus.report")}
 
     def say(name):
         return v[name]["verdict"]

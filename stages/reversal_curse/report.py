@@ -7,7 +7,7 @@ import numpy as np
 import polars as pl
 
 from stages.common.claims import Better, Bound, Claim
-from stages.common.config import StageConfig
+from stages.common.config import ReportConfig
 from stages.common.paths import read_json
 from stages.common.reporting import Report
 from stages.common.runner import StageContext
@@ -18,62 +18,62 @@ CLAIMS = [
     Better("bridge_reverses",
            "With identity facts on A∪B the one-layer model W_O W_V reverses held-out facts: its held-out "
            "reversal accuracy exceeds forward-only training's by more than 0.5 on every seed's held-out set",
-           a="main.AB.reverse_acc", b="main.none.reverse_acc", margin=0.5,
-           refuted_by="A∪B accuracy not above forward-only's by 0.5 beyond 2 s.e. on a majority of seeds"),
+           a="main.AB.reverse_acc", b="main.none.reverse_acc", 
+           refuted_by="A∪B accuracy not above forward-only's by 0.5 beyond 2 s.e. on a majority of seeds", kind="finding"),
     Bound("forward_only_fails",
           "Forward-only training (no bridge) leaves held-out reversal at ≈ 0 (the reversal curse)",
-          value="main.none.reverse_acc", below=ZERO,
-          refuted_by="forward-only held-out reversal accuracy ≥ 0.05"),
+          value="main.none.reverse_acc", 
+          refuted_by="forward-only held-out reversal accuracy ≥ 0.05", kind="finding"),
     Bound("bridge_block_symmetric",
           "With the A∪B bridge the learned held-out pair entries are symmetric: off-diagonal asymmetry "
           "‖u−v‖/√(‖u‖²+‖v‖²) (u = W[a_i,b_i], v = W[b_i,a_i]) below 0.3",
-          value="main.AB.offdiag_asym", below=0.3,
-          refuted_by="A∪B off-diagonal asymmetry ≥ 0.3 (W[a,b] and W[b,a] of held-out pairs differ)"),
+          value="main.AB.offdiag_asym", 
+          refuted_by="A∪B off-diagonal asymmetry ≥ 0.3 (W[a,b] and W[b,a] of held-out pairs differ)", kind="finding"),
     Better("asymmetric_without_bridge",
            "Without the bridge the held-out block stays one-directional: asymmetry higher than A∪B's by > 0.5",
-           a="main.none.offdiag_asym", b="main.AB.offdiag_asym", margin=0.5,
-           refuted_by="forward-only asymmetry not above A∪B's by 0.5"),
+           a="main.none.offdiag_asym", b="main.AB.offdiag_asym", 
+           refuted_by="forward-only asymmetry not above A∪B's by 0.5", kind="finding"),
     Better("asymmetric_with_large_init",
            "With the same A∪B data but a large init (0.1) the held-out block is asymmetric too: asymmetry "
            "higher than small-init A∪B's by > 0.1",
-           a="main.AB_large_init.offdiag_asym", b="main.AB.offdiag_asym", margin=0.1,
-           refuted_by="large-init asymmetry within 0.1 of small-init A∪B's (symmetry without the small-init bias)"),
+           a="main.AB_large_init.offdiag_asym", b="main.AB.offdiag_asym", 
+           refuted_by="large-init asymmetry within 0.1 of small-init A∪B's (symmetry without the small-init bias)", kind="finding"),
     Bound("large_init_does_not_reverse",
           "The mechanism needs the small-init bias: A∪B with a large init (0.1) does not reverse",
-          value="main.AB_large_init.reverse_acc", below=ZERO,
-          refuted_by="large-init A∪B held-out reversal ≥ 0.05"),
+          value="main.AB_large_init.reverse_acc", 
+          refuted_by="large-init A∪B held-out reversal ≥ 0.05", kind="finding"),
     Bound("unfactorized_does_not_reverse",
           "The mechanism needs the factorization W_O W_V: an unfactorized W on A∪B does not reverse",
-          value="main.AB_unfactorized.reverse_acc", below=ZERO,
-          refuted_by="unfactorized A∪B held-out reversal ≥ 0.05"),
+          value="main.AB_unfactorized.reverse_acc", 
+          refuted_by="unfactorized A∪B held-out reversal ≥ 0.05", kind="finding"),
     Claim("min_nuclear_norm_completion_reverses",
           "The minimum-nuclear-norm solution (convex solver) of the A∪B problem reverses every held-out fact, "
           "that of the forward-only problem none (reference world, every seed)",
-          "convex.AB.reverse_acc_min >= 0.99 and convex.none.reverse_acc_max <= 0.05",
-          refuted_by="the convex A∪B solution missing a held-out reversal, or the forward-only one reversing some"),
+          "convex.AB.reverse_acc_min >= param.k0_99 and convex.none.reverse_acc_max <= param.k0_05",
+          refuted_by="the convex A∪B solution missing a held-out reversal, or the forward-only one reversing some", kind="finding"),
     Bound("gd_near_min_nuclear_norm",
           "Small-init GD on W_O W_V approaches the minimum-nuclear-norm solution: its nuclear norm at unit "
           "margin ‖W‖_*/γ_min is within 1.5× the convex optimum of the same A∪B problem (reference world)",
-          value="ref.AB.nuc_ratio", below=1.5,
-          refuted_by="‖W‖_*/γ_min of small-init A∪B GD ≥ 1.5× the convex minimum"),
+          value="ref.AB.nuc_ratio", 
+          refuted_by="‖W‖_*/γ_min of small-init A∪B GD ≥ 1.5× the convex minimum", kind="finding"),
     Better("factorization_lowers_nuclear_norm",
            "The implicit bias is a property of the factorization: the unfactorized W (GD's bias there is the "
            "minimum Frobenius norm) ends farther from the nuclear-norm optimum than W_O W_V",
            a="ref.AB_unfactorized.nuc_ratio", b="ref.AB.nuc_ratio",
-           refuted_by="unfactorized ratio not above the factorized one beyond 2 s.e."),
+           refuted_by="unfactorized ratio not above the factorized one beyond 2 s.e.", kind="finding"),
     Better("small_init_lowers_nuclear_norm",
            "A small init ends closer to the nuclear-norm optimum than a large one (same steps)",
            a="ref.AB_large_init.nuc_ratio", b="ref.AB.nuc_ratio",
-           refuted_by="large-init ratio not above small-init's beyond 2 s.e."),
+           refuted_by="large-init ratio not above small-init's beyond 2 s.e.", kind="finding"),
     Better("transformer_bridge_helps",
            "On a real one-layer causal transformer the A∪B bridge raises held-out reversal accuracy over "
            "forward-only data (the paper: ≈50% vs ≈0% for a fine-tuned 1B LM)",
            a="transformer.AB.reverse_acc", b="transformer.none.reverse_acc",
-           refuted_by="A∪B transformer accuracy not above forward-only beyond 2 s.e."),
+           refuted_by="A∪B transformer accuracy not above forward-only beyond 2 s.e.", kind="finding"),
 ]
 
 
-class Config(StageConfig):
+class Config(ReportConfig):
     pass
 
 

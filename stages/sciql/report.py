@@ -14,8 +14,8 @@ import polars as pl
 from pydantic import Field
 
 from kernels.record import merge_records
-from stages.common.claims import Better, evaluate_claims
-from stages.common.config import StageConfig
+from stages.common.claims import Better, evaluate_claims, Param
+from stages.common.config import ReportConfig
 from stages.common.paths import read_json
 from stages.common.reporting import Report
 from stages.sciql.algos import METHODS
@@ -25,7 +25,7 @@ LABEL = {"bc": "BC", "cbc": "CBC", "sciql": "SCIQL (style)", "gawr": "SCIQL+GAWR
 COLOR = {"bc": "tab:gray", "cbc": "tab:orange", "sciql": "tab:blue", "gawr": "tab:green", "task_iql": "tab:red"}
 
 
-class Config(StageConfig):
+class Config(ReportConfig):
     keep_alignment_tol: float = Field(0.05, ge=0.0, le=1.0)    # "keeps alignment": GAWR ≥ SCIQL − this, per seed
     ignores_style_margin: float = Field(0.2, ge=0.0, le=1.0)   # task-IQL alignment this far below SCIQL's
 
@@ -52,7 +52,7 @@ def claims_for(env: str, styles: list[str], cfg: Config) -> list:
                f"criteria {', '.join(styles)})",
                a=f"{env}.alignment.sciql", b=f"{env}.alignment.cbc",
                refuted_by="CBC's alignment above SCIQL's by more than 2 s.e. on most seeds (fails); a gap within "
-                          "2 s.e. or a split of seeds (inconclusive)"),
+                          "2 s.e. or a split of seeds (inconclusive)", kind="finding"),
         ReturnBetter(f"gawr_adds_return_{env}",
                      f"{E}: GAWR raises normalised task return over style-only SCIQL",
                      a=f"{env}.norm_return.gawr", b=f"{env}.norm_return.sciql",
@@ -60,9 +60,9 @@ def claims_for(env: str, styles: list[str], cfg: Config) -> list:
                                 "when within noise or when both are below the random policy"),
         Better(f"gawr_keeps_alignment_{env}",
                f"{E}: GAWR keeps style alignment (at least SCIQL's minus {cfg.keep_alignment_tol:g}, per seed)",
-               a=f"{env}.alignment.gawr", b=f"{env}.alignment.sciql", margin=-cfg.keep_alignment_tol,
+               a=f"{env}.alignment.gawr", b=f"{env}.alignment.sciql", min_effect=Param(-cfg.keep_alignment_tol, "report.keep_alignment_tol (negated)"),
                refuted_by=f"GAWR's alignment more than {cfg.keep_alignment_tol:g} below SCIQL's beyond 2 s.e. "
-                          "on most seeds"),
+                          "on most seeds", kind="finding"),
     ]
     if env == "circle2d":
         out += [
@@ -70,9 +70,9 @@ def claims_for(env: str, styles: list[str], cfg: Config) -> list:
                    f"Circle2D: task-only IQL ignores the commanded style: its alignment is at least "
                    f"{cfg.ignores_style_margin:g} below SCIQL's, per seed (task-IQL's mean over commands is the "
                    "chance level by construction; the claim can fail through SCIQL)",
-                   a="circle2d.alignment.sciql", b="circle2d.alignment.task_iql", margin=cfg.ignores_style_margin,
+                   a="circle2d.alignment.sciql", b="circle2d.alignment.task_iql", min_effect=Param(cfg.ignores_style_margin, "report.ignores_style_margin"),
                    refuted_by=f"SCIQL's alignment less than {cfg.ignores_style_margin:g} above task-IQL's beyond "
-                              "2 s.e. on most seeds"),
+                              "2 s.e. on most seeds", kind="finding"),
             ReturnBetter("task_iql_return_above_bc_circle2d",
                          "Circle2D: task-only IQL reaches a higher normalised task return than BC (it optimises "
                          "the task reward the dataset never demonstrates; BC imitates random circles)",
@@ -82,7 +82,7 @@ def claims_for(env: str, styles: list[str], cfg: Config) -> list:
         ]
         out += [Better(f"sciql_beats_cbc_circle2d_{s}", f"Circle2D, criterion `{s}` alone: SCIQL alignment > CBC",
                        a=f"circle2d.per_style.{s}.alignment.sciql", b=f"circle2d.per_style.{s}.alignment.cbc",
-                       refuted_by="CBC above SCIQL on this criterion beyond 2 s.e. on most seeds")
+                       refuted_by="CBC above SCIQL on this criterion beyond 2 s.e. on most seeds", kind="finding")
                 for s in styles]
     return out
 
@@ -94,7 +94,7 @@ def ablation_claim(style: str, main_relabel, ablation_relabel: str) -> Better:
                   f"(P(current, future, random)) follows commanded styles better than with {ablation_relabel}",
                   a=f"circle2d.per_style.{style}.alignment.sciql", b="ablation.alignment.sciql",
                   refuted_by=f"the {ablation_relabel} suite's SCIQL alignment above the main run's beyond 2 s.e. "
-                             "on most seeds (fails); within 2 s.e. or a split of seeds (inconclusive)")
+                             "on most seeds (fails); within 2 s.e. or a split of seeds (inconclusive)", kind="finding")
 
 
 def _per_seed(d: pl.DataFrame, seeds: list[int], method: str, col: str) -> list[float]:
@@ -363,7 +363,7 @@ seeds, fails when the reverse holds, and is inconclusive otherwise.
     metrics["kernel_calls"] = {k: v["calls"] for k, v in kernels.items()}
     rep.table("CPU time per stage (process CPU seconds)", pl.DataFrame([cpu]),
               note="Budgets are step counts; wall-clock times (Runtime table) depend on the machine's load.")
-    verdicts = evaluate_claims(claims, metrics)
+    verdicts = evaluate_claims(claims, metrics, cfg.claims, "papers.sciql.report")
     lines = [f"- `{v['name']}`: **{v['verdict']}** ({v['check']}); refuted by: {v['refuted_by']}" for v in verdicts]
     rep.section("Reading the verdicts", "\n".join(lines) + "\n\n" + _discussion(metrics, envs))
     rep.table("Deviations from the paper / official code", pl.DataFrame(deviations(metas, tc, read_json(ev / "summary.json")), schema=["what", "here", "reference", "why"],

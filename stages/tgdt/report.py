@@ -9,7 +9,7 @@ import numpy as np
 import polars as pl
 
 from stages.common.claims import Better, Bound
-from stages.common.config import StageConfig
+from stages.common.config import ReportConfig
 from stages.common.paths import read_json
 from stages.common.reporting import Report
 
@@ -19,7 +19,7 @@ LABEL = {"tgdt": "TG-DT", "tgdt_noalign": "TG-DT w/o alignment", "dt": "DT (no t
 ENV_LABEL = {"pointmass": "point mass", "halfcheetah": "HalfCheetah-v5"}
 
 
-class Config(StageConfig):
+class Config(ReportConfig):
     pass
 
 
@@ -32,19 +32,19 @@ def claims_for(env: str, arms: list[str]) -> list:
                           "return than a DT without task information",
                           a=f"{env}.unseen.tgdt", b=f"{env}.unseen.dt",
                           refuted_by="the no-info DT's unseen-task return above TG-DT's beyond 2 s.e. on most seeds "
-                                     "(fails); a gap within noise (inconclusive)"))
+                                     "(fails); a gap within noise (inconclusive)", kind="finding"))
     if "tgdt" in arms and "onehot" in arms:
         out.append(Better(f"tgdt_beats_onehot_unseen_{env}",
                           f"{E}: on unseen tasks TG-DT beats the one-hot task-id DT (whose held-out ids were never trained)",
                           a=f"{env}.unseen.tgdt", b=f"{env}.unseen.onehot",
-                          refuted_by="one-hot's unseen-task return at or above TG-DT's beyond 2 s.e. (fails)"))
+                          refuted_by="one-hot's unseen-task return at or above TG-DT's beyond 2 s.e. (fails)", kind="finding"))
     if "tgdt" in arms and "tgdt_noalign" in arms:
         out.append(Better(f"alignment_matters_{env}",
                           f"{E}: the alignment losses (InfoNCE + matching) raise TG-DT's unseen-task return over the "
                           "same model trained with the DT loss only",
                           a=f"{env}.unseen.tgdt", b=f"{env}.unseen.tgdt_noalign",
                           refuted_by="the ablation's unseen return at or above TG-DT's beyond 2 s.e. (fails); within "
-                                     "noise (inconclusive: the DT loss alone already grounds the words)"))
+                                     "noise (inconclusive: the DT loss alone already grounds the words)", kind="finding"))
     if "tgdt" in arms and "tgdt_share" in arms:
         out.append(Better(f"data_sharing_helps_unseen_{env}",
                           f"{E}: description-guided data sharing (fine-tuning with held-out descriptions paired with "
@@ -53,19 +53,19 @@ def claims_for(env: str, arms: list[str]) -> list:
                           a=f"{env}.unseen.tgdt_share", b=f"{env}.unseen.tgdt",
                           refuted_by="the shared model's unseen return below TG-DT's beyond 2 s.e. (fails: sharing "
                                      "neighbouring tasks' behaviour under the new description hurts); within noise "
-                                     "(inconclusive)"))
+                                     "(inconclusive)", kind="finding"))
     if "tgdt" in arms:
         out.append(Better(f"retrieval_above_chance_unseen_{env}",
                           f"{E}: the aligned space retrieves an unseen task's expert trajectory from its description "
                           "(top-1 among all tasks) above chance",
                           a=f"{env}.retrieval_unseen.tgdt", b=f"{env}.chance_retrieval",
-                          refuted_by="unseen-task top-1 retrieval at or below 1 / #tasks"))
+                          refuted_by="unseen-task top-1 retrieval at or below 1 / #tasks", kind="finding"))
     if "dt" in arms:
         out.append(Bound(f"dt_baseline_above_random_seen_{env}",
                          f"{E}: baseline sanity — the no-info DT beats the uniform-random policy on training tasks "
                          "(normalised return > 0)",
-                         value=f"{env}.seen.dt", above=0.0,
-                         refuted_by="the no-info DT at or below the random policy (a degenerate baseline)"))
+                         value=f"{env}.seen.dt", 
+                         refuted_by="the no-info DT at or below the random policy (a degenerate baseline)", kind="finding"))
     return out
 
 

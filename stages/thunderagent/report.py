@@ -6,7 +6,7 @@ import numpy as np
 import polars as pl
 
 from stages.common.claims import Better, Bound, Claim
-from stages.common.config import StageConfig
+from stages.common.config import ReportConfig
 from stages.common.paths import read_json
 from stages.common.reporting import Report
 from stages.common.runner import StageContext
@@ -18,43 +18,43 @@ CLAIM = ("Scheduling agentic workflows as LLM Programs (program-aware pausing/re
 CLAIMS = [
     Bound("throughput_gain_high_concurrency",
           "At the highest concurrency ThunderAgent's steps/min is ≥ 1.5× the vLLM-like baseline's",
-          value="high.ta_over_vllm", above=1.5,
-          refuted_by="a per-seed throughput ratio ThunderAgent/vLLM ≤ 1.5 beyond 2 s.e."),
+          value="high.ta_over_vllm", 
+          refuted_by="a per-seed throughput ratio ThunderAgent/vLLM ≤ 1.5 beyond 2 s.e.", kind="finding"),
     Bound("vllm_collapses", "The vLLM-like baseline's throughput at the highest concurrency falls below 80% of its "
           "peak over the sweep (throughput collapse once programs exceed capacity)",
-          value="high.vllm_over_peak", below=0.8, refuted_by="vLLM keeps ≥ 80% of its peak throughput"),
+          value="high.vllm_over_peak", refuted_by="vLLM keeps ≥ 80% of its peak throughput", kind="finding"),
     Bound("thunderagent_holds", "ThunderAgent keeps ≥ 90% of its peak throughput at the highest concurrency",
-          value="high.ta_over_peak", above=0.9, refuted_by="ThunderAgent's throughput also drops below 90% of peak"),
+          value="high.ta_over_peak", refuted_by="ThunderAgent's throughput also drops below 90% of peak", kind="finding"),
     Bound("kv_reuse_near_100", "ThunderAgent reuses ≥ 95% of previously computed context from the KV cache "
           "(cached / (cached + recomputed) tokens) at the highest concurrency",
-          value="high.ta_reuse", above=0.95, refuted_by="a reuse rate ≤ 0.95 beyond 2 s.e."),
+          value="high.ta_reuse", refuted_by="a reuse rate ≤ 0.95 beyond 2 s.e.", kind="finding"),
     Better("kv_reuse_beats_vllm", "ThunderAgent's KV reuse rate exceeds vLLM's at the highest concurrency",
-           a="high.ta_reuse", b=f"high.vllm_reuse", refuted_by="vLLM's reuse ≥ ThunderAgent's on most seeds"),
+           a="high.ta_reuse", b=f"high.vllm_reuse", refuted_by="vLLM's reuse ≥ ThunderAgent's on most seeds", kind="finding"),
     Better("shortest_victims_beat_longest", "Shortest-first victim choice recomputes fewer tokens than longest-first",
            a="victims.shortest", b=f"victims.longest", higher_is_better=False,
-           refuted_by="longest-first recomputes fewer tokens on most seeds"),
+           refuted_by="longest-first recomputes fewer tokens on most seeds", kind="finding"),
     Better("shortest_victims_beat_random", "Shortest-first victim choice recomputes fewer tokens than random victims",
            a="victims.shortest", b=f"victims.random", higher_is_better=False,
-           refuted_by="random victims recompute fewer tokens on most seeds"),
+           refuted_by="random victims recompute fewer tokens on most seeds", kind="finding"),
     Bound("starvation_exists", "Official smallest-first admission with skipping starves large prompts under a burst: "
           "their max TTFR exceeds the bound", value="starvation.official_large_ttfr", above=f"ttfr_bound_s",
-          refuted_by="large prompts' max TTFR below the bound without any fix"),
+          refuted_by="large prompts' max TTFR below the bound without any fix", kind="finding"),
     Bound("aging_bounds_ttfr", "With aging + no-skip-after-wait the max TTFR of large prompts stays below the bound",
           value="starvation.aging_large_ttfr", below=f"ttfr_bound_s",
-          refuted_by="a large-prompt max TTFR above the bound with the fix"),
+          refuted_by="a large-prompt max TTFR above the bound with the fix", kind="finding"),
     Bound("aging_keeps_throughput", "The fix keeps ≥ 95% of the official scheduler's throughput on the burst",
-          value="starvation.aging_over_official_throughput", above=0.95,
-          refuted_by="throughput with the fix < 95% of without, beyond 2 s.e."),
+          value="starvation.aging_over_official_throughput", 
+          refuted_by="throughput with the fix < 95% of without, beyond 2 s.e.", kind="finding"),
     Claim("engine_exact", "The real paged engine (shared prefix blocks, LRU trims, preemption, recompute) replaying "
           "the schedulers' traces generates exactly the dense model's greedy tokens, within its block pool",
           f"engine.mismatches == 0 and engine.steps_done == engine.steps_total",
-          refuted_by="any generated token differing from the dense uncached greedy choice, or an unfinished program"),
+          refuted_by="any generated token differing from the dense uncached greedy choice, or an unfinished program", kind="finding"),
 ]
 
 LABEL = {"vllm": "vLLM-like (FCFS+LRU)", "continuum": "Continuum-like (TTL pin)", "thunderagent": "ThunderAgent"}
 
 
-class Config(StageConfig):
+class Config(ReportConfig):
     pass
 
 

@@ -9,7 +9,7 @@ import matplotlib.pyplot as plt
 import polars as pl
 
 from stages.common.claims import Better, Bound, Claim
-from stages.common.config import StageConfig
+from stages.common.config import ReportConfig
 from stages.common.paths import read_json
 from stages.common.reporting import Report
 from stages.common.runner import StageContext
@@ -18,43 +18,40 @@ CLAIMS = [
     Bound("erank_driven_by_hparams",
           "Effective rank of W_U is strongly driven by batch size and weight decay: their main effects explain "
           "more than half of the variance of the final erank over the grid (η² > 0.5, per seed)",
-          value="erank_effects.eta2", above=0.5,
-          refuted_by="η² of erank on batch size + weight decay ≤ 0.5 beyond 2 s.e. on a majority of seeds"),
+          value="erank_effects.eta2", 
+          refuted_by="η² of erank on batch size + weight decay ≤ 0.5 beyond 2 s.e. on a majority of seeds", kind="finding"),
     Better("larger_batch_higher_erank",
            "Larger batches give a higher erank (paper §4), at equal token budget: mean erank at the largest "
            "batch size above that at the smallest",
            a="erank_effects.bs_max", b="erank_effects.bs_min",
-           refuted_by="erank at the largest batch not above the smallest's beyond 2 s.e."),
+           refuted_by="erank at the largest batch not above the smallest's beyond 2 s.e.", kind="finding"),
     Better("strong_wd_keeps_erank",
            "Strong weight decay keeps the rank (paper §4): mean erank at the largest weight decay above that "
            "at the smallest",
            a="erank_effects.wd_max", b="erank_effects.wd_min",
-           refuted_by="erank at the largest weight decay not above the smallest's beyond 2 s.e."),
+           refuted_by="erank at the largest weight decay not above the smallest's beyond 2 s.e.", kind="finding"),
     Claim("correlation_confounded",
           "erank's correlation with loss is confounded by the hyperparameters: over all runs the partial Spearman ρ "
           "controlling for batch size and weight decay is smaller in magnitude than the raw ρ and not significant "
           "(p > 0.05), for in-domain and OOD loss (paper: −0.70 → −0.13 n.s., −0.67 → −0.13 n.s.)",
-          "abs(corr.val_loss.erank.pooled_partial) < abs(corr.val_loss.erank.pooled_raw) and "
-          "corr.val_loss.erank.pooled_partial_p > 0.05 and "
-          "abs(corr.ood_loss.erank.pooled_partial) < abs(corr.ood_loss.erank.pooled_raw) and "
-          "corr.ood_loss.erank.pooled_partial_p > 0.05",
+          "abs(corr.val_loss.erank.pooled_partial) < abs(corr.val_loss.erank.pooled_raw) and corr.val_loss.erank.pooled_partial_p > param.k0_05 and (abs(corr.ood_loss.erank.pooled_partial) < abs(corr.ood_loss.erank.pooled_raw)) and (corr.ood_loss.erank.pooled_partial_p > param.k0_05)",
           refuted_by="a partial ρ as large as the raw one, or significant at p ≤ 0.05 (erank still tracks loss "
-                     "among runs with the same hyperparameters)"),
+                     "among runs with the same hyperparameters)", kind="finding"),
     Claim("no_incremental_r2",
           "Once the hyperparameters are known, erank adds little out-of-sample predictive power for loss: "
           "added to a one-hot hyperparameter baseline it explains < 10% of the variance the baseline leaves "
           "(leave-one-out ΔR² / (1 − R²_base) < 0.1), for in-domain and OOD loss (paper: ΔR² −0.003 / −0.004)",
-          "delta_r2.val_loss.erank.rel_delta_r2 < 0.1 and delta_r2.ood_loss.erank.rel_delta_r2 < 0.1",
-          refuted_by="erank explaining ≥ 10% of the loss variance left by the hyperparameters, out of sample"),
+          "delta_r2.val_loss.erank.rel_delta_r2 < param.k0_1 and delta_r2.ood_loss.erank.rel_delta_r2 < param.k0_1",
+          refuted_by="erank explaining ≥ 10% of the loss variance left by the hyperparameters, out of sample", kind="finding"),
     Claim("saturation_low_rank_not_causal",
           "Low erank co-occurs with late saturation (saturated runs have lower erank) but low-rank runs "
           "without saturation exist (adversarial cases)",
           "saturation.low_sat >= 1 and saturation.low_nosat >= 1 and saturation.erank_gap_nosat_minus_sat > 0",
-          refuted_by="no saturated low-rank run, saturated runs not lower in erank, or every low-rank run saturating"),
+          refuted_by="no saturated low-rank run, saturated runs not lower in erank, or every low-rank run saturating", kind="finding"),
 ]
 
 
-class Config(StageConfig):
+class Config(ReportConfig):
     pass
 
 

@@ -12,28 +12,28 @@ import polars as pl  # noqa: E402
 from PIL import Image  # noqa: E402
 
 from stages.common.claims import Better, Bound, Near  # noqa: E402
-from stages.common.config import StageConfig  # noqa: E402
+from stages.common.config import ReportConfig  # noqa: E402
 from stages.common.reporting import Report  # noqa: E402
 
 CLAIMS = [
     Better("l1_gt_l2", "Imperfect agents score higher on L1 (static) than on L2 (interactive).",
-           "imperfect.L1", "imperfect.L2", refuted_by="imperfect agents' L2 score >= L1 score (beyond 2 s.e., most seeds)"),
+           a="imperfect.L1", b="imperfect.L2", refuted_by="imperfect agents' L2 score >= L1 score (beyond 2 s.e., most seeds)", kind="finding"),
     Better("l2_gt_l3", "Imperfect agents score higher on L2 than on L3 (full stack is hardest).",
-           "imperfect.L2", "imperfect.L3", refuted_by="imperfect agents' L3 score >= L2 score"),
+           a="imperfect.L2", b="imperfect.L3", refuted_by="imperfect agents' L3 score >= L2 score", kind="finding"),
     Better("desktop_gt_tablet", "Imperfect agents' visual score is higher on desktop than on tablet prototypes.",
-           "imperfect.desktop", "imperfect.tablet", refuted_by="tablet VS >= desktop VS"),
+           a="imperfect.desktop", b="imperfect.tablet", refuted_by="tablet VS >= desktop VS", kind="finding"),
     Better("tablet_gt_mobile", "Imperfect agents' visual score is higher on tablet than on mobile prototypes.",
-           "imperfect.tablet", "imperfect.mobile", refuted_by="mobile VS >= tablet VS"),
+           a="imperfect.tablet", b="imperfect.mobile", refuted_by="mobile VS >= tablet VS", kind="finding"),
     Bound("verifier_recall", "The GUI verifier catches >= 95% of injected functional bugs.",
-          "verifier.recall", above=0.95, refuted_by="recall <= 0.95 on the injected functional bugs"),
+          value="verifier.recall", refuted_by="recall <= 0.95 on the injected functional bugs", kind="finding"),
     Bound("verifier_false_alarm", "The verifier raises <= 5% false alarms on the oracle's sites.",
-          "verifier.false_alarm", below=0.05, refuted_by="oracle cases not Pass > 5%"),
-    Near("oracle_near_100", "The oracle agent scores about 100.", "agents.oracle.overall", 100.0, 1.0,
-         refuted_by="oracle overall score further than 1 point from 100"),
+          value="verifier.false_alarm", refuted_by="oracle cases not Pass > 5%", kind="finding"),
+    Near("oracle_near_100", "The oracle agent scores about 100.", value="agents.oracle.overall",
+         refuted_by="oracle overall score further than 1 point from 100", kind="finding"),
 ]
 
 
-class Config(StageConfig):
+class Config(ReportConfig):
     pass
 
 

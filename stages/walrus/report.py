@@ -12,14 +12,14 @@ import numpy as np  # noqa: E402
 import polars as pl  # noqa: E402
 from pydantic import Field  # noqa: E402
 
-from stages.common.claims import Better, Within  # noqa: E402
-from stages.common.config import StageConfig  # noqa: E402
+from stages.common.claims import Better, Param, Within  # noqa: E402
+from stages.common.config import ReportConfig  # noqa: E402
 from stages.common.paths import read_json  # noqa: E402
 from stages.common.reporting import Report  # noqa: E402
 from stages.common.runner import StageContext  # noqa: E402
 
 
-class Config(StageConfig):
+class Config(ReportConfig):
     one_step_delta: float = Field(0.05, gt=0, le=10.0, description="'nearly unchanged' one-step VRMSE band")
     tok_delta: float = Field(0.1, gt=0, le=10.0, description="band for 'adaptive tokenization matches fixed' "
                                                             "(long-horizon VRMSE on the highest resolution)")
@@ -35,20 +35,20 @@ def ablation_claims(cfg: Config, arms) -> list:
                           "gives lower long-horizon VRMSE than a patch-scale shift U{-(p/2-1)..p/2-1}",
                           a="arms.jitter_on.long", b="arms.jitter_patch.long", higher_is_better=False,
                           refuted_by="jitter_patch's long-horizon VRMSE below jitter_on's beyond 2 s.e. on a "
-                                     "majority of seeds"))
+                                     "majority of seeds", kind="finding"))
     if "jitter_no_roll" in arms:
         out.append(Better("token_roll_helps", "The per-block token roll lowers long-horizon VRMSE (vs the same "
                           "domain shift without it)",
                           a="arms.jitter_on.long", b="arms.jitter_no_roll.long", higher_is_better=False,
                           refuted_by="jitter_no_roll's long-horizon VRMSE below jitter_on's beyond 2 s.e. on a "
-                                     "majority of seeds"))
+                                     "majority of seeds", kind="finding"))
     if "fixed_tok" in arms:
         out.append(Within("adaptive_tok_matches_fixed", f"Compute-adaptive tokenization (fixed token count per "
                           f"axis) keeps long-horizon VRMSE at the highest resolution within {cfg.tok_delta} of "
                           f"fixed patch tokenization, which spends 4x the tokens there",
-                          a="arms.jitter_on.long_hi", b="arms.fixed_tok.long_hi", delta=cfg.tok_delta,
+                          a="arms.jitter_on.long_hi", b="arms.fixed_tok.long_hi", delta=Param(cfg.tok_delta, "report.tok_delta"),
                           refuted_by=f"long-horizon VRMSE on the highest-resolution groups differing by more "
-                                     f"than {cfg.tok_delta} between adaptive and fixed tokenization"))
+                                     f"than {cfg.tok_delta} between adaptive and fixed tokenization", kind="finding"))
     return out
 
 
@@ -57,22 +57,22 @@ def claims(cfg: Config, has_transfer: bool, arms=("jitter_off", "jitter_on")):
         Better("jitter_lowers_long_vrmse", "Patch jittering lowers long-horizon rollout VRMSE",
                a="arms.jitter_on.long", b="arms.jitter_off.long", higher_is_better=False,
                refuted_by="jitter_on's mean VRMSE over the last rollout steps above jitter_off's beyond 2 s.e. "
-                          "on a majority of seeds"),
+                          "on a majority of seeds", kind="finding"),
         Better("jitter_suppresses_patch_peaks", "Jittering suppresses spectral power error at the patch frequency",
                a="arms.jitter_on.patch_excess", b="arms.jitter_off.patch_excess", higher_is_better=False,
-               refuted_by="a larger |log10 P_pred/P_true| on the N/p Fourier lines with jitter than without"),
+               refuted_by="a larger |log10 P_pred/P_true| on the N/p Fourier lines with jitter than without", kind="finding"),
         Within("one_step_nearly_unchanged", "One-step error is nearly unchanged by jittering",
-               a="arms.jitter_on.one_step", b="arms.jitter_off.one_step", delta=cfg.one_step_delta,
-               refuted_by=f"one-step VRMSE differing by more than {cfg.one_step_delta} between the arms"),
+               a="arms.jitter_on.one_step", b="arms.jitter_off.one_step", delta=Param(cfg.one_step_delta, "report.one_step_delta"),
+               refuted_by=f"one-step VRMSE differing by more than {cfg.one_step_delta} between the arms", kind="finding"),
         Better("model_beats_persistence", "The trained model beats the trivial persistence predictor at one step",
                a="arms.jitter_on.one_step", b="persistence.pretrain.one_step", higher_is_better=False,
-               refuted_by="one-step VRMSE no better than repeating the last frame"),
+               refuted_by="one-step VRMSE no better than repeating the last frame", kind="finding"),
     ]
     if has_transfer:
         out.append(Better("pretraining_transfers", "Multi-scenario pretraining + fine-tune beats training from "
                           "scratch on a held-out scenario",
                           a="transfer.finetune.mean", b="transfer.scratch.mean", higher_is_better=False,
-                          refuted_by="fine-tuned rollout VRMSE (mean over steps) not below scratch's"))
+                          refuted_by="fine-tuned rollout VRMSE (mean over steps) not below scratch's", kind="finding"))
     return out + ablation_claims(cfg, arms)
 
 

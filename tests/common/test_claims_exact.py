@@ -281,3 +281,16 @@ def test_seed_count_mismatch_and_bad_values():
     with pytest.raises(ClaimError, match="per-item numbers"):
         evaluate_claims([Better("x", "s", kind="finding", a="a", b="b")], {"a": [[1, "x"]], "b": [1.0]},
                         {"x": {"min_effect": 0}})
+
+
+def test_param_marks_a_stage_config_threshold():
+    from stages.common.claims import Param
+
+    b = Bound("x", "s", kind="finding", value="v", below=Param(1.25, "evaluate.ppl_budget"))
+    out = evaluate_claims([b], {"v": [1.1, 1.0, 1.05]})[0]
+    assert out["verdict"] == "holds" and out["params"] == {"below": 1.25, "below_from": "evaluate.ppl_budget"}
+    c = Claim("c", "s", "r >= param.target", kind="finding", thresholds={"target": Param(4, "evaluate.target")})
+    out = evaluate_claims([c], {"r": 4.5})[0]
+    assert out["verdict"] == "holds" and out["params"] == {"target": 4.0, "target_from": "evaluate.target"}
+    with pytest.raises(ClaimError, match="threshold target=4 is written in code"):
+        Claim("c", "s", "r >= param.target", kind="finding", thresholds={"target": 4})
