@@ -45,7 +45,7 @@ def main(argv: list[str] | None = None) -> int:
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, _on_signal)
     parser = argparse.ArgumentParser(prog="python -m stages", description=__doc__.splitlines()[0])
-    parser.add_argument("stage", help=f"one of {', '.join(STAGES)}, or summary / readme / dvcplots / plots / claims")
+    parser.add_argument("stage", help=f"one of {', '.join(STAGES)}, or summary / readme / dvcplots / plots / claims / sources")
     parser.add_argument("slug", nargs="?", help="registered paper slug")
     parser.add_argument("--profile", choices=PROFILES, default=None,
                         help="override params.yaml's top-level `profile`")
@@ -78,8 +78,15 @@ def main(argv: list[str] | None = None) -> int:
             for slug in ([args.slug] if args.slug else registered_papers()):
                 print(claims_line(slug))
             return 0
+        if args.stage == "sources":
+            from stages.common.config import registered_papers
+            from stages.common.sources import sources_table
+
+            print(sources_table([args.slug] if args.slug else registered_papers()))
+            return 0
         if args.stage not in STAGES:
-            raise ConfigError(f"stage: unknown stage {args.stage!r} (stages: {', '.join(STAGES)}, summary, readme, dvcplots, plots, claims)")
+            raise ConfigError(f"stage: unknown stage {args.stage!r} (stages: {', '.join(STAGES)}, summary, readme, "
+                              "dvcplots, plots, claims, sources)")
         if not args.slug:
             raise ConfigError(f"slug: `{args.stage}` needs a paper slug")
         _kernel_environment()
