@@ -52,8 +52,10 @@ wandb-sync: $(STAMP)
 	@ls -d wandb/offline-run-* >/dev/null 2>&1 || { echo "no offline W&B runs under wandb/ (run make repro first)"; exit 0; }
 	$(BIN)/wandb sync --yes wandb/offline-run-*
 
+## Kernel table (torch reference vs naive baseline on CPU; Triton vs torch + roofline on CUDA), then S solo runs vs one seed ensemble.
 bench: $(STAMP)
-	$(BIN)/python -m kernels.bench
+	PATH=$(abspath $(BIN)):$$PATH $(BIN)/python -m kernels.bench
+	PATH=$(abspath $(BIN)):$$PATH $(BIN)/python -m benchmarks.ensemble
 
 contract:
 	$(PY) ../shared/tools/check_contract.py
@@ -77,3 +79,13 @@ pool: $(STAMP)
 ## One process worker on this machine: make worker [POOL=papers] [QUEUE=<queue>]
 worker: $(STAMP)
 	PATH=$(abspath $(BIN)):$$PATH $(BIN)/prefect worker start --pool $(POOL) --type process $(if $(QUEUE),--work-queue $(QUEUE))
+
+# --- Profiling (benchmarks/profile.py) ---
+.PHONY: profile
+STAGE ?= train
+PROFILE ?= smoke
+
+## py-spy over one stage: make profile SLUG=<slug> [STAGE=train] [PROFILE=smoke] -> reports/profiles/<slug>-<stage>.{txt,svg}
+profile: $(STAMP)
+	@test -n "$(SLUG)" || { echo "error: usage: make profile SLUG=<slug> [STAGE=train] [PROFILE=smoke]" >&2; exit 2; }
+	PATH=$(abspath $(BIN)):$$PATH $(BIN)/python -m benchmarks.profile $(SLUG) --stage $(STAGE) --profile $(PROFILE)
