@@ -258,13 +258,13 @@ def main(argv: list[str] | None = None) -> int:
     if args.from_raw is None and not Path(spy).exists():
         print("error: py-spy is not installed (it is pinned in requirements.lock: run `make install`)", file=sys.stderr)
         return 2
+    if args.from_raw is not None and not args.from_raw.is_file():
+        print(f"error: from-raw: {args.from_raw} is not a file", file=sys.stderr)
+        return 2
     args.out.mkdir(parents=True, exist_ok=True)
     name = f"{args.slug}-{args.stage}"
     raw = args.out / f"{name}.raw"  # the samples themselves (git-ignored): --from-raw re-summarizes them
     if args.from_raw is not None:
-        if not args.from_raw.is_file():
-            print(f"error: from-raw: {args.from_raw} is not a file", file=sys.stderr)
-            return 2
         stacks, wall = parse_raw(args.from_raw), None
     else:
         wall = record(args, spy, raw)
