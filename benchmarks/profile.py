@@ -20,7 +20,10 @@ Python ones): a Python frame or libpython is Python overhead (interpreter, GC), 
 libtorch_cpu/libc10/MKL/oneDNN is a torch op (split into kernels: at::native, BLAS, vectorized
 loops; and the rest: dispatcher, autograd engine, allocator), libtorch_python/pybind11 is the
 binding layer; any sample under an ``import`` is counted as import time first. Wall-clock on a
-shared machine overstates; the shares are what to read.
+shared machine overstates; the shares are what to read. Caveat: py-spy samples wall time and its
+native unwinding sometimes loses the Python frames above the garbage collector ("unattributed");
+the GC share it reports is an upper bound (measured directly, ``gc.disable()`` during the imports
+of a stage saves ~10-15% of their CPU time, less than py-spy's GC share suggests).
 """
 from __future__ import annotations
 
@@ -72,6 +75,8 @@ def phase(stack: list[str]) -> str:
     """What the process was doing: importing modules, W&B tracking, or the stage's own work."""
     if any(f.startswith(("_find_and_load ", "_call_with_frames_removed ")) for f in stack):
         return "imports (module loading, incl. the code it runs)"
+    if not any(is_python(f) for f in stack):
+        return "unattributed (native stack without Python frames: py-spy lost the unwinding)"
     if any("stages/common/tracking.py" in f or "/wandb/" in f or f.endswith("(wandb)") for f in stack):
         return "W&B tracking (offline run set-up, logging, finish)"
     return "stage work (config, data, training/evaluation, writing)"
