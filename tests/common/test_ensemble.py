@@ -270,3 +270,43 @@ def test_non_elementwise_optimizer_and_wrong_batch_refused():
     x, y = mlp_data(8)
     with pytest.raises(ValueError, match="ensemble of 3 seeds"):  # a loader built for other seeds
         arm.ensemble_losses(next(iter(seed_loader((x, y), 4, [1, 2]))))
+
+
+def test_shared_batch_sgd_momentum_and_param_groups_equal_solo():
+    """Full-batch GD (every member sees the same batch), SGD with momentum and per-name param groups
+    (no weight decay on biases and norms), gradient clipping by value: member k == solo seed k."""
+    x, y = mlp_data(10)
+
+    def groups(named):
+        named = list(named)
+        return [{"params": [p for n, p in named if n.endswith("weight") and not n.startswith("2.")], "weight_decay": 0.05},
+                {"params": [p for n, p in named if not (n.endswith("weight") and not n.startswith("2."))], "weight_decay": 0.0}]
+
+    sgd = partial(torch.optim.SGD, lr=0.2, momentum=0.9)
+
+    class FullBatch(EnsembleModule):
+        shared_batch = True
+
+        def member_loss(self, model, batch):
+            return mlp_loss(model, batch)
+
+    arm = FullBatch(make_mlp, SEEDS, optimizer=sgd, param_groups=lambda named: groups(named))
+    full = DataLoader(TensorDataset(x, y), batch_size=10)  # one batch, the same for every member
+    trainer_v = make_trainer(TrainerConfig(max_steps=4, enable_progress_bar=False, gradient_clip_val=0.05),
+                             gradient_clip_algorithm="value")
+    trainer_v.fit(arm, full)
+    bound = False
+    for k, s in enumerate(SEEDS):
+        torch.manual_seed(s)
+        model = make_mlp(s)
+        opt = sgd(groups(model.named_parameters()))
+        for _ in range(4):
+            opt.zero_grad()
+            mlp_loss(model, (x, y)).backward()
+            bound |= any(bool((p.grad.abs() > 0.05).any()) for p in model.parameters())
+            torch.nn.utils.clip_grad_value_(model.parameters(), 0.05)
+            opt.step()
+        for name, t in model.state_dict().items():
+            torch.testing.assert_close(arm.ensemble.member_state_dict(k)[name], t, atol=1e-12, rtol=1e-12)
+    assert bound  # the clip changed some gradients
+    assert not torch.allclose(arm.ensemble.member_state_dict(0)["0.weight"], solo_model(make_mlp, SEEDS[0])[0].weight)
