@@ -20,6 +20,7 @@ from stages.common.config import (PROFILES, STAGES, ConfigError, StageConfig, ac
                                   read_params, stage_block, validate)
 from stages.common.paths import ROOT, atomic_dir, read_json, stage_dir, write_json
 from stages.common.seeding import seed_everything
+from stages.common.sources import check_source_profiles
 from stages.common.trainer import global_rank, scratch_dir
 
 STAGE_INFO = "_stage.json"  # {slug, stage, profile}: inside the output, so deterministic (no timings)
@@ -95,6 +96,7 @@ def load_config(slug: str, stage: str, profile: str | None = None, params_path: 
         raise ConfigError(f"stages/{slug}/{stage}.py: defines no Config(StageConfig)")
     prof = active_profile(params, profile)
     cfg = load_stage_config(slug, stage, config_cls, prof, params_path)
+    check_source_profiles(params, slug, stage, config_cls)
     check_cross_stage(slug, params)
     if stage == "report":
         check_claim_thresholds(slug, module, cfg)
