@@ -55,6 +55,7 @@ def minari_root(tmp_path_factory):
     root = tmp_path_factory.mktemp("minari")
     mp = pytest.MonkeyPatch()
     mp.setenv("MINARI_DATASETS_PATH", str(root))
+    mp.chdir(root)                                  # MuJoCo writes MUJOCO_LOG.TXT into the working directory
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         hc = minari.DataCollector(gym.make("HalfCheetah-v5", max_episode_steps=9))
