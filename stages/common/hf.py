@@ -316,6 +316,13 @@ def position_ids(attention_mask: torch.Tensor) -> torch.Tensor:
 _BUILDERS = {".jsonl": "json", ".json": "json", ".parquet": "parquet", ".csv": "csv"}
 
 
+def _blank(path: Path) -> bool:
+    """Empty or whitespace only (reads at most the first MiB: real files are large)."""
+    with path.open("rb") as f:
+        head = f.read(1 << 20)
+    return not head.strip() and path.stat().st_size <= len(head)
+
+
 def _check_columns(ds, columns: Mapping[str, str | None] | Sequence[str], key: str, where: str):
     spec = dict(columns) if isinstance(columns, Mapping) else {c: None for c in columns}
     have = list(ds.column_names)
@@ -358,7 +365,7 @@ def load_records(ref: str | Path, *, columns: Mapping[str, str | None] | Sequenc
                 if builder is None:
                     raise SourceError(f"{key}: {path} has suffix {path.suffix or '(none)'}; "
                                       f"expected one of {', '.join(_BUILDERS)}")
-                if path.stat().st_size == 0 or not path.read_bytes().strip():
+                if _blank(path):
                     raise SourceError(f"{key}: {path} is empty (no rows)")
                 ds = datasets.load_dataset(builder, data_files=str(path), split="train", keep_in_memory=True,
                                            cache_dir=cache)
@@ -400,7 +407,8 @@ def load_records(ref: str | Path, *, columns: Mapping[str, str | None] | Sequenc
 # GRPO policy adapter (stages.common.grpo.GRPOPolicy) for HF causal LMs
 # ----------------------------------------------------------------------------------------------
 def _cache_kw(model) -> str:
-    params = inspect.signature(model.forward).parameters
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model     # peft wrappers
+    params = inspect.signature(base.forward).parameters
     return "cache" if "cache" in params else "past_key_values"
 
 

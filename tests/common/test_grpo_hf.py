@@ -1,7 +1,8 @@
 """The shared GRPO trainer and the token log-prob kernel on a Hugging Face model (issue 41).
 
 * One GRPOModule step (Lightning, float64) with ``stages.common.hf.HFCausalPolicy`` on a tiny random GQA
-  ``LlamaForCausalLM`` and a tokenizer trained at test time, against a hand-written loop: per-row
+  ``LlamaForCausalLM`` (and a GPT-2, whose absolute positions make left-padding errors visible; RoPE is
+  shift-invariant) and a tokenizer trained at test time, against a hand-written loop: per-row
   sampling on the *unpadded* prompt without a KV cache (same uniforms), rewards, group advantages from
   numpy, the JustGRPO loss from log_softmax, the grad-norm clip and AdamW's first step written out
   (float64 model; the trainer keeps rewards/advantages in float32, so agreement is to ~1e-6 relative).
@@ -30,12 +31,20 @@ PROMPTS = ["the cat", "a dog ran far away", "birds sing in the"]
 
 
 @pytest.fixture(scope="module")
-def setup(tmp_path_factory):
-    tok = train_tokenizer(TEXTS * 2, tmp_path_factory.mktemp("tok") / "tokenizer.json", vocab_size=290)
-    cfg = TinyLMConfig(arch="llama", d_model=32, n_layers=2, n_heads=4, n_kv_heads=2, d_ff=48, max_positions=64)
-    model = tiny_causal_lm(cfg, len(tok), seed=3, dtype=torch.float64, pad_token_id=tok.pad_token_id,
-                           bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id)
-    return tok, model
+def tok(tmp_path_factory):
+    return train_tokenizer(TEXTS * 2, tmp_path_factory.mktemp("tok") / "tokenizer.json", vocab_size=290)
+
+
+def _model(tok, arch):
+    kv = 2 if arch == "llama" else None                                 # GQA on Llama; GPT-2: absolute positions
+    cfg = TinyLMConfig(arch=arch, d_model=32, n_layers=2, n_heads=4, n_kv_heads=kv, d_ff=48, max_positions=64)
+    return tiny_causal_lm(cfg, len(tok), seed=3, dtype=torch.float64, pad_token_id=tok.pad_token_id,
+                          bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id)
+
+
+@pytest.fixture(scope="module")
+def setup(tok):
+    return tok, _model(tok, "llama")
 
 
 def _reward(tokens: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
@@ -46,9 +55,9 @@ def _reward(tokens: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     return hits / n.clamp_min(1) - 0.25 * (n - 2).clamp_min(0)
 
 
-def test_one_grpo_step_on_hf_llama_equals_hand_loop(setup):
-    tok, model = setup
-    model = copy.deepcopy(model)                                        # the fixture stays untrained
+@pytest.mark.parametrize("arch", ["llama", "gpt2"])   # RoPE is shift-invariant; GPT-2 checks the left-pad positions
+def test_one_grpo_step_on_hf_llama_equals_hand_loop(tok, arch):
+    model = _model(tok, arch)
     pad = tok.pad_token_id
     ids, am = left_pad(tok, PROMPTS)
     G, T, max_new, lr, wd, clip, seed, loader_seed = 4, 0.9, 6, 3e-3, 0.05, 0.5, 11, 5
@@ -130,7 +139,8 @@ def test_one_grpo_step_on_hf_llama_equals_hand_loop(setup):
         gm = got[name].grad
         new = p.detach() - lr * wd * p.detach() - lr * gm / (gm.abs() + 1e-8)
         assert torch.allclose(got[name].detach(), new, rtol=0, atol=1e-12), name
-    assert not torch.equal(got["lm_head.weight"].detach(), params["lm_head.weight"].detach())
+    head = "lm_head.weight" if "lm_head.weight" in got else next(iter(got))
+    assert not torch.equal(got[head].detach(), params[head].detach())
 
 
 def test_kernel_logprobs_on_hf_logits(setup):
