@@ -19,6 +19,7 @@ def test_render_is_self_contained(tmp_path):
                         "reports/demo/figures/f.png": [{"type": "image", "revisions": ["workspace"],
                                                         "url": str(img)}]}, root=tmp_path)
     assert page.count("<svg") == 1 and "data:image/png;base64," in page
-    assert "<h2 id='demo'>demo</h2>" in page
+    assert "<h2 id='demo'>demo <a" in page and "<a href='#demo'>demo (2)</a>" in page  # table of contents
+    assert 'figure:target' in page and 'href="#fig0"' in page  # a figure opens at full width
     external = [u for u in re.findall(r'(?:src|href)="(https?://[^"]+)"', page)]
     assert external == []  # renders offline (DVC's own page loads vega from a CDN)
