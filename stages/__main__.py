@@ -76,7 +76,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.stage == "plots":
             from stages.common.plots_html import write_plots_html
 
-            print(f"DVC plots (offline HTML): {write_plots_html()}")
+            print(f"DVC plots (offline HTML): {write_plots_html(slugs=[args.slug] if args.slug else None)}")
             return 0
         if args.stage == "claims":
             from stages.common.config import registered_papers

@@ -19,8 +19,8 @@ from stages.common.config import ConfigError
 from stages.common.paths import ROOT, atomic_write_text
 
 
-def dvc_plot_specs(root: Path = ROOT) -> dict[str, list[dict[str, Any]]]:
-    res = subprocess.run([sys.executable, "-m", "dvc", "plots", "show", "--json"], cwd=root,
+def dvc_plot_specs(root: Path = ROOT, targets: list[str] | None = None) -> dict[str, list[dict[str, Any]]]:
+    res = subprocess.run([sys.executable, "-m", "dvc", "plots", "show", "--json", *(targets or [])], cwd=root,
                          capture_output=True, text=True)
     if res.returncode != 0:
         raise ConfigError(f"dvc plots show failed: {(res.stderr or res.stdout).strip().splitlines()[-1]}")
@@ -68,7 +68,13 @@ def render_html(specs: dict[str, list[dict[str, Any]]], root: Path = ROOT) -> st
     return "\n".join(parts)
 
 
-def write_plots_html(out: Path | None = None, root: Path = ROOT) -> Path:
+def write_plots_html(out: Path | None = None, root: Path = ROOT, slugs: list[str] | None = None) -> Path:
+    """The page for every paper, or only `slugs` (their plot CSVs and figures)."""
     out = Path(out) if out is not None else root / "dvc_plots" / "index.html"
-    atomic_write_text(out, render_html(dvc_plot_specs(root), root))
+    targets = None
+    if slugs:
+        targets = [str(p.relative_to(root)) for slug in slugs
+                   for p in sorted((root / "reports" / slug / "plots").glob("*.csv"))]
+        targets += [f"reports/{slug}/figures" for slug in slugs]
+    atomic_write_text(out, render_html(dvc_plot_specs(root, targets), root))
     return out
