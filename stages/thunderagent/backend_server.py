@@ -15,8 +15,9 @@ Tokenizer: one token per character of the message contents, concatenated in orde
 template add nothing), id = code point mod the vocabulary; generated ids are rendered as printable ASCII,
 one character each — so token counts are exact and a client can build contexts of a given size.
 Requests run one at a time (a lock; torch with one thread); no cross-request prefix cache (every call
-prefills its whole prompt). ``--gated`` (tests): a reply is held until POST /gate/open {"key": <x-request-id>};
-GET /served lists the x-request-id of every request in arrival order.
+prefills its whole prompt). ``--gated`` (tests): a reply is held until POST /gate/open {"key": <x-request-id>}
+(POST /gate/control {"gating": false} turns that off, {"reset": true} clears the log); GET /served lists the
+x-request-id of every request in arrival order.
 Bad requests get a JSON error with status 400 (never a traceback).
 """
 from __future__ import annotations
@@ -73,6 +74,7 @@ class Backend:
         self.engine = OnlineEngine(args.capacity, engine_model_config(args.max_model_len), seed=args.seed)
         self.lock = asyncio.Lock()
         self.gates: dict[str, asyncio.Event] = {}
+        self.gating = bool(args.gated)
         self.served: list[str] = []
         self.running = 0
         self.done = 0
@@ -123,7 +125,7 @@ class Backend:
             async with self.lock:
                 loop = asyncio.get_running_loop()
                 out = await loop.run_in_executor(None, self.engine.generate, ids, max_tokens)
-            if self.args.gated:
+            if self.gating:
                 await self.gate(key).wait()
         finally:
             self.running -= 1
@@ -171,6 +173,16 @@ class Backend:
     async def served_list(self, request: web.Request) -> web.Response:
         return web.json_response({"served": self.served})
 
+    async def test_control(self, request: web.Request) -> web.Response:
+        """--gated only: {"gating": bool} switches reply gating, {"reset": true} clears the served log."""
+        body = await request.json()
+        if "gating" in body:
+            self.gating = bool(body["gating"])
+        if body.get("reset"):
+            self.served.clear()
+            self.gates.clear()
+        return web.json_response({"gating": self.gating, "served": len(self.served)})
+
 
 def make_app(args) -> web.Application:
     b = Backend(args)
@@ -183,6 +195,7 @@ def make_app(args) -> web.Application:
     app.router.add_get("/v1/models", b.models)
     if args.gated:
         app.router.add_post("/gate/open", b.gate_open)
+        app.router.add_post("/gate/control", b.test_control)
     app.router.add_get("/served", b.served_list)
     return app
 

@@ -45,7 +45,8 @@ class Config(StageConfig):
     tick_s: float = Field(5.0, gt=0, le=600)
     ttl_s: float = Field(15.0, ge=0, le=3600, description="Continuum TTL pin")
     aging_half_life_s: float = Field(60.0, gt=0, le=3600, description="starvation fix: key c·2^{-wait/h}")
-    no_skip_after_s: float = Field(120.0, gt=0, le=3600, description="starvation fix: never skip a program waiting longer")
+    no_skip_after_s: float = Field(120.0, gt=0, le=3600,
+                                   description="starvation fix: a new program waiting longer goes first, room is made")
     large_prompt_tokens: int = Field(6000, ge=1, le=10**6, description="'large' programs of the #46 study")
     window_s: list[float] = Field(default=[600.0, 2400.0], min_length=2, max_length=2,
                                   description="steady-state window [w0, w1) in simulated s (official: 10-70 min)")
