@@ -8,11 +8,12 @@ import matplotlib.pyplot as plt
 import numpy as np
 import polars as pl
 
-from stages.common.claims import Better, Bound, Claim
+from stages.common.claims import Better, Bound, Claim, Near
 from stages.common.config import ReportConfig
 from stages.common.paths import read_json
 from stages.common.reporting import Report
 from stages.common.runner import StageContext
+from stages.thunderagent.simulate import finite_json
 
 CLAIM = ("Scheduling agentic workflows as LLM Programs (program-aware pausing/restoring against KV capacity, global "
          "queue with Best-Fit-Decreasing placement, tool-environment lifecycle) avoids KV thrashing: 1.5–3.6× serving "
@@ -75,6 +76,11 @@ CLAIMS = [
            "of official ThunderAgent by the min effect (simulated s), paired per seed",
            a="starvation.aging_large_ttfr", b="starvation.official_large_ttfr", higher_is_better=False,
            kind="finding", refuted_by="a paired reduction at or below the min effect"),
+    Better("aging_closes_gap_to_vllm",
+           "With the fix, large prompts' max TTFR comes within the margin in params (simulated s) of vLLM's, paired per "
+           "seed (the #46 complaint answered, not only reduced)",
+           a="starvation.aging_large_ttfr", b="starvation.vllm_large_ttfr", higher_is_better=False, kind="finding",
+           refuted_by="the fix's large-prompt max TTFR above vLLM's by more than the margin"),
     Bound("aging_keeps_throughput",
           "The fix keeps ≥ 95% of official ThunderAgent's throughput on the #46 burst (calls ÷ makespan)",
           value="starvation.aging_over_official_throughput", kind="finding",
@@ -84,6 +90,11 @@ CLAIMS = [
            "in the window by more than the margin in params (non-inferiority, simulated s, paired per seed)",
            a="head.aging_ttfr_p95", b="head.ta_ttfr_p95", higher_is_better=False, kind="finding",
            refuted_by="the fix's p95 TTFR worse than official's by more than the margin"),
+    Near("baselines_equal_below_capacity",
+         "Sanity: below capacity (the smallest concurrency) ThunderAgent and vLLM deliver the same steady-state "
+         "throughput (ratio within the tolerance in params of 1): the gain comes from overload, not a handicapped baseline",
+         value="low.ta_over_vllm", kind="check",
+         refuted_by="a ratio outside the band at low load (one policy would be handicapped by construction)"),
     Claim("engine_exact", "The real paged engine (shared prefix blocks, LRU trims, preemption, recompute) replaying the "
           "simulator's traces generates exactly the dense model's greedy tokens, within its block pool",
           "engine.mismatches == 0 and engine.steps_done == engine.steps_total", kind="check",
@@ -104,7 +115,8 @@ class Config(ReportConfig):
 
 
 def _m(v):
-    return float(np.mean(v))
+    x = np.array([np.nan if e is None else e for e in v], dtype=float)
+    return float(np.nanmean(x)) if np.isfinite(x).any() else float("nan")
 
 
 def _ns(block: dict) -> list[int]:
@@ -157,6 +169,7 @@ def run(cfg: Config, ctx: StageContext) -> None:
                  "ta_ttfr_p95": H["thunderagent"][top]["window_ttfr_p95_s"],
                  "aging_ttfr_p95": H["thunderagent_aging"][top]["window_ttfr_p95_s"],
                  "vllm_ttfr_p95": H["vllm"][top]["window_ttfr_p95_s"]},
+        "low": {"ta_over_vllm": [a / b for a, b in zip(win(H, "thunderagent", ns[0]), win(H, "vllm", ns[0]))]},
         "makespan": {"ta_over_vllm": [a / b for a, b in zip(mk["thunderagent"][top]["steps_per_min"],
                                                               mk["vllm"][top]["steps_per_min"])]},
         "card": card_metrics,
@@ -177,7 +190,9 @@ def run(cfg: Config, ctx: StageContext) -> None:
                    "generated_tokens": sum(e["generated_tokens"] for e in eng.values()), "per_trace": eng},
         "cost_fit": fit,
         "cost_model_gpu": ev["cost_model"],
-        "sweep": sw, "makespan_runs": mk, "demand": ev["demand"], "official": ev["official"],
+        # raw per-run data: a non-finite number (e.g. TTFR of a window nobody started in) is written as null
+        "sweep": finite_json(sw), "makespan_runs": finite_json(mk), "demand": ev["demand"],
+        "official": finite_json(ev["official"]),
     }
     rep = Report(ctx, "ThunderAgent: program-aware agentic inference (thunderagent)", CLAIM)
     cm = ev["cost_model"]
@@ -435,6 +450,15 @@ in-flight calls with a 502 naming it while the other keeps serving. Deployment i
   Its thresholds (60 s half-life, 120 s bound) were not tuned.
 - **Seeds.** Findings use {len(seeds)} workload seeds (the card regime {len(reg[card[0]]['seeds']) if card else 0});
   simulated metrics are deterministic given a seed, so the spread is across workloads only.
+- **Baselines.** Below capacity ThunderAgent and vLLM tie (`baselines_equal_below_capacity`), so the gain is not a
+  handicapped baseline. The Continuum-like baseline pins with a fixed 15 s TTL, not Continuum's predicted tool
+  durations: it may be weaker than the real system (it is the strongest baseline at high N here).
+- **The real path.** The proxy is tested on loopback in front of the tiny CPU engine (no prefix cache, one request at
+  a time), not in front of real vLLM/SGLang (no GPU or network here); its default token estimate is the official
+  characters ÷ ratio heuristic, while the decision-equality test uses exact /tokenize counts.
+- **Independent re-run (red team, outside the pipeline):** seeds 7 and 8 through the public CLIs only (workload
+  JSONL → `python -m stages.thunderagent.simulate --workers N --window 600 2400`): vLLM keeps 0.69 / 0.70 of its N = 8
+  throughput at N = 96; ThunderAgent/vLLM at N = 96 is 1.82× / 1.81× — consistent with the committed seeds.
 - **Not reproduced:** disk savings (4.2×), RL rollout throughput, real tool environments.
 """)
     cpu = time.process_time() - cpu0

@@ -120,7 +120,9 @@ def main(argv: list[str] | None = None) -> int:
         check_capacity(wl, args.workload.name)
         if args.stop_at is None:
             check_work(wl, args.policy, sched)
-        res = simulate(wl, args.policy, sched=sched, seed=args.seed, workers=args.workers,
+        from stages.thunderagent.costmodel import gpu_cost_model
+
+        res = simulate(wl, args.policy, gpu_cost_model()[0], sched=sched, seed=args.seed, workers=args.workers,
                        window_s=tuple(args.window) if args.window else None, stop_at_s=args.stop_at)
     except (WorkloadError, SimulationError) as err:
         print(f"simulate: {err}", file=sys.stderr)
