@@ -6,8 +6,8 @@ iterations over a batch, LRU trims of cache entries, preemptions. ``PagedEngine.
 trace with real tensors: a block pool per backend and layer, (N_blocks, BS, H, D); shared-prefix
 blocks referenced by every program of the group; prefill of the missing tokens (dense attention over
 the gathered cached prefix); batched greedy decode whose attention is kernels.paged_decode_attention
-over the block tables. Every chunk is wall-clock timed with the simulator's cost features, so
-``fit_cost_model`` can fit a, b, p, q. ``verify`` re-runs each program's final token sequence densely
+over the block tables. Every prefill and decode chunk is timed (thread CPU time and wall time) with
+the simulator's cost features, so costmodel.fit_cost_model can fit a, b, p, q, r. ``verify`` re-runs each program's final token sequence densely
 (no cache) and counts generated tokens that differ from the dense greedy choice — any paging,
 sharing, eviction or recompute bug shows up there.
 """
@@ -74,7 +74,7 @@ class PagedEngine:
         self.gen = [0] * len(wl.programs)
         self.next_tok: dict[int, int] = {}
         self.kv_len: dict[int, int] = {}
-        self.chunks: list[dict] = []
+        self.ops: list[dict] = []     # timed prefill / decode operations (cost-model features + times)
         self.parity_args = None
 
     # -------------------------------------------------------------- model pieces
@@ -160,8 +160,8 @@ class PagedEngine:
     # -------------------------------------------------------------- trace replay
     @torch.no_grad()
     def replay(self, trace: list) -> None:
-        pending_prefill = [0, 0]
-        t_prefill = 0.0
+        """Execute a simulator trace; every prefill (admit) and decode chunk is timed (thread CPU time and
+        wall time) with the cost model's features into ``self.ops``."""
         for op in trace:
             kind, b = op[0], op[1]
             if kind == "trim":
@@ -176,7 +176,7 @@ class PagedEngine:
                 self.next_tok.pop(op[2], None)
                 self.kv_len.pop(op[2], None)
             elif kind == "admit":
-                t0 = time.perf_counter()
+                c0, w0 = time.thread_time(), time.perf_counter()
                 _, _, pid, cached_priv, prefix_hit, total = op
                 p = self.wl.programs[pid]
                 s = p.shared_prefix_tokens
@@ -196,20 +196,18 @@ class PagedEngine:
                     if s + cached_priv < total else self._prefill(b, pid, total - 1, total, self._table(b, pid))
                 self.kv_len[pid] = total
                 new = total - s - cached_priv + (s - prefix_hit)
-                pending_prefill[0] += new
-                pending_prefill[1] += new * total
-                t_prefill += time.perf_counter() - t0
+                self.ops.append({"kind": "prefill", "prefill": new, "prefill_ctx": new * total,
+                                 "prefill_calls": int(new > 0), "cpu_s": time.thread_time() - c0,
+                                 "wall_s": time.perf_counter() - w0})
             elif kind == "decode":
                 _, _, pids, k, _ = op
                 n = len(pids)
                 t_read = sum(self.kv_len[i] for i in pids)
-                t0 = time.perf_counter()
+                c0, w0 = time.thread_time(), time.perf_counter()
                 for _ in range(k):
                     self._decode(b, pids)
-                wall = time.perf_counter() - t0 + t_prefill
-                self.chunks.append({"k": k, "n": n, "kv_read": k * t_read + n * k * (k - 1) / 2,
-                                    "prefill": pending_prefill[0], "prefill_ctx": pending_prefill[1], "wall_s": wall})
-                pending_prefill, t_prefill = [0, 0], 0.0
+                self.ops.append({"kind": "decode", "iters": k, "kv_read": k * t_read + n * k * (k - 1) / 2, "n": n,
+                                 "cpu_s": time.thread_time() - c0, "wall_s": time.perf_counter() - w0})
                 for i in pids:
                     st = self.wl.programs[i].steps[self.step[i]]
                     if self.gen[i] >= st.decode_tokens:  # request complete: obs appended for the next call
@@ -237,26 +235,79 @@ class PagedEngine:
                 "steps_done": sum(self.step), "steps_total": sum(len(p.steps) for p in self.wl.programs)}
 
 
-def fit_cost_model(chunks: list[dict]) -> dict:
-    """Non-negative least squares of chunk wall time on the simulator's features (a, b, p, q);
-    fit on even chunks, error on odd (held-out) chunks."""
-    from scipy.optimize import nnls
-
-    X = np.array([[c["k"], c["kv_read"], c["prefill"], c["prefill_ctx"]] for c in chunks], dtype=float)
-    y = np.array([c["wall_s"] for c in chunks])
-    scale = np.maximum(X.max(0), 1e-12)
-    tr, te = np.arange(len(y)) % 2 == 0, np.arange(len(y)) % 2 == 1
-    coef, _ = nnls(X[tr] / scale, y[tr])
-    coef = coef / scale
-    pred = X @ coef
-    mape = float(np.mean(np.abs(pred[te] - y[te]) / np.maximum(y[te], 1e-9)))
-    ss = float(((y[te] - y[te].mean()) ** 2).sum())
-    r2 = 1 - float(((pred[te] - y[te]) ** 2).sum()) / ss if ss > 0 else float("nan")
-    total_err = float(abs(pred[te].sum() - y[te].sum()) / max(y[te].sum(), 1e-12))
-    return {"a": float(coef[0]), "b": float(coef[1]), "p": float(coef[2]), "q": float(coef[3]),
-            "heldout_mape": mape, "heldout_r2": r2, "heldout_total_time_rel_err": total_err,
-            "n_chunks": len(y)}
-
-
 def engine_model_config(max_seq_len: int) -> TinyTransformerConfig:
     return TinyTransformerConfig(vocab_size=128, d_model=64, n_layers=2, n_heads=4, max_seq_len=max_seq_len)
+
+
+class OnlineEngine:
+    """The same tiny GPT and paged KV pool, serving one request at a time (the backend of backend_server).
+
+    generate(tokens, max_new) prefills the prompt densely into the request's blocks and decodes greedily
+    through kernels.paged_decode_attention over its block table; blocks are freed after the request (no
+    cross-request prefix cache: every call is a full prefill, documented in backend_server).
+    """
+
+    def __init__(self, capacity_tokens: int, model_cfg: TinyTransformerConfig, seed: int = 0, block_size: int = 16,
+                 device="cpu", dtype=torch.float32):
+        torch.manual_seed(seed)
+        self.model = TinyTransformer(model_cfg).to(device=device, dtype=dtype).eval()
+        c = model_cfg
+        self.H, self.D, self.L, self.device = c.n_heads, c.d_model // c.n_heads, c.n_layers, device
+        self.max_len = c.max_seq_len
+        self.pool = Pool(max(2, capacity_tokens // block_size), block_size, self.L, self.H, self.D, device, dtype)
+
+    def _qkv(self, blk, x, pos):
+        N = x.shape[0]
+        q, k, v = blk.attn.qkv(x).split(self.H * self.D, dim=-1)
+        q, k, v = (t.view(N, self.H, self.D) for t in (q, k, v))
+        cos, sin = self.model.rope_cos[pos], self.model.rope_sin[pos]
+        q = apply_rope(q.transpose(0, 1), cos, sin).transpose(0, 1)
+        k = apply_rope(k.transpose(0, 1), cos, sin).transpose(0, 1)
+        return q, k, v
+
+    def _write(self, layer, table, pos, k, v):
+        bs = self.pool.bs
+        bi = torch.tensor([table[int(t) // bs] for t in pos], device=self.device)
+        self.pool.k[layer][bi, pos % bs] = k
+        self.pool.v[layer][bi, pos % bs] = v
+
+    @torch.no_grad()
+    def generate(self, tokens: list[int], max_new: int) -> list[int]:
+        from kernels.paged_decode_attention import paged_decode_attention
+
+        n = len(tokens)
+        if n < 1 or n + max_new > self.max_len:
+            raise ValueError(f"prompt of {n} tokens + {max_new} new exceeds the model length {self.max_len}")
+        table: list[int] = []
+        try:
+            self.pool.resize(table, n + max_new)
+            idx = torch.tensor(tokens, device=self.device)
+            pos = torch.arange(n, device=self.device)
+            x = self.model.embed(idx)                                            # (T, C)
+            mask = torch.ones(n, n, dtype=torch.bool, device=self.device).tril()
+            for li, blk in enumerate(self.model.blocks):
+                q, k, v = self._qkv(blk, blk.norm1(x), pos)
+                self._write(li, table, pos, k, v)
+                y = F.scaled_dot_product_attention(q.transpose(0, 1), k.transpose(0, 1), v.transpose(0, 1),
+                                                   attn_mask=mask)
+                x = x + blk.attn.proj(y.transpose(0, 1).reshape(n, -1))
+                x = x + blk.mlp(blk.norm2(x))
+            nxt = int((self.model.norm(x[-1:]) @ self.model.unembed.T).argmax(-1))
+            out = [nxt]
+            bt = torch.tensor([table], device=self.device, dtype=torch.int32)
+            for step in range(1, max_new):
+                p = n + step - 1                                                  # position of the fed token
+                x = self.model.embed(torch.tensor([nxt], device=self.device))
+                ppos = torch.tensor([p], device=self.device)
+                for li, blk in enumerate(self.model.blocks):
+                    q, k, v = self._qkv(blk, blk.norm1(x), ppos)
+                    self._write(li, table, ppos, k, v)
+                    y = paged_decode_attention(q, self.pool.k[li], self.pool.v[li], bt,
+                                               torch.tensor([p + 1], device=self.device), backend="torch")
+                    x = x + blk.attn.proj(y.reshape(1, -1))
+                    x = x + blk.mlp(blk.norm2(x))
+                nxt = int((self.model.norm(x) @ self.model.unembed.T).argmax(-1))
+                out.append(nxt)
+            return out[:max_new]
+        finally:
+            self.pool.resize(table, 0)

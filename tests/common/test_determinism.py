@@ -47,8 +47,9 @@ def test_smoke_pipeline_twice_gives_identical_metrics(tmp_path, slug):
     assert _strip(json.loads((a / "metrics.json").read_text())) == _strip(json.loads((b / "metrics.json").read_text()))
     flat_a, flat_b = (json.loads((d / "dvc_metrics.json").read_text()) for d in (a, b))
     timed = {c["name"] for c in json.loads((a / "metrics.json").read_text())["claims"] if c.get("wallclock")}
-    untimed = lambda flat: {k: v for k, v in flat.items() if k.split(".")[0] not in timed  # noqa: E731
-                            and not (k.startswith("claim.") and k.split(".")[1] in timed)}
+    bare = lambda k: k.removeprefix(f"{slug}.")  # noqa: E731  (dvc_metrics keys are <slug>.<claim>... / <slug>.claim.<name>)
+    untimed = lambda flat: {k: v for k, v in flat.items() if bare(k).split(".")[0] not in timed  # noqa: E731
+                            and not (bare(k).startswith("claim.") and bare(k).split(".")[1] in timed)}
     assert untimed(flat_a) == untimed(flat_b)
     csv_a = sorted(p.name for p in (a / "plots").iterdir())
     assert csv_a == sorted(p.name for p in (b / "plots").iterdir())

@@ -9,7 +9,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from stages.thunderagent.engine import PagedEngine, engine_model_config, fit_cost_model
+from stages.thunderagent.costmodel import fit_cost_model, gpu_cost_model, heldout_errors
+from stages.thunderagent.engine import OnlineEngine, PagedEngine, engine_model_config
 from stages.thunderagent.sim import CostModel, SchedConfig, simulate
 from stages.thunderagent.workload import (Cluster, Program, Step, Workload, WorkloadError, check_capacity,
                                           dump_workload, generate, load_workload)
@@ -119,8 +120,9 @@ def test_engine_replay_matches_dense_model_under_eviction_and_preemption():
     ver = eng.verify()
     assert ver["mismatches"] == 0 and ver["generated_tokens"] > 0
     assert ver["steps_done"] == ver["steps_total"]
-    fit = fit_cost_model(eng.chunks)
-    assert min(fit["a"], fit["b"], fit["p"], fit["q"]) >= 0
+    kinds = {o["kind"] for o in eng.ops}
+    assert kinds == {"prefill", "decode"} and all(o["cpu_s"] >= 0 for o in eng.ops)
+    assert sum(o.get("iters", 0) * o.get("n", 0) for o in eng.ops) == ver["generated_tokens"]
 
 
 def _cli(*args):
@@ -152,6 +154,123 @@ def test_cli_ok_and_errors(tmp_path):
 def test_smoke_pipeline(smoke_run):
     out = smoke_run("thunderagent")
     m = json.loads((smoke_run.root / "reports" / "thunderagent" / "metrics.json").read_text())
-    assert {c["name"] for c in m["claims"]} >= {"throughput_gain_high_concurrency", "engine_exact"}
+    assert {c["name"] for c in m["claims"]} >= {"throughput_gain_at_max_concurrency", "engine_exact", "cost_model_heldout"}
+    assert {c["kind"] for c in m["claims"]} == {"finding", "check"}
+    text = (smoke_run.root / "reports" / "thunderagent" / "metrics.json").read_text()
+    json.loads(text, parse_constant=lambda c: (_ for _ in ()).throw(AssertionError(f"{c} in metrics.json")))
     assert "paged_decode_attention" in m["kernels"]
     assert (out["report"]).exists()
+
+
+# ------------------------------------------------------------------------------ issue 40: hostile inputs
+def test_capacity_rule_tight_case_is_the_schedulers(tmp_path):
+    """check_capacity and the scheduler use one rule (context + 100 reserved ≤ C): a program whose peak context
+    is exactly C − 100 is accepted and served at once (no 1,800 s forced-resume wait); C − 99 is refused."""
+    cap = 1000
+    ok = Workload([Program("a", 800, (Step(100),))], Cluster(1, cap, 16))       # peak 900 = C − 100
+    check_capacity(ok, "w")
+    r = simulate(ok, "thunderagent", CostModel(a=0.01, b=0.0, p=0.0, q=0.0))
+    assert r["ttfr_max_s"] == pytest.approx(1.0) and r["forced_resumes"] == 0 and r["pauses"] == 0
+    with pytest.raises(WorkloadError, match=r"w:\?: steps: the context grows to 901 tokens; 901 \+ 100 reserved"):
+        check_capacity(Workload([Program("a", 800, (Step(101),))], Cluster(1, cap, 16)), "w")
+    with pytest.raises(WorkloadError, match=r"prompt_tokens: 901 \+ 100 reserved tokens exceeds the backend KV capacity 1000"):
+        check_capacity(Workload([Program("a", 901, (Step(1),))], Cluster(1, cap, 16)), "w")
+
+
+def _line_err(tmp_path, text, name="h.jsonl"):
+    p = tmp_path / name
+    p.write_text(text)
+    r = _cli("--workload", p, "--policy", "thunderagent", "--out", tmp_path / "o.json")
+    assert r.returncode == 2 and "Traceback" not in r.stderr and len(r.stderr.strip().splitlines()) == 1, r.stderr
+    assert not (tmp_path / "o.json").exists()
+    return r.stderr
+
+
+def test_hostile_workloads_one_line_exit_2(tmp_path):
+    g = json.dumps
+    assert "arrival_s: must be <= 1e+07 (got 1e+300)" in _line_err(tmp_path, g({**GOOD, "arrival_s": 1e300}) + "\n")
+    assert "tool_s: must be <= 1e+06" in _line_err(tmp_path, g({**GOOD, "steps": [{"decode_tokens": 2, "tool_s": 1e7}]}))
+    deep = "[" * 100_000 + "]" * 100_000
+    assert "JSON nested deeper than 8 levels" in _line_err(tmp_path, deep + "\n")
+    big_int = '{"id": "a", "prompt_tokens": ' + "9" * 4000 + ', "steps": [{"decode_tokens": 1}]}'
+    assert "prompt_tokens: must be <= 10000000 (got an integer of 4000 digits)" in _line_err(tmp_path, big_int)
+    assert "not valid JSON (Exceeds the limit" in _line_err(tmp_path, big_int.replace("9" * 4000, "9" * 5000))
+    assert "not valid JSON" in _line_err(tmp_path, g(GOOD).replace("100", "NaN"))
+    huge = tmp_path / "huge.jsonl"
+    with open(huge, "wb") as f:                                      # sparse: no 64 MiB written
+        f.truncate(64 * 2**20 + 1)
+    r = _cli("--workload", huge, "--policy", "vllm", "--out", tmp_path / "o.json")
+    assert r.returncode == 2 and "more than the limit of 67108864 bytes" in r.stderr and "Traceback" not in r.stderr
+
+
+def test_unfinishable_workload_refused_up_front_with_the_reason(tmp_path):
+    """900 steps × 10^6 decode tokens is valid in the format (peak 9·10^8 < C = 10^9) but needs ≥ 1.4·10^7 decode
+    chunks: refused before any work, instead of grinding into a livelock error."""
+    line = {"id": "x", "prompt_tokens": 10, "steps": [{"decode_tokens": 10**6}] * 900}
+    p = tmp_path / "l.jsonl"
+    p.write_text(json.dumps({"cluster": {"kv_capacity_tokens": 10**9}}) + "\n" + json.dumps(line) + "\n")
+    import time
+    t = time.process_time()
+    r = _cli("--workload", p, "--policy", "thunderagent", "--out", tmp_path / "o.json")
+    assert r.returncode == 2 and "needs at least 1.41e+07 simulation events" in r.stderr and "Traceback" not in r.stderr
+    assert time.process_time() - t < 5.0
+    # ticks: a program whose tools alone take 10^9 s would need 2·10^8 scheduling ticks
+    slow = {"id": "y", "prompt_tokens": 10, "steps": [{"decode_tokens": 1, "tool_s": 10**6}] * 1000}
+    p.write_text(json.dumps(slow) + "\n")
+    r = _cli("--workload", p, "--policy", "thunderagent", "--out", tmp_path / "o.json")
+    assert r.returncode == 2 and "simulation events" in r.stderr
+    r = _cli("--workload", p, "--policy", "vllm", "--out", tmp_path / "o.json")    # no ticks under vLLM: it runs
+    assert r.returncode == 0, r.stderr
+
+
+def test_outputs_have_no_nan_or_infinity(tmp_path):
+    w = tmp_path / "w.jsonl"
+    w.write_text(dump_workload(_tiny(n=3, cap=50000)))
+    out = tmp_path / "r.json"
+    # a window after the run: no program starts in it, so its TTFR percentiles are not numbers -> null + reason
+    r = _cli("--workload", w, "--policy", "vllm", "--out", out, "--workers", "2", "--window", "9000", "9500")
+    assert r.returncode == 0, r.stderr
+    res = json.loads(out.read_text(), parse_constant=lambda c: (_ for _ in ()).throw(AssertionError(c)))
+    assert res["window_ttfr_p95_s"] is None and "window_ttfr_p95_s" in res["nonfinite"]["paths"]
+    assert res["time_unit"].startswith("simulated seconds")
+
+
+# ------------------------------------------------------------------------------ cost model
+def test_gpu_constants_by_hand():
+    cm, d = gpu_cost_model()
+    bw, fl = 2 * 3.35e12 * 0.7, 2 * 989.4e12 * 0.4
+    assert cm.a == pytest.approx(2 * 32.5e9 / bw) and cm.a == pytest.approx(0.013859, rel=1e-4)
+    assert d["kv_bytes_per_token"] == 2 * 64 * 8 * 128 * 2 == 262144 and cm.b == pytest.approx(262144 / bw)
+    assert cm.p == pytest.approx(65e9 / fl) and cm.q == pytest.approx(4 * 64 * 40 * 128 / fl) and cm.r == 0.0
+    assert set(d["assumed"]) == {"deployment.bw_efficiency", "deployment.mfu"}
+
+
+def test_fit_recovers_known_coefficients_and_heldout_error():
+    rng = __import__("numpy").random.default_rng(4)
+    true = {"a": 2e-3, "b": 3e-6, "p": 5e-5, "q": 2e-8, "r": 1e-3}
+    ops = []
+    for _ in range(40):
+        k, n, t0 = int(rng.integers(1, 30)), int(rng.integers(1, 5)), int(rng.integers(10, 400))
+        ops.append({"kind": "decode", "iters": k, "kv_read": k * t0 + n * k * (k - 1) / 2})
+        m, c = int(rng.integers(1, 200)), int(rng.integers(200, 600))
+        ops.append({"kind": "prefill", "prefill": m, "prefill_ctx": m * c, "prefill_calls": 1})
+    for o in ops:
+        o["cpu_s"] = sum(true[k] * o.get(f, 0) for k, f in zip("abpqr", ("iters", "kv_read", "prefill", "prefill_ctx",
+                                                                          "prefill_calls")))
+    coef = fit_cost_model(ops[:60])
+    assert all(coef[k] == pytest.approx(v, rel=1e-6) for k, v in true.items())
+    e = heldout_errors(coef, ops[60:])
+    assert e["total_rel_err"] < 1e-9 and e["op_r2"] == pytest.approx(1.0)
+
+
+def test_online_engine_matches_dense_greedy():
+    e = OnlineEngine(1024, engine_model_config(128), seed=3)
+    toks = [(i * 37 + 5) % 128 for i in range(21)]
+    out = e.generate(toks, 7)
+    seq = list(toks)
+    with torch.no_grad():
+        for _ in range(7):
+            seq.append(int(e.model(torch.tensor([seq]))[0, -1].argmax()))
+    assert out == seq[21:] and len(e.pool.free) == e.pool.n_blocks     # blocks returned after the request
+    with pytest.raises(ValueError, match="exceeds the model length 128"):
+        e.generate(toks, 120)
