@@ -28,7 +28,7 @@ def kernel_modules(only: list[str] | None = None):
         if info.name in ("bench", "dispatch", "testing") or (only and info.name not in only):
             continue
         module = importlib.import_module(f"kernels.{info.name}")
-        if hasattr(module, "BENCHMARKS"):
+        if hasattr(module, "BENCHMARKS") or hasattr(module, "bench_rows"):
             yield info.name, module
 
 
@@ -60,6 +60,11 @@ def main(argv: list[str] | None = None) -> int:
     triton_runs = device == "cuda" or interpreting()
     rows = []
     for name, module in kernel_modules(args.only):
+        if hasattr(module, "bench_rows"):  # a kernel that times its own paths (e.g. several baselines)
+            for row in module.bench_rows(device, small=args.small, reps=args.reps, peak_gbs=args.peak_gbs):
+                rows.append(row)
+                print(json.dumps(row))
+            continue
         cases = getattr(module, "BENCHMARKS_SMALL" if args.small else "BENCHMARKS")
         for label, make, kern, ref, nbytes, flops in cases:
             inputs = make(device)
