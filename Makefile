@@ -9,7 +9,8 @@ export WANDB_SILENT := true
 export PYTHONDONTWRITEBYTECODE := 1
 export DVC_NO_ANALYTICS := 1
 export PREFECT_SERVER_ANALYTICS_ENABLED := false
-PYTEST_ARGS ?=
+## two xdist workers (every test is single-threaded; CI has 2 cores); PYTEST_ARGS= runs serially
+PYTEST_ARGS ?= -n 2 --dist loadgroup
 
 .PHONY: install system-deps repro test ui wandb-sync bench contract plots mutants
 
@@ -64,8 +65,10 @@ wandb-sync: $(STAMP)
 	@ls -d wandb/offline-run-* >/dev/null 2>&1 || { echo "no offline W&B runs under wandb/ (run make repro first)"; exit 0; }
 	$(BIN)/wandb sync --yes wandb/offline-run-*
 
+## Kernel table (torch reference vs naive baseline on CPU; Triton vs torch + roofline on CUDA), then S solo runs vs one seed ensemble.
 bench: $(STAMP)
-	$(BIN)/python -m kernels.bench
+	PATH=$(abspath $(BIN)):$$PATH $(BIN)/python -m kernels.bench
+	PATH=$(abspath $(BIN)):$$PATH $(BIN)/python -m benchmarks.ensemble
 
 contract:
 	$(PY) ../shared/tools/check_contract.py
@@ -89,3 +92,13 @@ pool: $(STAMP)
 ## One process worker on this machine: make worker [POOL=papers] [QUEUE=<queue>]
 worker: $(STAMP)
 	PATH=$(abspath $(BIN)):$$PATH $(BIN)/prefect worker start --pool $(POOL) --type process $(if $(QUEUE),--work-queue $(QUEUE))
+
+# --- Profiling (benchmarks/profile.py) ---
+.PHONY: profile
+STAGE ?= train
+PROFILE ?= smoke
+
+## py-spy over one stage: make profile SLUG=<slug> [STAGE=train] [PROFILE=smoke] -> reports/profiles/<slug>-<stage>.{txt,svg}
+profile: $(STAMP)
+	@test -n "$(SLUG)" || { echo "error: usage: make profile SLUG=<slug> [STAGE=train] [PROFILE=smoke]" >&2; exit 2; }
+	PATH=$(abspath $(BIN)):$$PATH $(BIN)/python -m benchmarks.profile $(SLUG) --stage $(STAGE) --profile $(PROFILE)

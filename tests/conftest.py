@@ -52,3 +52,14 @@ def smoke_run(tmp_path):
 
     run.root = tmp_path
     return run
+
+
+def pytest_collection_modifyitems(config, items):
+    """`make test` runs two pytest-xdist workers with ``--dist loadgroup`` (one per core: every test is single-
+    threaded). Each test file is one group, so a file's module/session fixtures are built once; every test under
+    tests/flows shares one group, so the session-wide Prefect harness and repo template are started on one worker
+    only (one Prefect server per run). Without xdist the marker is inert."""
+    for item in items:
+        rel = item.nodeid.split("::", 1)[0]
+        group = "flows" if rel.startswith("tests/flows/") else rel
+        item.add_marker(pytest.mark.xdist_group(group))
