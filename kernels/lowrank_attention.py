@@ -435,7 +435,7 @@ def _time(fn, device: str, reps: int) -> float:
     return sorted(times)[len(times) // 2]
 
 
-def bench_rows(device: str, small: bool = False, reps: int = 5, peak_gbs: float = 4800.0) -> list[dict]:
+def bench_rows(device: str, small: bool = False, reps: int = 5, peak_gbs: float | None = 4800.0) -> list[dict]:
     """Decode attention over the compressed cache vs the dense cache, at the paper's shapes.
 
     CPU (here): the torch paths only - the fused algorithm in torch (decode_latent_torch) vs materialize-K/V
@@ -459,13 +459,16 @@ def bench_rows(device: str, small: bool = False, reps: int = 5, peak_gbs: float 
     with torch.no_grad():
         t_dense = _time(lambda: dense_sdpa(q, k, v), device, reps)
         t_mat = _time(lambda: materialize_sdpa(q, kl, ku, vl, vu, pos), device, reps)
-        row.update(dense_sdpa_s=t_dense, materialize_sdpa_s=t_mat)
+        # reference_s / kernel_s: the columns of `python -m kernels.bench`'s table (torch ms = materialize + SDPA)
+        row.update(dense_sdpa_s=t_dense, materialize_sdpa_s=t_mat, reference_s=t_mat)
         if device == "cuda":
             t_k = _time(lambda: decode(q, kl, ku, vl, vu, pos, backend="triton"), device, reps)
             by = kv_bytes(B, T, Hkv, D, Rk, Rv, elt=2)
-            row.update(triton_s=t_k, speedup_vs_dense_sdpa=t_dense / t_k, speedup_vs_materialize=t_mat / t_k,
+            row.update(triton_s=t_k, kernel_s=t_k, ratio_kernel_over_reference=t_k / t_mat, speedup_vs_dense_sdpa=t_dense / t_k, speedup_vs_materialize=t_mat / t_k,
                        latent_bytes=by["latent"], dense_bytes=by["dense"],
-                       achieved_gbs=by["latent"] / t_k / 1e9, bandwidth_fraction=by["latent"] / t_k / 1e9 / peak_gbs)
+                       achieved_gbs=by["latent"] / t_k / 1e9)
+            if peak_gbs:
+                row["bandwidth_fraction"] = by["latent"] / t_k / 1e9 / peak_gbs
         else:
             t_lat = _time(lambda: decode_latent_torch(q, kl, ku, vl, vu, pos), device, reps)
             row.update(latent_torch_s=t_lat, ratio_materialize_over_latent=t_mat / t_lat,

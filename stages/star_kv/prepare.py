@@ -34,8 +34,8 @@ class Config(StageConfig):
         description="name -> held-out text set (kind hf/file, full profile only); the first decides the claims")
     text_column: str = Field("text", min_length=1, max_length=100)
     glob: str = Field("*.py", min_length=1, description="toy: files under the stdlib directory")
-    train_tokens: int = Field(300_000, ge=2_000, le=2_000_000_000)
-    val_tokens: int = Field(30_000, ge=500, le=200_000_000)
+    train_tokens: int = Field(300_000, ge=100, le=2_000_000_000)
+    val_tokens: int = Field(30_000, ge=20, le=200_000_000)
     val_every: int = Field(10, ge=2, le=100, description="toy: every val_every-th file goes to val")
 
     @model_validator(mode="after")
