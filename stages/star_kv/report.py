@@ -57,7 +57,7 @@ def build(res: dict, runs: dict, claim_target: float) -> tuple[list, dict]:
                "full_rank_max_dlogit": res["full_rank_max_dlogit"], "arms": {}, "checks": {}}
     ct = ctag(claim_target)
     claim_arms = {"star_full", "star_global", "uniform_kd"}
-    kd_totals, decode_err = [], []
+    kd_totals, decode_err, quant_dnll, quant_dlogit = [], [], [], []
     for c in res["targets"]:
         t = ctag(c)
         arms = {}
@@ -92,7 +92,9 @@ def build(res: dict, runs: dict, claim_target: float) -> tuple[list, dict]:
                     a[f"ppl_{tag}"] = [math.exp(x) for x in a[f"nll_{tag}"]]
                     a[f"bytes_{tag}"] = [r[f"bytes_{tag}"] for r in per]
                     a[f"reduction_{tag}"] = [res["dense_kv_bytes_fp16"] / r[f"bytes_{tag}"] for r in per]
-                    decode_err += [r[f"decode_max_dlogit_{tag}"] for r in per]
+                    quant_dlogit += [r[f"decode_max_dlogit_{tag}"] for r in per]
+                    quant_dnll += [abs(mean(r[f"nll_{tag}_items"]) - mean(r[f"nll_dense_{tag}_items"])) for r in per
+                                   if f"nll_dense_{tag}_items" in r]
                 a["reduction_mixed_min"] = min(a["reduction_mixed"])
                 a["int4_eq_over_mixed_bytes_max"] = max(e / x for e, x in zip(a["bytes_int4_equal_bytes"],
                                                                               a["bytes_mixed"]))
@@ -107,6 +109,8 @@ def build(res: dict, runs: dict, claim_target: float) -> tuple[list, dict]:
     m["checks"]["kd_steps_min"] = min(kd_totals) if kd_totals else float("nan")
     m["checks"]["kd_steps_max"] = max(kd_totals) if kd_totals else float("nan")
     m["checks"]["decode_vs_dense_max_dlogit"] = max(decode_err) if decode_err else float("nan")
+    m["checks"]["quant_decode_vs_dense_max_dnll"] = max(quant_dnll) if quant_dnll else float("nan")
+    m["checks"]["quant_decode_vs_dense_max_dlogit"] = max(quant_dlogit) if quant_dlogit else float("nan")
     A = m["arms"].get(ct, {})
     if {"star_full", "star_global", "uniform_kd"} <= set(A):
         f = A["star_full"]
@@ -175,9 +179,14 @@ def build(res: dict, runs: dict, claim_target: float) -> tuple[list, dict]:
               "SVD, fused kernel over the latent cache) reproduces the model's own attention logits",
               "full_rank_max_dlogit <= param.tol", kind="check",
               refuted_by="a logit difference above tol between the full-rank latent decode and the HF forward"),
-        Claim("decode_matches_dense_forward", "The decode path (kernel over latent caches, fp and quantized) "
-              "matches the dense forward of the same student", "checks.decode_vs_dense_max_dlogit <= param.tol",
+        Claim("decode_matches_dense_forward", "The decode path (kernel over the fp latent caches) matches the dense "
+              "forward of the same student", "checks.decode_vs_dense_max_dlogit <= param.tol",
               kind="check", refuted_by="a logit difference above tol"),
+        Claim("quant_decode_matches_dense_nll", "The quantized decode path (kernel dequantizing int4/int8 latents) "
+              "gives the same mean window NLL as the dense forward with the same quantizer, within a tolerance well "
+              "below the findings' minimum effect (max |Δlogit| is not the test: a 1e-6 difference in a latent can "
+              "flip one int4 code; it is reported beside)", "checks.quant_decode_vs_dense_max_dnll <= param.tol",
+              kind="check", refuted_by="a per-row mean-NLL difference above tol between the two quantized paths"),
         Claim("teacher_beats_unigram", "The teacher learned the corpus (held-out PPL below the unigram PPL)",
               "teacher.ppl < unigram_ppl", kind="check", refuted_by="a teacher no better than unigram statistics"),
     ]
@@ -309,6 +318,22 @@ THREATS = """- **One teacher.** Seeds vary the distillation data order only (the
 - **Hyper-parameters.** lr, α lr, λ, s and the step counts were fixed before the committed run (phase 3 from the
   recorded curve of an earlier development run) and are shared by every arm; a different lr or a much longer
   budget could change the ordering of arms whose PPLs are within the minimum effect.
+- **Red-team pass on the committed default run (what it found).** (a) Phase 1 hit its step cap (`alpha_steps`)
+  before star_full met its budget on most seeds (`budget_met` False in the allocation table): the realised
+  compression is below the target C (see `compression`), most at C = 0.75, where the label overstates the
+  compression; every control is held at star_full's realised bytes, so the comparisons stay at equal bytes.
+  (b) The official σ−α export costs far more than 120 phase-3 steps recover (`phase3_recovers_c60` fails), so the
+  rank-allocation findings still measure the export as much as the allocation; star_gatefuse (same ranks, gate-value
+  fusion) is the arm that isolates allocation, and it is reported, not claimed. (c) The learned allocation moves
+  only ~10% of the rank away from one global σ̂ threshold per type, so the learned-vs-global gap is bounded by
+  construction to a small effect at this scale. (d) The quantized decode path is compared with the dense forward on
+  the window NLL (`quant_decode_matches_dense_nll`), because max |Δlogit| between two quantized paths is
+  discontinuous (a 1e-6 latent difference flips an int4 code; max |Δlogit| up to ~0.1 is in the metrics as
+  `checks.quant_decode_vs_dense_max_dlogit`); this check was split from the fp check after the first default run
+  showed that, with the tolerance fixed from the findings' minimum effect, not from the measured value.
+- **Budget.** The default profile takes more than the 300 s CPU target (process CPU: prepare ~15 s, train ~270 s,
+  evaluate ~65 s, report ~17 s, measured on the shared 2-core machine); the seeds are trained in a lockstep cohort,
+  not yet with the shared vectorized ensemble (`stages/common/ensemble.py`).
 - **Speed.** No speed claim is tested (CPU only); the kernel reads the value latent once per KV head, which at the
   paper's shapes is more bytes than the dense fp16 cache unless L2 keeps it — the GPU bench row reports the bytes
   it assumes."""
