@@ -44,7 +44,7 @@ def kernel_modules(only: list[str] | None = None):
         if info.name in NOT_KERNELS or (only and info.name not in only):
             continue
         module = importlib.import_module(f"kernels.{info.name}")
-        if hasattr(module, "BENCHMARKS"):
+        if hasattr(module, "BENCHMARKS") or hasattr(module, "bench_rows"):
             yield info.name, module
 
 
@@ -143,6 +143,9 @@ def main(argv: list[str] | None = None) -> int:
     rows = []
     for name, module in kernel_modules(args.only):
         only.discard(name)
+        if hasattr(module, "bench_rows"):  # a kernel that times its own paths (several baselines)
+            rows.extend(module.bench_rows(device, small=small, reps=args.reps, peak_gbs=peak_gbs))
+            continue
         for case in getattr(module, "BENCHMARKS_SMALL" if small else "BENCHMARKS"):
             rows.append(bench_case(name, case, device, args.reps, triton_runs, naive, peak_gbs, args.peak_tflops))
     if only:

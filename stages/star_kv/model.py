@@ -1,23 +1,25 @@
-"""STAR-KV on the shared tiny transformer: hybrid SVD factorization of k/v projections, the differentiable
-soft threshold (custom autograd), rank export, low-rank-aware mixed precision and the latent KV-cache
-decode path through kernels/lowrank_attention.
+"""STAR-KV on a Hugging Face Llama-family causal LM (GQA, RoPE): hybrid SVD factorization of k_proj/v_proj,
+the differentiable soft threshold (custom autograd), rank export, low-rank-aware mixed precision and the
+latent KV-cache decode path through kernels/lowrank_attention.
 
 Per layer ℓ: keys per KV head h, W_K,h (D×C) = U_h diag(σ_h) V_hᵀ (head-level threshold α_h); values
-jointly, W_V (HD×C) = U diag(σ) Vᵀ (block-level threshold α_V). The cache stores the latents V_hᵀx and
-Vᵀx; keys are rebuilt per head and rotated afterwards (RoPE after reconstruction).
+jointly, W_V (Hkv·D×C) = U diag(σ) Vᵀ (block-level threshold α_V). The cache stores the latents V_hᵀx and
+Vᵀx; keys are rebuilt per head and rotated afterwards (RoPE after reconstruction; rotate-half, as in HF
+Llama). The same code runs the toy (a tiny random ``LlamaForCausalLM`` trained here) and a real
+checkpoint (``from_pretrained``; the ``full`` profile).
 """
 from __future__ import annotations
 
 import copy
-import math
+from dataclasses import dataclass
 from typing import Literal
 
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from kernels.lowrank_attention import decode, decode_quant, decode_ref, dequantize_latent, quantize_latent
-from stages.common.tiny_transformer import TinyTransformer, apply_rope
+from kernels.lowrank_attention import (QuantLatent, decode, decode_quant, dequantize_latent, quantize_latent,
+                                       rope_rotate_half)
 
 KMode = Literal["head", "joint"]
 
@@ -49,34 +51,79 @@ def soft_threshold(sigma, alpha, s: float = 50.0, c: float = 0.0):
     return SoftThreshold.apply(sigma, alpha.expand_as(sigma), s, c)
 
 
-def half_perm(D: int, device=None) -> torch.Tensor:
-    """Channel order that turns the tiny transformer's interleaved RoPE pairs (2i, 2i+1) into the
-    kernel's rotate-half pairs (i, i+D/2); q·k is invariant under a shared permutation."""
-    return torch.cat([torch.arange(0, D, 2), torch.arange(1, D, 2)]).to(device)
+# ----------------------------------------------------------------------------- the backbone
+@dataclass(frozen=True)
+class Backbone:
+    """What STAR-KV reads from a Llama-family HF causal LM."""
+    n_layers: int
+    n_heads: int
+    n_kv_heads: int
+    head_dim: int
+    d_model: int
+    vocab_size: int
+
+    @property
+    def kv_dim(self) -> int:
+        return self.n_kv_heads * self.head_dim
+
+
+def llama_backbone(model) -> Backbone:
+    """Check that `model` is a Llama-family causal LM this code supports (pre-norm decoder layers with
+    q/k/v/o projections without bias, static rotate-half RoPE, scaling 1/√D) and return its shape.
+    ValueError (one line) otherwise."""
+    inner = getattr(model, "model", None)
+    layers = getattr(inner, "layers", None)
+    if layers is None or not hasattr(inner, "embed_tokens") or not hasattr(model, "lm_head"):
+        raise ValueError(f"{type(model).__name__}: not a Llama-family causal LM (model.model.layers, "
+                         "embed_tokens, lm_head)")
+    cfg = model.config
+    H, Hkv = cfg.num_attention_heads, cfg.num_key_value_heads
+    attn = layers[0].self_attn
+    D = attn.head_dim
+    for i, layer in enumerate(layers):
+        a = layer.self_attn
+        for name in ("q_proj", "k_proj", "v_proj"):
+            if getattr(a, name).bias is not None:
+                raise ValueError(f"layer {i} {name}: has a bias (STAR-KV latents here assume bias-free k/v/q)")
+        if abs(a.scaling - D ** -0.5) > 1e-12 * D:
+            raise ValueError(f"layer {i}: attention scaling {a.scaling} is not 1/sqrt(head_dim)")
+    rot = inner.rotary_emb
+    if getattr(rot, "rope_type", "default") not in ("default", "linear", "llama3") or rot.attention_scaling != 1.0:
+        raise ValueError(f"rotary embedding {getattr(rot, 'rope_type', '?')} (attention scaling "
+                         f"{rot.attention_scaling}) is not a static RoPE")
+    if getattr(cfg, "sliding_window", None) and getattr(cfg, "use_sliding_window", False):
+        raise ValueError("sliding-window attention is not supported")
+    return Backbone(len(layers), H, Hkv, D, cfg.hidden_size, cfg.vocab_size)
+
+
+def causal_rope(x: torch.Tensor, inv_freq: torch.Tensor) -> torch.Tensor:
+    """Rotate-half RoPE of x (B, heads, T, D) at positions 0..T-1."""
+    return rope_rotate_half(x, torch.arange(x.shape[-2], device=x.device), inv_freq)
 
 
 class LowRankAttn(nn.Module):
-    """One layer's attention with factorized K (per head or joint) and V (joint)."""
+    """One layer's attention with factorized K (per KV head, or joint over KV heads) and V (joint)."""
 
-    def __init__(self, attn, k_mode: KMode, scale_k: float, scale_v: float):
+    def __init__(self, attn, H: int, Hkv: int, k_mode: KMode, scale_k: float, scale_v: float):
         super().__init__()
-        H, D = attn.n_heads, attn.head_dim
-        C = H * D
-        self.H, self.D, self.k_mode = H, D, k_mode
-        W = attn.qkv.weight.detach()
-        self.wq = nn.Parameter(W[:C].clone())
-        self.proj = copy.deepcopy(attn.proj)
-        Wk, Wv = W[C:2 * C], W[2 * C:]
+        D = attn.head_dim
+        C = attn.q_proj.weight.shape[1]
+        self.H, self.Hkv, self.D, self.k_mode = H, Hkv, D, k_mode
+        self.q_proj = copy.deepcopy(attn.q_proj)
+        self.o_proj = copy.deepcopy(attn.o_proj)
+        Wk = attn.k_proj.weight.detach().float()
+        Wv = attn.v_proj.weight.detach().float()
         if k_mode == "head":  # ALGO: per-head SVD of k_proj (keys reconstructed per head before RoPE)
-            U, S, Vh = torch.linalg.svd(Wk.view(H, D, C), full_matrices=False)  # (H,D,D) (H,D) (H,D,C)
-            self.alpha_k = nn.Parameter(torch.zeros(H, 1))
+            U, S, Vh = torch.linalg.svd(Wk.view(Hkv, D, C), full_matrices=False)  # (Hkv,D,D) (Hkv,D) (Hkv,D,C)
+            self.alpha_k = nn.Parameter(torch.zeros(Hkv, 1))
         else:  # one SVD of the whole k_proj (the "joint K" ablation)
-            U, S, Vh = torch.linalg.svd(Wk, full_matrices=False)  # (C,C) (C,) (C,C)
+            U, S, Vh = torch.linalg.svd(Wk, full_matrices=False)  # (Hkv·D,R) (R,) (R,C)
             U, S, Vh = U[None], S[None], Vh[None]
             self.alpha_k = nn.Parameter(torch.zeros(1, 1))
-        self.uk, self.sk, self.vk = nn.Parameter(U), nn.Parameter(S), nn.Parameter(Vh)
+        dt = attn.k_proj.weight.dtype
+        self.uk, self.sk, self.vk = (nn.Parameter(t.to(dt)) for t in (U, S, Vh))
         U, S, Vh = torch.linalg.svd(Wv, full_matrices=False)  # ALGO: joint SVD of v_proj (block threshold)
-        self.uv, self.sv, self.vv = nn.Parameter(U), nn.Parameter(S), nn.Parameter(Vh)
+        self.uv, self.sv, self.vv = (nn.Parameter(t.to(dt)) for t in (U, S, Vh))
         self.alpha_v = nn.Parameter(torch.zeros(1))
         self.register_buffer("scale_k", torch.tensor(float(scale_k)))
         self.register_buffer("scale_v", torch.tensor(float(scale_v)))
@@ -98,7 +145,7 @@ class LowRankAttn(nn.Module):
         return self.scale_v * soft_threshold(self.sv / self.scale_v, self.alpha_v, self.s)
 
     def ranks(self) -> tuple[list[int], int]:
-        """Rank = count of σ̂ > α (per K head or joint K, and joint V)."""
+        """Rank = count of σ̂ > α (per KV head or joint K, and joint V)."""
         if self.fused:
             return [int(m.sum()) for m in self.mask_k], int(self.mask_v.sum())
         rk = (self.sk / self.scale_k > self.alpha_k).sum(-1)
@@ -108,8 +155,9 @@ class LowRankAttn(nn.Module):
     def fuse(self, ranks_k: list[int] | None = None, rank_v: int | None = None, use_alpha: bool = True,
              gate: bool = False):
         """ALGO: Σ fusion (phase 3): V ← V·(σ−α)₊, Σ = 1, α = 0 (official export); columns sorted by the fused
-        value; with explicit ranks (uniform arms) keep the top-r singular directions instead. gate=True fuses
-        the soft-threshold value scale·f(σ/scale; α) (≈ σ above α, 0 below) instead of σ − α (diagnostic)."""
+        value. Explicit ranks keep the top-r directions (by fused value) instead of those above α. gate=True
+        fuses the soft-threshold value scale·f(σ/scale; α) (≈ σ above α, 0 below) instead of σ − α;
+        use_alpha=False fuses σ itself (plain SVD truncation)."""
         def one(u, s, vh, a, scale, r):
             if gate:
                 eff = scale * soft_threshold(s / scale, a, self.s)
@@ -117,7 +165,7 @@ class LowRankAttn(nn.Module):
                 eff = (s - a * scale).clamp_min(0) if use_alpha else s.clone()
             order = torch.argsort(eff, dim=-1, descending=True)
             eff = torch.gather(eff, -1, order)
-            keep = (eff > 0).float() if r is None else (torch.arange(eff.shape[-1]) < r).float()
+            keep = (eff > 0).to(eff.dtype) if r is None else (torch.arange(eff.shape[-1], device=eff.device) < r).to(eff.dtype)
             u.copy_(torch.gather(u, -1, order[..., None, :].expand_as(u)))
             vh.copy_(torch.gather(vh, -2, order[..., :, None].expand_as(vh)) * (eff * keep)[..., None])
             s.fill_(1.0)
@@ -128,10 +176,8 @@ class LowRankAttn(nn.Module):
         self.mask_v.copy_(one(self.uv, self.sv, self.vv, self.alpha_v, self.scale_v, rank_v))
         self.alpha_k.zero_()
         self.alpha_v.zero_()
-        self.alpha_k.requires_grad_(False)
-        self.alpha_v.requires_grad_(False)
-        self.sk.requires_grad_(False)
-        self.sv.requires_grad_(False)
+        for p in (self.alpha_k, self.alpha_v, self.sk, self.sv):
+            p.requires_grad_(False)
         self.fused = True
 
     # ----- latents and reconstruction
@@ -146,91 +192,122 @@ class LowRankAttn(nn.Module):
         if self.k_mode == "head":
             k = torch.einsum("bthr,hdr->bhtd", lk, self.uk)
         else:
-            k = (lk[:, :, 0] @ self.uk[0].T).view(B, T, self.H, self.D).transpose(1, 2)
-        v = (lv @ self.uv.T).view(B, T, self.H, self.D).transpose(1, 2)
+            k = (lk[:, :, 0] @ self.uk[0].T).view(B, T, self.Hkv, self.D).transpose(1, 2)
+        v = (lv @ self.uv.T).view(B, T, self.Hkv, self.D).transpose(1, 2)
         return k, v
 
-    def forward(self, x, rope, quant: dict | None = None):
-        B, T, C = x.shape
-        q = (x @ self.wq.T).view(B, T, self.H, self.D).transpose(1, 2)
+    def forward(self, x, inv_freq, quant: "QuantSpec | None" = None):
+        B, T, _ = x.shape
+        q = self.q_proj(x).view(B, T, self.H, self.D).transpose(1, 2)
         lk, lv = self.latents(x)
         if quant is not None:  # the cache holds quantized latents; every token reads them back
-            lk, lv = quant_roundtrip(self, lk, lv, **quant)
+            lk, lv = quant_roundtrip(self, lk, lv, quant)
         k, v = self.keys_values(lk, lv)
-        cos, sin = rope[0][:T], rope[1][:T]
-        q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
-        y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
-        return self.proj(y.transpose(1, 2).reshape(B, T, C))
+        q, k = causal_rope(q, inv_freq), causal_rope(k, inv_freq)
+        y = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=self.H != self.Hkv)
+        return self.o_proj(y.transpose(1, 2).reshape(B, T, self.H * self.D))
 
     # ----- export for the decode kernel
     def export(self):
-        """Per-head ranks → (k_down (Hk', Rk, C), k_up (H, Rk, D) in rotate-half channel order, Rk per head,
-        v_down (Rv, C), v_up (Rv, H·D)); zero-padded heads."""
+        """Ranks → (k_down (Hk', Rk, C), k_up (Hkv, Rk, D), per-head ranks, v_down (Rv, C), v_up (Rv, Hkv·D));
+        heads of smaller rank zero-padded to the layer's largest."""
         assert self.fused
-        perm = half_perm(self.D, self.uk.device)
         rk = [int(m.sum()) for m in self.mask_k]
         Rk, Rv = max(max(rk), 1), max(int(self.mask_v.sum()), 1)
         if self.k_mode == "head":
-            kd = torch.zeros(self.H, Rk, self.vk.shape[-1], device=self.uk.device)
-            ku = torch.zeros(self.H, Rk, self.D, device=self.uk.device)
+            kd = torch.zeros(self.Hkv, Rk, self.vk.shape[-1], device=self.uk.device, dtype=self.uk.dtype)
+            ku = torch.zeros(self.Hkv, Rk, self.D, device=self.uk.device, dtype=self.uk.dtype)
             for h, r in enumerate(rk):
                 kd[h, :r] = self.vk[h, :r]
-                ku[h, :r] = self.uk[h][:, :r].T[:, perm]
+                ku[h, :r] = self.uk[h][:, :r].T
         else:
             kd = self.vk[0, :Rk][None]
-            ku = self.uk[0][:, :Rk].T.reshape(Rk, self.H, self.D).transpose(0, 1)[:, :, perm]
+            ku = self.uk[0][:, :Rk].T.reshape(Rk, self.Hkv, self.D).transpose(0, 1)
         return kd.detach(), ku.contiguous().detach(), rk, self.vv[:Rv].detach(), self.uv[:, :Rv].T.contiguous().detach()
 
 
-def qspec(n_hi: int, r: int, hi_bits: int) -> tuple[int, int]:
-    """(n_hi, hi_bits) for quantize_latent; hi_bits 4 = uniform int4 (no high-precision part)."""
-    return (0, 8) if hi_bits == 4 else (min(n_hi, r), hi_bits)
+# ----------------------------------------------------------------------------- quantized caches
+@dataclass(frozen=True)
+class QuantSpec:
+    """How the latent cache is stored: the top hi_k (per KV head) / hi_v (per layer) ranks at hi_bits (8:
+    int8 + an fp16 scale per token; 16: fp16), the rest int4 with an fp16 scale per token and group of
+    group_k / group_v columns (None: one group). hi_k = hi_v = 0 is uniform int4."""
+    hi_k: int = 0
+    hi_v: int = 0
+    hi_bits: int = 8
+    group_k: int | None = None
+    group_v: int | None = None
+
+    def parts(self, kind: str, rank: int) -> tuple[int, int, int | None]:
+        n_hi = min(self.hi_k if kind == "k" else self.hi_v, rank)
+        return n_hi, self.hi_bits, self.group_k if kind == "k" else self.group_v
+
+    def quantize(self, x: torch.Tensor, kind: str) -> QuantLatent:
+        return quantize_latent(x, *self.parts(kind, x.shape[-1]))
+
+    def row_bytes(self, kind: str, rank: int) -> int:
+        """Bytes one cache row of this rank occupies (codes + every scale), from the storage format itself."""
+        if rank == 0:
+            return 0
+        return self.quantize(torch.zeros(1, rank), kind).nbytes()
 
 
-def quant_roundtrip(attn: LowRankAttn, lk, lv, hi_k: int, hi_v: int, hi_bits: int):
-    """Quantize → dequantize the exported (rank-truncated) latents, per token (and head for K)."""
+def quant_roundtrip(attn: LowRankAttn, lk, lv, spec: QuantSpec):
+    """Quantize → dequantize the exported (rank-truncated, zero-padded) latents per token, exactly as the
+    decode cache stores them."""
     rk = [int(m.sum()) for m in attn.mask_k]
-    out_k = torch.zeros_like(lk)
-    for h, r in enumerate(rk):
-        if r:
-            ql = quantize_latent(lk[:, :, h, :r], *qspec(hi_k, r, hi_bits))
-            out_k[:, :, h, :r] = dequantize_latent(ql)
-    rv = int(attn.mask_v.sum())
-    out_v = torch.zeros_like(lv)
-    if rv:
-        ql = quantize_latent(lv[..., :rv], *qspec(hi_v, rv, hi_bits))
-        out_v[..., :rv] = dequantize_latent(ql)
+    Rk, Rv = max(max(rk), 1), max(int(attn.mask_v.sum()), 1)
+    out_k, out_v = torch.zeros_like(lk), torch.zeros_like(lv)
+    out_k[..., :Rk] = dequantize_latent(spec.quantize(lk[..., :Rk], "k")).to(lk.dtype)
+    out_v[..., :Rv] = dequantize_latent(spec.quantize(lv[..., :Rv], "v")).to(lv.dtype)
     return out_k, out_v
 
 
+def equal_bytes_int4(ranks_k: list[list[int]], ranks_v: list[int], mixed: QuantSpec) -> QuantSpec:
+    """Uniform int4 spending the bytes the mixed format spends on its high-precision ranks on finer scale
+    groups instead: per cache type, the smallest group size whose total bytes (all rows, ragged ranks) do not
+    exceed the mixed format's. A rule of the storage format, not of any measured quality."""
+    groups = {}
+    for kind, rows in (("k", [r for layer in ranks_k for r in layer]), ("v", list(ranks_v))):
+        budget = sum(mixed.row_bytes(kind, r) for r in rows)
+        widest = max(rows + [1])
+        g = widest
+        for cand in range(1, widest + 1):
+            spec = QuantSpec(0, 0, 8, cand, cand)
+            if sum(spec.row_bytes(kind, r) for r in rows) <= budget:
+                g = cand
+                break
+        groups[kind] = g
+    return QuantSpec(0, 0, 8, groups["k"], groups["v"])
+
+
+# ----------------------------------------------------------------------------- the student
 class StarKVLM(nn.Module):
-    """The student: the teacher's embeddings/MLPs/norms/q/o, with factorized k/v projections."""
+    """The student: the teacher's embeddings/MLPs/norms/q/o projections, with factorized k/v projections.
+    `teacher` is a Llama-family HF causal LM (see llama_backbone)."""
 
-    def __init__(self, teacher: TinyTransformer, k_mode: KMode = "head"):
+    def __init__(self, teacher, k_mode: KMode = "head"):
         super().__init__()
+        bb = llama_backbone(teacher)
         t = copy.deepcopy(teacher)
-        self.cfg = t.cfg
-        self.embed, self.norm, self.lm_head = t.embed, t.norm, t.lm_head
-        self.norm1 = nn.ModuleList(b.norm1 for b in t.blocks)
-        self.norm2 = nn.ModuleList(b.norm2 for b in t.blocks)
-        self.mlp = nn.ModuleList(b.mlp for b in t.blocks)
-        self.register_buffer("rope_cos", t.rope_cos, persistent=False)
-        self.register_buffer("rope_sin", t.rope_sin, persistent=False)
-        # one singular-value unit per type: the median top singular value over layers (and heads)
+        self.bb, self.k_mode = bb, k_mode
+        inner = t.model
+        self.embed, self.norm, self.lm_head = inner.embed_tokens, inner.norm, t.lm_head
+        self.norm1 = nn.ModuleList(layer.input_layernorm for layer in inner.layers)
+        self.norm2 = nn.ModuleList(layer.post_attention_layernorm for layer in inner.layers)
+        self.mlp = nn.ModuleList(layer.mlp for layer in inner.layers)
+        self.register_buffer("inv_freq", inner.rotary_emb.inv_freq.detach().float().clone(), persistent=False)
+        # one singular-value unit per type: the median top singular value over layers (and KV heads)
         sk, sv = [], []
-        for b in t.blocks:
-            C = b.attn.n_heads * b.attn.head_dim
-            W = b.attn.qkv.weight.detach()
-            Wk = W[C:2 * C] if k_mode == "joint" else W[C:2 * C].view(b.attn.n_heads, b.attn.head_dim, C)
+        for layer in inner.layers:
+            a = layer.self_attn
+            Wk = a.k_proj.weight.detach().float()
+            Wk = Wk if k_mode == "joint" else Wk.view(bb.n_kv_heads, bb.head_dim, -1)
             sk.append(torch.linalg.matrix_norm(Wk, ord=2).reshape(-1))
-            sv.append(torch.linalg.matrix_norm(W[2 * C:], ord=2).reshape(-1))
+            sv.append(torch.linalg.matrix_norm(a.v_proj.weight.detach().float(), ord=2).reshape(-1))
         scale_k, scale_v = float(torch.cat(sk).median()), float(torch.cat(sv).median())
-        self.attn = nn.ModuleList(LowRankAttn(b.attn, k_mode, scale_k, scale_v) for b in t.blocks)
-        self.k_mode = k_mode
-
-    @property
-    def unembed(self):
-        return self.embed.weight if self.lm_head is None else self.lm_head.weight
+        self.attn = nn.ModuleList(LowRankAttn(layer.self_attn, bb.n_heads, bb.n_kv_heads, k_mode, scale_k, scale_v)
+                                  for layer in inner.layers)
 
     def alphas(self, kind: str):
         return [a.alpha_k if kind == "k" else a.alpha_v for a in self.attn]
@@ -240,74 +317,118 @@ class StarKVLM(nn.Module):
         rv = sum(a.ranks()[1] for a in self.attn)
         return rk, rv
 
-    def forward(self, idx, quant: dict | None = None):
+    def forward(self, idx, quant: QuantSpec | None = None):
         x = self.embed(idx)
-        rope = (self.rope_cos, self.rope_sin)
         for i, a in enumerate(self.attn):
-            x = x + a(self.norm1[i](x), rope, quant)
+            x = x + a(self.norm1[i](x), self.inv_freq, quant)
             x = x + self.mlp[i](self.norm2[i](x))
-        return self.norm(x) @ self.unembed.T
+        return self.lm_head(self.norm(x))
 
     @torch.no_grad()
-    def decode_logits(self, idx, backend="torch", quant: dict | None = None, rec=None, name="lowrank_attention"):
-        """Token-by-token decoding with a cache of latents only (fp32 or quantized); logits (B, T, V).
-        Each step appends the new token's latents and calls the fused decode kernel."""
+    def decode_logits(self, idx, backend="torch", quant: QuantSpec | None = None, rec=None,
+                      name="lowrank_attention", order: Literal["layer", "token"] = "layer"):
+        """Logits (B, T, V) with a KV cache of latents only (fp or quantized per token): the attention of
+        every position t is the fused decode kernel (kernels.lowrank_attention.decode / decode_quant) over
+        the latent cache of tokens 0..t. order "token" runs in generation order (each step appends the new
+        token's latents to every layer's cache); "layer" (default, faster) runs every position of one layer
+        before the next - the same kernel calls on the same caches, so the same numbers, because attention
+        is causal."""
         B, T = idx.shape
-        cache = [([], []) for _ in self.attn]
         exports = [a.export() for a in self.attn]
-        logits = []
-        for t in range(T):
-            x = self.embed(idx[:, t:t + 1])
-            pos = torch.arange(t + 1, device=idx.device)
-            for i, a in enumerate(self.attn):
-                kd, ku, rk, vd, vu = exports[i]
-                h = self.norm1[i](x)[:, 0]  # (B, C)
-                q = (h @ a.wq.T).view(B, 1, a.H, a.D).transpose(1, 2)
-                q = apply_rope(q, self.rope_cos[t:t + 1], self.rope_sin[t:t + 1])[:, :, 0][:, :, half_perm(a.D, q.device)]
-                cache[i][0].append(torch.einsum("bc,hrc->bhr", h, kd))  # latents only
-                cache[i][1].append(h @ vd.T)
-                kl = torch.stack(cache[i][0], 1)  # (B, t+1, Hk', Rk)
-                vl = torch.stack(cache[i][1], 1)  # (B, t+1, Rv)
-                if kl.shape[2] != a.H:  # joint K: one latent shared by every head
-                    kl = kl.expand(-1, -1, a.H, -1)
-                if quant is not None:
-                    kq = quantize_latent(kl, *qspec(quant["hi_k"], kl.shape[-1], quant["hi_bits"]))
-                    vq = quantize_latent(vl, *qspec(quant["hi_v"], vl.shape[-1], quant["hi_bits"]))
-                if ku.shape[1] > a.D:  # joint K with rank > head_dim: outside the kernel's API (reference)
-                    if quant is not None:  # the cache is still the quantized one
-                        kl, vl = dequantize_latent(kq), dequantize_latent(vq)
-                    y = decode_ref(q, kl, ku, vl, vu, pos, 10000.0)
-                elif quant is None:
-                    y = decode(q, kl, ku, vl, vu, pos, 10000.0, backend=backend)
-                else:
-                    y = decode_quant(q, kq, ku, vq, vu, pos, 10000.0, backend=backend)
-                if rec is not None:
-                    rec.count(name)
-                x = x + a.proj(y.reshape(B, 1, -1))
-                x = x + self.mlp[i](self.norm2[i](x))
-            logits.append(self.norm(x) @ self.unembed.T)
-        return torch.cat(logits, 1)
+        pos = torch.arange(T, device=idx.device)
+        if order == "token":
+            caches: list[list] = [[None, None] for _ in self.attn]
+            logits = []
+            for t in range(T):
+                x = self.embed(idx[:, t:t + 1])  # (B, 1, C)
+                for i, a in enumerate(self.attn):
+                    q, kl, vl = self._qkv_latents(a, exports[i], self.norm1[i](x), pos[t:t + 1], quant)
+                    caches[i][0] = kl if caches[i][0] is None else _cat_t(caches[i][0], kl)
+                    caches[i][1] = vl if caches[i][1] is None else _cat_t(caches[i][1], vl)
+                    y = self._attend(a, exports[i], q[:, :, 0], caches[i][0], caches[i][1], pos[:t + 1], quant,
+                                     backend, rec, name)
+                    x = x + a.o_proj(y.reshape(B, 1, a.H * a.D).to(x.dtype))
+                    x = x + self.mlp[i](self.norm2[i](x))
+                logits.append(self.lm_head(self.norm(x)))
+            return torch.cat(logits, 1)
+        x = self.embed(idx)
+        for i, a in enumerate(self.attn):
+            q, kl, vl = self._qkv_latents(a, exports[i], self.norm1[i](x), pos, quant)
+            ys = [self._attend(a, exports[i], q[:, :, t], _slice_t(kl, t + 1), _slice_t(vl, t + 1), pos[:t + 1],
+                               quant, backend, rec, name) for t in range(T)]
+            y = torch.stack(ys, 1)  # (B, T, H, D)
+            x = x + a.o_proj(y.reshape(B, T, a.H * a.D).to(x.dtype))
+            x = x + self.mlp[i](self.norm2[i](x))
+        return self.lm_head(self.norm(x))
+
+    def _qkv_latents(self, a: LowRankAttn, export, h, pos, quant: QuantSpec | None):
+        """Rotated queries (B, H, t, D) and the cache rows of these tokens: latents (fp) or QuantLatents."""
+        kd, _, _, vd, _ = export
+        B, t, _ = h.shape
+        q = rope_rotate_half(a.q_proj(h).view(B, t, a.H, a.D).transpose(1, 2), pos, self.inv_freq)
+        kl = torch.einsum("btc,hrc->bthr", h, kd)  # latents only
+        if kl.shape[2] != a.Hkv:  # joint K: one latent shared by every KV head
+            kl = kl.expand(-1, -1, a.Hkv, -1)
+        vl = h @ vd.T
+        if quant is not None:  # per-token quantization: each row is quantized once, when it enters the cache
+            return q, quant.quantize(kl.contiguous(), "k"), quant.quantize(vl, "v")
+        return q, kl, vl
+
+    def _attend(self, a: LowRankAttn, export, q, kc, vc, pos, quant, backend, rec, name):
+        _, ku, _, _, vu = export
+        if rec is not None:
+            rec.count(name)
+        if quant is None:
+            return decode(q, kc, ku, vc, vu, pos, self.inv_freq, backend=backend)
+        return decode_quant(q, kc, ku, vc, vu, pos, self.inv_freq, backend=backend)
 
 
-def kv_bytes_per_token(model: StarKVLM, bits: float = 16.0) -> float:
-    """Latent cache bytes per token (all layers) at `bits` per element (joint K counted once)."""
-    rk, rv = model.rank_totals()
-    return (rk + rv) * bits / 8
+def _slice_t(c, n: int):
+    """The first n tokens of a latent cache (a tensor (B, T, ...) or a QuantLatent)."""
+    if isinstance(c, QuantLatent):
+        return QuantLatent(c.hi[:, :n], c.hi_scale[:, :n], c.lo[:, :n], c.lo_scale[:, :n], c.rank, c.hi_bits,
+                           c.lo_group)
+    return c[:, :n]
 
 
-def dense_kv_bytes_per_token(cfg, bits: float = 16.0) -> float:
-    return 2 * cfg.n_layers * cfg.d_model * bits / 8
+def _cat_t(a, b):
+    """Append cache rows b after a along the token axis."""
+    if isinstance(a, QuantLatent):
+        return QuantLatent(*(torch.cat([x, y], 1) for x, y in zip((a.hi, a.hi_scale, a.lo, a.lo_scale),
+                                                                   (b.hi, b.hi_scale, b.lo, b.lo_scale))),
+                           a.rank, a.hi_bits, a.lo_group)
+    return torch.cat([a, b], 1)
 
 
-def quant_bytes_per_token(model: StarKVLM, hi_k: int, hi_v: int, hi_bits: int, scale_bytes: int = 2) -> float:
-    """Bytes per token of the mixed-precision latent cache: hi part at hi_bits, rest 4-bit, plus one
-    per-token scale per part (fp16) per row."""
-    total = 0.0
-    for a in model.attn:
-        rks, rv = a.ranks()
-        for r, n_hi in [(r, hi_k) for r in rks] + [(rv, hi_v)]:
-            if r == 0:
-                continue
-            hi = qspec(n_hi, r, hi_bits)[0]
-            total += hi * hi_bits / 8 + (r - hi) * 0.5 + scale_bytes * (1 + (hi > 0))
-    return total
+def load_student(teacher, state: dict, k_mode: KMode, device=None) -> StarKVLM:
+    """A fused student from its saved state dict (ranks are in the masks)."""
+    s = StarKVLM(teacher, k_mode)
+    for a in s.attn:
+        a.fused = True
+    s.load_state_dict(state)
+    for a in s.attn:
+        for p in (a.alpha_k, a.alpha_v, a.sk, a.sv):
+            p.requires_grad_(False)
+    return (s.to(device) if device is not None else s).eval()
+
+
+# ----------------------------------------------------------------------------- bytes per token
+def cache_ranks(model: StarKVLM) -> tuple[list[list[int]], list[int]]:
+    """(K ranks per layer and KV head, V rank per layer); a joint K latent is one row per layer."""
+    ranks = [a.ranks() for a in model.attn]
+    return [r[0] for r in ranks], [r[1] for r in ranks]
+
+
+def kv_bytes_per_token(ranks_k: list[list[int]], ranks_v: list[int], spec: QuantSpec | None = None,
+                       elt_bytes: int = 2) -> int:
+    """Bytes one token adds to the latent cache (all layers), ragged (each head at its own rank): elt_bytes
+    per element unquantized, or the quantized format's codes + scales."""
+    if spec is None:
+        return elt_bytes * (sum(map(sum, ranks_k)) + sum(ranks_v))
+    return (sum(spec.row_bytes("k", r) for layer in ranks_k for r in layer)
+            + sum(spec.row_bytes("v", r) for r in ranks_v))
+
+
+def dense_kv_bytes_per_token(bb: Backbone, elt_bytes: int = 2) -> int:
+    """Bytes one token adds to the model's own K and V cache (fp16 by default)."""
+    return elt_bytes * bb.n_layers * 2 * bb.kv_dim

@@ -1,5 +1,12 @@
-"""prepare: a byte-level corpus of Python standard-library sources (files already on this machine),
-split train/val by file; uint8 arrays + meta.json.
+"""prepare: the token streams the teacher, the students and the evaluation read.
+
+toy (default): a byte-level corpus of Python standard-library sources (files already on this machine), split
+train/val by file; token = byte (vocab 256).
+full (``source.kind: hf | file``): the KD corpus (``source.dataset``, e.g. fineweb-edu or WikiText-2 train)
+and the evaluation sets (``eval_sources``, e.g. WikiText-2 test and C4 validation), each read through
+``stages.common.hf.load_records`` (column ``text``) and tokenized with the model's tokenizer.
+
+Writes train.npy, val_<name>.npy (one per evaluation set; the first is the claims' set) and meta.json.
 
     python -m stages prepare star_kv
 """
@@ -10,21 +17,44 @@ import sysconfig
 from pathlib import Path
 
 import numpy as np
-from pydantic import Field
+from pydantic import Field, model_validator
 
 from stages.common.config import ConfigError, StageConfig
 from stages.common.paths import write_json
 from stages.common.runner import StageContext
+from stages.common.sources import SourceConfig, SourceError
+
+TOY_EVAL = "stdlib_val"
 
 
 class Config(StageConfig):
-    glob: str = Field("*.py", min_length=1, description="files under the stdlib directory")
-    train_bytes: int = Field(300_000, ge=2_000, le=50_000_000)
-    val_bytes: int = Field(30_000, ge=500, le=5_000_000)
-    val_every: int = Field(10, ge=2, le=100, description="every val_every-th file goes to val")
+    source: SourceConfig = SourceConfig()
+    eval_sources: dict[str, SourceConfig] = Field(
+        default_factory=dict, max_length=8,
+        description="name -> held-out text set (kind hf/file, full profile only); the first decides the claims")
+    text_column: str = Field("text", min_length=1, max_length=100)
+    glob: str = Field("*.py", min_length=1, description="toy: files under the stdlib directory")
+    train_tokens: int = Field(300_000, ge=100, le=2_000_000_000)
+    val_tokens: int = Field(30_000, ge=20, le=200_000_000)
+    val_every: int = Field(10, ge=2, le=100, description="toy: every val_every-th file goes to val")
+
+    @model_validator(mode="after")
+    def _eval_sets(self):
+        if self.source.kind == "toy" and self.eval_sources:
+            raise ValueError("eval_sources: only read with a real source (source.kind hf or file)")
+        if self.source.kind != "toy" and not self.eval_sources:
+            raise ValueError("eval_sources: a real source needs at least one held-out set (e.g. WikiText-2 test)")
+        for name, src in self.eval_sources.items():
+            if not name.isidentifier():
+                raise ValueError(f"eval_sources.{name}: names must be identifiers (they become file names)")
+            if src.dataset is None:
+                raise ValueError(f"eval_sources.{name}.dataset: missing")
+        if self.source.kind != "toy" and self.source.dataset is None:
+            raise ValueError("source.dataset: the KD corpus is missing")
+        return self
 
 
-def read(files: list[Path], n: int) -> np.ndarray:
+def read_files(files: list[Path], n: int) -> np.ndarray:
     out, total = [], 0
     for f in files:
         b = f.read_bytes()
@@ -35,18 +65,67 @@ def read(files: list[Path], n: int) -> np.ndarray:
     return np.frombuffer(b"".join(out)[:n], dtype=np.uint8).copy()
 
 
+def tokenizer_for(source: SourceConfig, key: str = "papers.star_kv.prepare.source"):
+    from stages.common.hf import load_tokenizer
+
+    ref = source.tokenizer or source.model
+    if ref is None:
+        raise SourceError(f"{key}.tokenizer: neither a tokenizer nor a model to take it from")
+    return load_tokenizer(ref, key=f"{key}.tokenizer" if source.tokenizer else f"{key}.model",
+                          revision=None if source.tokenizer else source.revision)
+
+
+def load_text_tokens(dataset: str, tokenizer, n_tokens: int, *, column: str = "text", split: str = "train",
+                     revision: str | None = None, key: str = "source.dataset") -> np.ndarray:
+    """Records of a text dataset (jsonl/json/parquet/csv file or folder, save_to_disk folder, or hub dataset;
+    WikiText / C4 / fineweb-edu schema: a string column `column`) read through load_records, empty lines
+    dropped, tokenized and concatenated with the tokenizer's EOS between documents; the first n_tokens ids."""
+    from stages.common.hf import load_records
+
+    ds = load_records(dataset, columns={column: "string"}, key=key, split=split, revision=revision)
+    eos = tokenizer.eos_token_id
+    ids: list[int] = []
+    for text in ds[column]:
+        if not text or not text.strip():
+            continue
+        ids.extend(tokenizer(text, add_special_tokens=False)["input_ids"])
+        if eos is not None:
+            ids.append(eos)
+        if len(ids) >= n_tokens:
+            break
+    if len(ids) < n_tokens:
+        raise SourceError(f"{key}: {dataset} holds {len(ids)} tokens, fewer than the {n_tokens} requested")
+    dtype = np.uint16 if len(tokenizer) <= 65535 else np.int32
+    return np.asarray(ids[:n_tokens], dtype=dtype)
+
+
 def run(cfg: Config, ctx: StageContext) -> None:
-    root = Path(sysconfig.get_paths()["stdlib"])
-    files = sorted(p for p in root.glob(cfg.glob) if p.is_file())
-    if len(files) < 2 * cfg.val_every:
-        raise ConfigError(f"papers.star_kv.prepare.glob: {cfg.glob!r} matches {len(files)} files under {root}")
-    val_files = files[::cfg.val_every]
-    train_files = [f for f in files if f not in set(val_files)]
-    train, val = read(train_files, cfg.train_bytes), read(val_files, cfg.val_bytes)
-    if train.size < cfg.train_bytes or val.size < cfg.val_bytes:
-        raise ConfigError("papers.star_kv.prepare.train_bytes: more bytes requested than the sources hold")
+    key = "papers.star_kv.prepare"
+    if cfg.source.kind == "toy":
+        root = Path(sysconfig.get_paths()["stdlib"])
+        files = sorted(p for p in root.glob(cfg.glob) if p.is_file())
+        if len(files) < 2 * cfg.val_every:
+            raise ConfigError(f"{key}.glob: {cfg.glob!r} matches {len(files)} files under {root}")
+        val_files = files[::cfg.val_every]
+        train_files = [f for f in files if f not in set(val_files)]
+        train = read_files(train_files, cfg.train_tokens)
+        vals = {TOY_EVAL: read_files(val_files, cfg.val_tokens)}
+        if train.size < cfg.train_tokens or vals[TOY_EVAL].size < cfg.val_tokens:
+            raise ConfigError(f"{key}.train_tokens: more bytes requested than the sources hold")
+        vocab, tok_name = 256, "bytes"
+    else:
+        tok = tokenizer_for(cfg.source, f"{key}.source")
+        train = load_text_tokens(cfg.source.dataset, tok, cfg.train_tokens, column=cfg.text_column,
+                                 split=cfg.source.split, revision=cfg.source.revision, key=f"{key}.source.dataset")
+        vals = {name: load_text_tokens(src.dataset, tok, cfg.val_tokens, column=cfg.text_column, split=src.split,
+                                       revision=src.revision, key=f"{key}.eval_sources.{name}.dataset")
+                for name, src in cfg.eval_sources.items()}
+        vocab, tok_name = len(tok), cfg.source.tokenizer or cfg.source.model
     np.save(ctx.out / "train.npy", train)
-    np.save(ctx.out / "val.npy", val)
-    write_json(ctx.out / "meta.json", {"vocab_size": 256, "train_bytes": int(train.size), "val_bytes": int(val.size),
-                                       "sha256_16": {k: hashlib.sha256(v.tobytes()).hexdigest()[:16]
-                                                     for k, v in (("train", train), ("val", val))}})
+    for name, v in vals.items():
+        np.save(ctx.out / f"val_{name}.npy", v)
+    write_json(ctx.out / "meta.json", {
+        "vocab_size": int(vocab), "tokenizer": tok_name, "train_tokens": int(train.size),
+        "eval_sets": list(vals), "val_tokens": {k: int(v.size) for k, v in vals.items()},
+        "sha256_16": {k: hashlib.sha256(v.tobytes()).hexdigest()[:16]
+                      for k, v in (("train", train), *vals.items())}})
