@@ -206,9 +206,10 @@ def json_depth(raw: bytes) -> int:
     return int(np.cumsum(step).max(initial=0))
 
 
-def read_bounded(path: Path, max_bytes: int = MAX_FILE_BYTES, error=None) -> bytes:
-    """The file's bytes, refusing (one-line error) a file over max_bytes before reading it."""
+def read_bounded(path: Path, max_bytes: int | None = None, error=None) -> bytes:
+    """The file's bytes, refusing (one-line error) a file over max_bytes (default MAX_FILE_BYTES) before reading it."""
     error = error or InstanceError
+    max_bytes = MAX_FILE_BYTES if max_bytes is None else max_bytes
     try:
         n = Path(path).stat().st_size
         if n > max_bytes:
@@ -218,7 +219,8 @@ def read_bounded(path: Path, max_bytes: int = MAX_FILE_BYTES, error=None) -> byt
         raise error(f"{path}: cannot read ({err.strerror or err})") from None
 
 
-def check_depth(raw: bytes, where: str, max_depth: int = MAX_JSON_DEPTH, error=None) -> None:
+def check_depth(raw: bytes, where: str, max_depth: int | None = None, error=None) -> None:
+    max_depth = MAX_JSON_DEPTH if max_depth is None else max_depth
     depth = json_depth(raw)
     if depth > max_depth:
         raise (error or InstanceError)(f"{where}: JSON nested {depth} levels deep, over the limit of {max_depth} "

@@ -1,6 +1,7 @@
 """The smoke pipeline end to end, with the hand-written upstream-schema fixture as the vendored folder
 (tests/induction/fixtures/concept_synth; the smoke profile otherwise unchanged): metrics schema, claims, figures,
-plots, the upstream section, determinism, and no write into the vendored folder."""
+plots, the upstream section, and no write into the vendored folder. (Same params -> same metrics is
+tests/common/test_determinism.py, for every paper.)"""
 from __future__ import annotations
 
 import hashlib
@@ -41,9 +42,6 @@ def test_smoke_pipeline(tmp_path):
 
     out = run(("prepare", "train", "evaluate", "report"))
     m = json.loads((out["report"] / "metrics.json").read_text())
-    first = (out["evaluate"] / "metrics.json").read_text()
-    again = run(("train", "evaluate"))                                  # same params -> same metrics
-    assert (again["evaluate"] / "metrics.json").read_text() == first
     assert _dir_hash(vend) == before                                    # the vendored folder is only read
     assert set(m["runtime_s"]) == {"prepare", "train", "evaluate", "report"}
     assert all(isinstance(v, (int, float)) for v in m["runtime_s"].values())
