@@ -20,7 +20,11 @@ Upstream schema (docs/dataset_schema.md, schemas/benchmark_record.schema.json of
   generate none).
 - **verified model report** (`induction_challenge100_verified_model_report_v1`): `model`, `tasks` [{`task_id`,
   `category_or_slice`, `correct` (train-correct), `evaluable`, `correct_ast`, `formula`, `holdout`
-  {`available`, `correct`, `generated_worlds`}}] -- the published LLM numbers per task.
+  {`available`, `correct`, `generated_worlds`}}] -- the published LLM numbers per task;
+- **public model registry** (`induction_challenge100_round1_public_registry_v1`, docs/…_model_registry.yaml):
+  `models` [{`id`, `display_name`, `protocol`, `benchmarked36` {`evaluable`, `correct`,
+  `correct_formula_ast_sizes`, `holdout_evaluable`, `holdout_correct`}, `challenge64`, `challenge100`}] --
+  published per-model AGGREGATES over the 36 new36 tasks (no per-task results).
 
 Every malformed entry raises :class:`UpstreamError` with one line naming the file (and line), the task id
 and the field. Files are size-bounded before they are read and JSON nesting is bounded before it is parsed;
@@ -51,9 +55,11 @@ RECORD_SCHEMA = "induction_benchmark_record_v1"
 REPORT_SCHEMA = "induction_challenge100_verified_model_report_v1"
 TASKS = {"FullObs": "fullobs", "CI": "ci", "EC": "ec"}
 SCENARIOS = {"FullObs": "AD", "CI": "C", "EC": "E"}
+REGISTRY_SCHEMA = "induction_challenge100_round1_public_registry_v1"
 HOLDOUT_GLOB = "*holdout*.jsonl"
 RECORD_GLOBS = ("*.yaml.gz", "*.yaml", "*_records.json", "*_records.jsonl")
 REPORT_GLOB = "*_report.json"
+REGISTRY_GLOB = "*registry*.yaml"
 _PAIR_RE = re.compile(r"\(\s*([^\s,()]+)\s*,\s*([^\s,()]+)\s*\)\Z")
 _FAMILY_RE = re.compile(r"(?:fullobs|ci|ec)_v\d+_(?P<family>.+?)_(?P<num>\d+)\Z")
 MAX_DECOMPRESSED = 4 * MAX_FILE_BYTES
@@ -460,6 +466,62 @@ def load_llm_report(path: Path) -> LLMReport:
     return LLMReport(model, str(path), out)
 
 
+# ---------------------------------------------------------------- published model registry (aggregates)
+@dataclass
+class RegistryModel:
+    id: str
+    display_name: str
+    evaluable: int                   # benchmarked36: responses that parse
+    correct: int                     # benchmarked36: train-correct (of 36)
+    correct_ast: list[int]           # AST sizes of the correct formulas
+    holdout_evaluable: int
+    holdout_correct: int
+
+
+def load_registry(path: Path, subset: str = "benchmarked36") -> list[RegistryModel]:
+    """Per-model aggregates over the `subset` tasks from the public model registry (YAML, aliases refused)."""
+    path = Path(path)
+    doc = _yaml(_load_text(path), path)
+    where = _Where(path)
+    if not isinstance(doc, dict) or doc.get("schema_version") != REGISTRY_SCHEMA:
+        got = doc.get("schema_version") if isinstance(doc, dict) else type(doc).__name__
+        raise where.err("schema_version", f"expected {REGISTRY_SCHEMA!r}, got {got!r}")
+    models = doc.get("models")
+    if not isinstance(models, list) or not models:
+        raise where.err("models", "expected a non-empty list of models")
+    out, seen = [], set()
+
+    def count(block: dict, key: str, fld: str) -> int:
+        v = block.get(key)
+        if not isinstance(v, int) or isinstance(v, bool) or not 0 <= v <= 10_000:
+            raise where.err(f"{fld}.{key}", f"expected a count, got {v!r}")
+        return v
+
+    for k, mdl in enumerate(models):
+        fld = f"models[{k}]"
+        if not isinstance(mdl, dict) or not isinstance(mdl.get("id"), str) or not mdl["id"]:
+            raise where.err(f"{fld}.id", "expected a model id")
+        where.task = mdl["id"]
+        if mdl["id"] in seen:
+            raise where.err(f"{fld}.id", "duplicate model id")
+        seen.add(mdl["id"])
+        block = mdl.get(subset)
+        if not isinstance(block, dict):
+            raise where.err(f"{fld}.{subset}", "expected the subset's aggregate block")
+        bf = f"{fld}.{subset}"
+        ev, cor = count(block, "evaluable", bf), count(block, "correct", bf)
+        hev, hcor = count(block, "holdout_evaluable", bf), count(block, "holdout_correct", bf)
+        sizes = block.get("correct_formula_ast_sizes")
+        if not isinstance(sizes, list) or not all(isinstance(v, int) and not isinstance(v, bool) and v > 0
+                                                  for v in sizes):
+            raise where.err(f"{bf}.correct_formula_ast_sizes", f"expected a list of AST sizes, got {str(sizes)[:60]!r}")
+        if len(sizes) != cor or not cor <= ev or not hcor <= hev <= cor:
+            raise where.err(bf, f"inconsistent counts (evaluable {ev}, correct {cor}, {len(sizes)} AST sizes, "
+                                f"holdout evaluable {hev}, holdout correct {hcor})")
+        out.append(RegistryModel(mdl["id"], str(mdl.get("display_name") or mdl["id"]), ev, cor, sizes, hev, hcor))
+    return out
+
+
 # ---------------------------------------------------------------- the vendored folder and its tasks
 @dataclass
 class Upstream:
@@ -470,6 +532,7 @@ class Upstream:
     holdout: dict[str, Holdout]
     reports: list[LLMReport]
     files: dict[str, str]            # role -> file name
+    registry: list[RegistryModel] = field(default_factory=list)
 
 
 def load_upstream_dir(path: Path, families: list[str] | None = None) -> Upstream | None:
@@ -478,7 +541,8 @@ def load_upstream_dir(path: Path, families: list[str] | None = None) -> Upstream
     if not path.is_dir():
         return None
     holdouts = sorted(path.glob(HOLDOUT_GLOB))
-    record_files = sorted({p for g in RECORD_GLOBS for p in path.glob(g)})
+    registries = sorted(path.glob(REGISTRY_GLOB))
+    record_files = sorted({p for g in RECORD_GLOBS for p in path.glob(g)} - set(registries))
     if not holdouts and not record_files:
         return None
     holdout: dict[str, Holdout] = {}
@@ -492,9 +556,11 @@ def load_upstream_dir(path: Path, families: list[str] | None = None) -> Upstream
     if families:
         records = [r for r in records if r.family in families]
         holdout = {k: v for k, v in holdout.items() if family_of(k) in families}
+    registry = [m for p in registries for m in load_registry(p)]
     files = {"holdout": ", ".join(p.name for p in holdouts), "records": ", ".join(p.name for p in record_files),
-             "reports": ", ".join(p.name for p in sorted(path.glob(REPORT_GLOB)))}
-    return Upstream(path, records, holdout, reports, files)
+             "reports": ", ".join(p.name for p in sorted(path.glob(REPORT_GLOB))),
+             "registry": ", ".join(p.name for p in registries)}
+    return Upstream(path, records, holdout, reports, files, registry)
 
 
 @dataclass

@@ -43,6 +43,8 @@ class Config(StageConfig):
                                          description="formula-count budgets for the budgeted-validity curve")
     seed: Seed = 0
     device: DeviceName = "auto"
+    brute_check: int = Field(12, ge=0, le=10_000, description="upstream: solved formulas re-checked by textbook "
+                                                                  "evaluation on their held-out worlds")
 
     @field_validator("budgets_generated")
     @classmethod
@@ -138,7 +140,7 @@ def run(cfg: Config, ctx: StageContext) -> None:
     if (train / "bench_log.jsonl").exists() and (train / "bench_log.jsonl").read_text().strip():
         metrics["bench"] = bench_metrics(prep, train, ctx, rec, device)
     if (train / "upstream_log.jsonl").exists() and (train / "upstream_log.jsonl").read_text().strip():
-        metrics["upstream"] = upstream_metrics(prep, train, ctx, rec, device)
+        metrics["upstream"] = upstream_metrics(prep, train, ctx, rec, device, cfg)
     write_json(ctx.out / "metrics.json", metrics)
     rec.save(ctx.out)
     if ctx.tracker:
@@ -245,6 +247,23 @@ def _world_scores(formula_text: str, worlds) -> tuple[list[float], list[int]]:
             [int(np.array_equal(p, w.labels)) for p, w in zip(preds, worlds)])
 
 
+def _tarski(f, env: dict, facts: dict, D: int) -> bool:
+    """Textbook satisfaction, one assignment at a time -- independent of the vectorized evaluators."""
+    from stages.induction.formula import And, Atom, Not, Or
+
+    if isinstance(f, Atom):
+        vals = tuple(env[v] for v in f.args)
+        return vals[0] == vals[1] if f.pred == "=" else bool(facts[f.pred][vals])
+    if isinstance(f, Not):
+        return not _tarski(f.child, env, facts, D)
+    if isinstance(f, And):
+        return all(_tarski(c, env, facts, D) for c in f.children)
+    if isinstance(f, Or):
+        return any(_tarski(c, env, facts, D) for c in f.children)
+    res = (_tarski(f.body, {**env, f.var: d}, facts, D) for d in range(D))
+    return any(res) if f.kind == "exists" else all(res)
+
+
 def _bsize(text: str | None) -> int | None:
     try:
         return binary_size(parse(text)) if text else None
@@ -294,7 +313,7 @@ def _reference(meta: dict) -> tuple[int | None, str]:
     return None, "none"
 
 
-def upstream_metrics(prep, train, ctx, rec: KernelRecord, device) -> dict:
+def upstream_metrics(prep, train, ctx, rec: KernelRecord, device, cfg: "Config") -> dict:
     """Upstream released tasks: solve rate, size vs gold/reference and held-out exactness per family, the
     bloated fit and a majority classifier on the same held-out worlds, the published LLM results for the same
     task ids, and a re-check of those published results on the vendored worlds."""
@@ -330,6 +349,17 @@ def upstream_metrics(prep, train, ctx, rec: KernelRecord, device) -> dict:
                          "majority_accs": json.dumps([float((w.labels == majority).mean()) for w in held])})
     df = pl.DataFrame(rows, infer_schema_length=None)
     df.write_csv(ctx.out / "upstream_results.csv")
+    # independent check: the first `brute_check` solved formulas re-labelled on their held-out worlds by textbook
+    # (Tarskian) evaluation, one assignment at a time
+    brute_n = brute_mism = 0
+    for r in df.filter((pl.col("arm") == "enum") & pl.col("solved")).head(cfg.brute_check).iter_rows(named=True):
+        f, meta = parse(preds["enum"][r["id"]]["formula"]), metas[r["id"]]
+        for w in meta["heldout"]:
+            world = parse_instance({"id": r["id"], "regime": "fullobs", "worlds": [w]}).worlds[0]
+            labels = [_tarski(f, {"x": a}, world.facts, world.domain) for a in range(world.domain)]
+            brute_n += 1
+            brute_mism += int(not np.array_equal(np.array(labels, dtype=bool), np_evaluate(f, world)))
+    brute = {"n_worlds": brute_n, "mismatches": brute_mism}
     enum, bloat = df.filter(pl.col("arm") == "enum"), df.filter(pl.col("arm") == "bloated")
     out: dict = {"mode": enum["mode"][0], "n_instances": enum.height, "n_tasks": enum["task_id"].n_unique(),
                  "budget_generated": int(next(iter(logs.values()))["budget_generated"]),
@@ -378,8 +408,17 @@ def upstream_metrics(prep, train, ctx, rec: KernelRecord, device) -> dict:
                      if pairs else float("nan"),
                      "bloated_median_size": float(np.median([s for j in folds for s in per[j]["bloated_size"]]))
                      if pairs else float("nan")}
+    out["brute_check"] = brute
     out["llm_recheck"] = llm_recheck(published)
     out["published_files"] = published["report_files"]
+    out["per_task_reports"] = len(published["reports"])
+    # published per-model aggregates over all benchmarked36 tasks (registry): context, not a same-task comparison
+    out["registry"] = published.get("registry", [])
+    out["registry_files"] = published.get("registry_files", "")
+    tasks = enum.group_by("task_id").agg(pl.col("solved").all().alias("all"), pl.col("solved").mean().alias("rate"))
+    out["tasks"] = {"n": tasks.height, "solved_every_fold": int(tasks["all"].sum()),
+                    "mean_fold_solve_rate": float(tasks["rate"].mean()),
+                    "solved_sizes": sorted(int(v) for v in ok["size"].drop_nulls().to_list())}
     # per family: this run's solver next to the published LLM results on the SAME task ids (only where both exist)
     fam: dict = {}
     for family in sorted(enum["family"].unique().to_list()):

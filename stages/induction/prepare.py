@@ -184,17 +184,22 @@ def prepare_upstream(cfg: Config, ctx: StageContext) -> dict:
     write_instances(ctx.out / "upstream_instances.jsonl", [t.instance for t in tasks])
     (ctx.out / "upstream_tasks.jsonl").write_text("".join(json.dumps(x) + "\n" for x in lines))
     load_instances(ctx.out / "upstream_instances.jsonl")                  # round trip through the project loader
-    source = (path / "SOURCE.md").read_text() if (path / "SOURCE.md").exists() else ""
+    prov = next((path / n for n in ("SOURCE.md", "PROVENANCE.md") if (path / n).exists()), None)
+    source = prov.read_text() if prov else ""
     # every published LLM task result of the vendored families (the recheck and the comparison read these)
     fams, tids = {t.family for t in tasks}, {t.task_id for t in tasks}
     reports = {model: {tid: vars(lt) for tid, lt in rep.tasks.items() if tid in tids or family_of(tid) in fams}
                for model, rep in llm.items()}
     holdout = {tid: [w.to_json("fullobs") for w in h.worlds] for tid, h in up.holdout.items()}
     write_json(ctx.out / "upstream_published.json", {"reports": reports, "holdout": holdout,
-                                                     "report_files": {m: Path(r.path).name for m, r in llm.items()}})
+                                                     "report_files": {m: Path(r.path).name for m, r in llm.items()},
+                                                     "registry": [vars(m) for m in up.registry],
+                                                     "registry_files": up.files.get("registry", "")})
     return {"vendored": True, "dir": cfg.upstream_dir, "files": up.files, "mode": tasks[0].mode,
             "n_tasks": len({t.task_id for t in tasks}), "n_instances": len(tasks),
             "n_records": len(up.records), "n_holdout_entries": len(up.holdout),
             "holdout_worlds_per_task": {tid: len(h.worlds) for tid, h in sorted(up.holdout.items())},
             "families": sorted(fams), "models": sorted(llm), "source": source,
+            "provenance_file": prov.name if prov else None, "n_registry_models": len(up.registry),
+            "min_worlds": cfg.upstream_train_worlds + 1 if not up.records else None,
             "licence": (path / "LICENSE").exists()}

@@ -26,6 +26,7 @@ upstream_predictions_enum.jsonl, upstream_predictions_bloated.jsonl, upstream_lo
 from __future__ import annotations
 
 import json
+import time
 
 import numpy as np
 import torch
@@ -86,6 +87,7 @@ def run(cfg: Config, ctx: StageContext) -> None:
     if cfg.max_size < largest:
         raise ConfigError(f"papers.induction.train.max_size: {cfg.max_size} is below the largest gold formula size "
                           f"{largest}; raise it to >= {largest} so the size cap never decides a result")
+    cpu0 = time.process_time()
     enum_lines, bloat_lines, log = [], [], []
     for inst in tqdm(insts, desc="train@induction (synthesize)"):
         e = synthesize(inst, max_generated=cfg.max_generated, max_size=cfg.max_size, completions=cfg.completions,
@@ -114,11 +116,16 @@ def run(cfg: Config, ctx: StageContext) -> None:
                "enum_fallback": sum(x["status"] == "fallback" for x in enum_lines),
                "bloated_found": sum(x["formula"] is not None for x in bloat_lines),
                "safety_net_fired": sum(x["safety_net_fired"] for x in log)}
+    cpu = {"synthetic_suite": time.process_time() - cpu0}      # CPU seconds per part (wall-clock-like: varies)
     if cfg.ranker:
         summary["ranker"] = train_ranker_and_guide(cfg, ctx, insts, log, rec, device)
+        cpu["ranker"] = time.process_time() - cpu0 - sum(cpu.values())
     summary["bench"] = run_bench(cfg, ctx, rec, device)
+    cpu["synthetic_families"] = time.process_time() - cpu0 - sum(cpu.values())
     summary["upstream"] = run_upstream(cfg, ctx, rec, device)
+    cpu["upstream"] = time.process_time() - cpu0 - sum(cpu.values())
     write_json(ctx.out / "summary.json", summary)
+    write_json(ctx.out / "cpu_seconds.json", {k: round(v, 2) for k, v in cpu.items()})
     rec.save(ctx.out)
 
 
