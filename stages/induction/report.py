@@ -420,10 +420,7 @@ have 1 to {max(need - 1, 0)} (upstream generated no more) -- too few to hold one
 {u['n_tasks']} tasks evaluated ({u['n_instances']} solver problems: tasks x folds); grammar per problem {json.dumps(u['grammars'])}
 (the one that reaches the regime: lift for FullObs/CI), count budget {u['budget_generated']:,} generated formulas
 each, safety net fired {u['safety_net_fired']} time(s). Enumeration solved {e['solve_rate']:.0%}
-({e['n_solved']}); median size / reference {e['median_size_over_ref']:.3g}, at or below the reference size on
-{e['frac_size_le_ref']:.0%} of solved problems (sizes in upstream's AST convention: n-ary and/or counted as nested
-binary; reference: the gold when records are vendored, else the smallest published LLM formula that is correct
-on every released holdout world of the task); held-out worlds labelled exactly by {e['heldout_exact_solved']:.0%}
+({e['n_solved']}); {_size_text(u)}; held-out worlds labelled exactly by {e['heldout_exact_solved']:.0%}
 of the solved formulas. Bloated fit: training-valid {bl['valid_rate']:.0%}, median size {bl['median_size']:.0f},
 held-out worlds exact {bl['heldout_exact_valid']:.0%}. On the {pr['n']} (fold, task) pairs where both are
 training-valid, held-out object accuracy: compact {pr['compact_acc']:.1%} (median size {pr['compact_median_size']:.0f}),
@@ -451,6 +448,8 @@ bloated {pr['bloated_acc']:.1%} (median size {pr['bloated_median_size']:.0f}), c
                   "which are " + ("vendored (see the per-family table)." if u.get("per_task_reports") else
                                   "not vendored in this run."))
     show = fam.drop([c for c in fam.columns if c.endswith("_train_rate")])
+    if set(show["ref"].to_list()) == {"none"}:          # no gold and no published formula: no size reference
+        show = show.drop("ref_size", "ref", "size/ref")
     rep.table("Released tasks per family: this run next to the published LLM results on the same task ids", show,
               "units: solver problems (task x fold); solve_rate over units; heldout_exact_solved: fraction of solved "
               "formulas exact on their held-out world(s); LLM columns count only task ids that this run also "
@@ -589,3 +588,16 @@ def _recheck_text(u: dict) -> str:
             f"{(' (' + ', '.join(rc['ast_mismatched'][:5]) + ')') if rc['ast_mismatched'] else ''}; "
             f"{len(rc['unparsed'])} published formula(s) the project's parser rejects. Published reports: "
             f"{json.dumps(u['published_files'])}.")
+
+
+def _size_text(u: dict) -> str:
+    e, t = u["enum"], u["tasks"]
+    conv = "sizes in upstream's AST convention: n-ary and/or counted as nested binary"
+    med = float(np.median(t["solved_sizes"])) if t["solved_sizes"] else float("nan")
+    if e["median_size_over_ref"] == e["median_size_over_ref"]:      # a reference exists (not NaN)
+        return (f"median size {med:.0f}, median size / reference {e['median_size_over_ref']:.3g}, at or below the "
+                f"reference size on {e['frac_size_le_ref']:.0%} of solved problems ({conv}; reference: the gold when "
+                "records are vendored, else the smallest published LLM formula that is correct on every released "
+                "holdout world of the task)")
+    return (f"median size of the solutions {med:.0f} ({conv}); size vs gold is not measured: no gold formula (records) "
+            "and no published per-task formula is vendored")

@@ -51,7 +51,7 @@ def _facts_by_hand(world: dict) -> dict:
 @pytest.mark.real_source
 def test_fixture_loads_upstream_schema():
     up = load_upstream_dir(FIX)
-    assert set(up.files) == {"holdout", "records", "reports"} and up.reports[0].model == "toy-model-1"
+    assert set(up.files) == {"holdout", "records", "reports", "registry"} and up.reports[0].model == "toy-model-1"
     assert {k: len(v.worlds) for k, v in up.holdout.items()} == {
         "fullobs_v2_toy_cross_lift_qd1_001": 5, "fullobs_v2_toy_unary_qd0_001": 5,
         "fullobs_v2_toy_cross_lift_qd1_002": 0, "fullobs_v2_toy_unary_qd0_002": 2}

@@ -40,7 +40,13 @@ def test_smoke_pipeline(tmp_path):
     def run(stages):
         return {s: run_stage("induction", s, "smoke", root=root, params_path=pp) for s in stages}
 
-    out = run(("prepare", "train", "evaluate", "report"))
+    out = run(("prepare",))
+    prep_hash = _dir_hash(out["prepare"])
+    out.update(run(("train",)))
+    train_hash = _dir_hash(out["train"])
+    out.update(run(("evaluate", "report")))
+    # issue 57: no stage writes into an upstream stage's output (or into the vendored folder)
+    assert _dir_hash(out["prepare"]) == prep_hash and _dir_hash(out["train"]) == train_hash
     m = json.loads((out["report"] / "metrics.json").read_text())
     assert _dir_hash(vend) == before                                    # the vendored folder is only read
     assert set(m["runtime_s"]) == {"prepare", "train", "evaluate", "report"}
