@@ -43,6 +43,9 @@ class Config(StageConfig):
                                          description="formula-count budgets for the budgeted-validity curve")
     seed: Seed = 0
     device: DeviceName = "auto"
+    upstream_budgets_generated: list[int] = Field(
+        default_factory=lambda: [10_000, 100_000, 1_000_000, 3_000_000, 10_000_000, 20_000_000], min_length=1,
+        max_length=32, description="upstream tasks: formula-count budgets of the recorded learning curve")
     brute_check: int = Field(12, ge=0, le=10_000, description="upstream: solved formulas re-checked by textbook "
                                                                   "evaluation on their held-out worlds")
 
@@ -347,7 +350,8 @@ def upstream_metrics(prep, train, ctx, rec: KernelRecord, device, cfg: "Config")
                          "heldout_all_exact": bool(held) and bool(accs) and all(exacts),
                          "heldout_accs": json.dumps(accs), "heldout_index": json.dumps(meta["heldout_index"]),
                          "majority_accs": json.dumps([float((w.labels == majority).mean()) for w in held])})
-    df = pl.DataFrame(rows, infer_schema_length=None)
+    df = pl.DataFrame(rows, infer_schema_length=None).with_columns(   # all-null when no reference size exists
+        pl.col("size_over_ref").cast(pl.Float64), pl.col("ref_size").cast(pl.Float64), pl.col("size").cast(pl.Int64))
     df.write_csv(ctx.out / "upstream_results.csv")
     # independent check: the first `brute_check` solved formulas re-labelled on their held-out worlds by textbook
     # (Tarskian) evaluation, one assignment at a time
@@ -409,6 +413,9 @@ def upstream_metrics(prep, train, ctx, rec: KernelRecord, device, cfg: "Config")
                      "bloated_median_size": float(np.median([s for j in folds for s in per[j]["bloated_size"]]))
                      if pairs else float("nan")}
     out["brute_check"] = brute
+    # learning curve of the count budget: solved within b generated formulas (b up to the run's budget)
+    out["budgeted"] = {f"g{b}": _rate((enum["solved"] & (enum["generated"] <= b)).to_list())
+                       for b in cfg.upstream_budgets_generated if b <= out["budget_generated"]}
     out["llm_recheck"] = llm_recheck(published)
     out["published_files"] = published["report_files"]
     out["per_task_reports"] = len(published["reports"])

@@ -72,11 +72,11 @@ def test_smoke_pipeline(tmp_path):
     assert g["n"] > 0 and 0 <= g["guided_valid_rate"] <= 1
     assert (out["train"] / "ranker.pt").exists()
     for fig in ("difficulty_by_depth", "heldout_vs_size", "budgeted_validity", "size_vs_gold", "ranker_effort",
-                "bench_families", "upstream_families"):
+                "bench_families", "upstream_families", "upstream_budget"):
         assert (out["report"] / "figures" / f"{fig}.png").stat().st_size > 1000
     specs = json.loads((out["report"] / "plots" / "_specs.json").read_text())
     assert set(specs) == {"difficulty_by_depth", "budgeted_validity", "size_vs_gold", "ranker_effort",
-                          "bench_families", "upstream_families"}
+                          "bench_families", "upstream_families", "upstream_budget"}
     b = m["metrics"]["bench"]                         # synthetic families: lift vs guarded, per seed and family
     assert len(b["per_seed"]["lift_solve_rate"]) == len(b["per_seed"]["guarded_solve_rate"]) == 3
     assert set(b["per_family"]) == {"guardless_cross_scope_lift_qd2", "compact_ef_lift_qd2"}
