@@ -627,7 +627,8 @@ def _size_text(u: dict) -> str:
     e, t = u["enum"], u["tasks"]
     conv = "sizes in upstream's AST convention: n-ary and/or counted as nested binary"
     med = float(np.median(t["solved_sizes"])) if t["solved_sizes"] else float("nan")
-    if e["median_size_over_ref"] == e["median_size_over_ref"]:      # a reference exists (not NaN)
+    r = e["median_size_over_ref"]
+    if r is not None and r == r:      # a reference exists (not NaN; write_json stores NaN as null)
         return (f"median size {med:.0f}, median size / reference {e['median_size_over_ref']:.3g}, at or below the "
                 f"reference size on {e['frac_size_le_ref']:.0%} of solved problems ({conv}; reference: the gold when "
                 "records are vendored, else the smallest published LLM formula that is correct on every released "
