@@ -593,6 +593,16 @@ def _threats(m: dict, up_meta: dict) -> str:
                "tasks on other worlds, shown as context only -- no same-task comparison is claimed."
                if not u.get("per_task_reports") else
                "The LLM columns count only task ids this run evaluated."),
+            ("- *Baseline strength on the released tasks:* no (fold, task) pair where both solvers are training-valid."
+             if not all(isinstance(u["paired"].get(k), (int, float)) for k in ("bloated_acc", "majority_acc", "compact_acc"))
+             else "- *Baseline strength on the released tasks:* the bloated decision-tree fit labels the held-out released "
+            f"worlds at {u['paired']['bloated_acc']:.1%} object accuracy against {u['paired']['majority_acc']:.1%} for a "
+            "constant majority label " + ("(BELOW it: `upstream_compact_generalizes` beats a baseline weaker than a "
+                                          "constant, so read it with the compact-vs-majority gap, "
+                                          f"{u['paired']['compact_acc']:.1%} vs {u['paired']['majority_acc']:.1%}; "
+                                          "no claim checks that gap)."
+                                          if u['paired']['bloated_acc'] <= u['paired']['majority_acc'] else
+                                          "(above it, so the bloated baseline is not a strawman there).")),
             f"- Independent checks on data the project never generated: {u['brute_check']['n_worlds']} held-out "
             f"worlds of solved released tasks re-labelled by textbook (Tarskian) evaluation, one assignment at a time: "
             f"{u['brute_check']['mismatches']} disagree with the pipeline's evaluator. "
