@@ -51,13 +51,27 @@ def bound_name(depth: int) -> str:
     return BOUND_NAMES[depth] if depth < len(BOUND_NAMES) else f"v{depth}"
 
 
+_HASH_WEIGHTS: dict[int, np.ndarray] = {}
+
+
 def row_hash(sig: np.ndarray) -> np.ndarray:
-    """64-bit FNV-style hash of every signature row (N, Wtot) -> (N,) uint64."""
-    h = np.full(sig.shape[0], np.uint64(0xCBF29CE484222325))
+    """64-bit hash of every signature row (N, Wtot) -> (N,) uint64: the row read as 64-bit words, a
+    random-odd-weighted sum (wrapping) of the words, then a xorshift-multiply finalizer. One vectorized pass;
+    the banks verify equal rows exactly, so the hash only has to spread rows, not be collision-free."""
+    s = np.ascontiguousarray(sig, dtype=np.int32)
+    if s.shape[1] % 2:
+        s = np.concatenate([s, np.zeros((s.shape[0], 1), np.int32)], axis=1)
+    words = s.view(np.uint64)                                           # (N, ceil(Wtot / 2))
+    k = words.shape[1]
+    w = _HASH_WEIGHTS.get(k)
+    if w is None:
+        w = np.random.default_rng(0x5EED + k).integers(1, 2**63, size=k, dtype=np.uint64) | np.uint64(1)
+        _HASH_WEIGHTS[k] = w
     with np.errstate(over="ignore"):
-        for k in range(sig.shape[1]):
-            h = (h ^ sig[:, k].astype(np.uint32).astype(np.uint64)) * _FNV
-            h ^= h >> np.uint64(29)
+        h = (words * w[None, :]).sum(axis=1, dtype=np.uint64)
+        h ^= h >> np.uint64(31)
+        h *= _FNV
+        h ^= h >> np.uint64(29)
     return h
 
 

@@ -30,7 +30,7 @@ from stages.common.paths import write_json
 from stages.common.runner import StageContext
 from stages.induction.bitset import LITERAL_GUARDS, BitContext, NotGuarded, unpack
 from stages.induction.check import check_formula
-from stages.induction.formula import parse
+from stages.induction.formula import FormulaError, binary_size, parse
 from stages.induction.instances import load_instances, parse_instance
 from stages.induction.semantics import evaluate as np_evaluate
 
@@ -43,6 +43,11 @@ class Config(StageConfig):
                                          description="formula-count budgets for the budgeted-validity curve")
     seed: Seed = 0
     device: DeviceName = "auto"
+    upstream_budgets_generated: list[int] = Field(
+        default_factory=lambda: [10_000, 100_000, 1_000_000, 3_000_000, 10_000_000, 20_000_000], min_length=1,
+        max_length=32, description="upstream tasks: formula-count budgets of the recorded learning curve")
+    brute_check: int = Field(12, ge=0, le=10_000, description="upstream: solved formulas re-checked by textbook "
+                                                                  "evaluation on their held-out worlds")
 
     @field_validator("budgets_generated")
     @classmethod
@@ -137,6 +142,8 @@ def run(cfg: Config, ctx: StageContext) -> None:
         metrics["guided"] = guided_metrics(insts, train, logs, ctx)
     if (train / "bench_log.jsonl").exists() and (train / "bench_log.jsonl").read_text().strip():
         metrics["bench"] = bench_metrics(prep, train, ctx, rec, device)
+    if (train / "upstream_log.jsonl").exists() and (train / "upstream_log.jsonl").read_text().strip():
+        metrics["upstream"] = upstream_metrics(prep, train, ctx, rec, device, cfg)
     write_json(ctx.out / "metrics.json", metrics)
     rec.save(ctx.out)
     if ctx.tracker:
@@ -234,6 +241,221 @@ def bench_metrics(prep, train, ctx, rec: KernelRecord, device) -> dict:
     return out
 
 
+def _world_scores(formula_text: str, worlds) -> tuple[list[float], list[int]]:
+    """Per-world object accuracy and exactness (numpy evaluator: upstream formulas are outside the kernel's
+    compiled fragment)."""
+    f = parse(formula_text)
+    preds = [np_evaluate(f, w) for w in worlds]
+    return ([float((p == w.labels).mean()) for p, w in zip(preds, worlds)],
+            [int(np.array_equal(p, w.labels)) for p, w in zip(preds, worlds)])
+
+
+def _tarski(f, env: dict, facts: dict, D: int) -> bool:
+    """Textbook satisfaction, one assignment at a time -- independent of the vectorized evaluators."""
+    from stages.induction.formula import And, Atom, Not, Or
+
+    if isinstance(f, Atom):
+        vals = tuple(env[v] for v in f.args)
+        return vals[0] == vals[1] if f.pred == "=" else bool(facts[f.pred][vals])
+    if isinstance(f, Not):
+        return not _tarski(f.child, env, facts, D)
+    if isinstance(f, And):
+        return all(_tarski(c, env, facts, D) for c in f.children)
+    if isinstance(f, Or):
+        return any(_tarski(c, env, facts, D) for c in f.children)
+    res = (_tarski(f.body, {**env, f.var: d}, facts, D) for d in range(D))
+    return any(res) if f.kind == "exists" else all(res)
+
+
+def _bsize(text: str | None) -> int | None:
+    try:
+        return binary_size(parse(text)) if text else None
+    except FormulaError:
+        return None
+
+
+def llm_recheck(published: dict) -> dict:
+    """Re-evaluate every published LLM formula on the vendored holdout worlds of its task, and its AST size
+    in the upstream convention: both must agree with what the upstream report publishes."""
+    holdout = {tid: [parse_instance({"id": tid, "regime": "fullobs", "worlds": [w]}).worlds[0] for w in ws]
+               for tid, ws in published["holdout"].items()}
+    checked, mism, ast_n, ast_mism, unparsed = 0, [], 0, [], []
+    for model, tasks in published["reports"].items():
+        for tid, t in tasks.items():
+            if t["formula"] is None:
+                continue
+            try:
+                parse(t["formula"])
+            except FormulaError:
+                unparsed.append(f"{model}:{tid}")
+                continue
+            if t["correct"] and t["correct_ast"] is not None:
+                ast_n += 1
+                if _bsize(t["formula"]) != t["correct_ast"]:
+                    ast_mism.append(f"{model}:{tid}")
+            worlds = holdout.get(tid) or []
+            if t["holdout_available"] and t["holdout_correct"] is not None and worlds:
+                checked += 1
+                exact_all = all(_world_scores(t["formula"], worlds)[1])
+                if exact_all != t["holdout_correct"]:
+                    mism.append(f"{model}:{tid}")
+    return {"n_checked": checked, "mismatches": len(mism), "mismatched": mism, "n_ast": ast_n,
+            "ast_mismatches": len(ast_mism), "ast_mismatched": ast_mism, "unparsed": unparsed}
+
+
+def _reference(meta: dict) -> tuple[int | None, str]:
+    """Size to compare against: the gold's (released records), else the smallest published LLM formula that is
+    correct on every released holdout world of the task (else train-correct), upstream AST convention."""
+    if meta["gold_ast"] is not None:
+        return meta["gold_ast"], "gold"
+    for key, label in (("holdout_correct", "llm_holdout_correct"), ("correct", "llm_train_correct")):
+        sizes = [_bsize(t["formula"]) for t in meta["llm"].values() if t.get(key) and t["formula"]]
+        sizes = [x for x in sizes if x is not None]
+        if sizes:
+            return min(sizes), label
+    return None, "none"
+
+
+def upstream_metrics(prep, train, ctx, rec: KernelRecord, device, cfg: "Config") -> dict:
+    """Upstream released tasks: solve rate, size vs gold/reference and held-out exactness per family, the
+    bloated fit and a majority classifier on the same held-out worlds, the published LLM results for the same
+    task ids, and a re-check of those published results on the vendored worlds."""
+    insts = load_instances(prep / "upstream_instances.jsonl")
+    metas = {m["id"]: m for m in map(json.loads, (prep / "upstream_tasks.jsonl").read_text().splitlines())}
+    published = json.loads((prep / "upstream_published.json").read_text())
+    logs = {x["id"]: x for x in map(json.loads, (train / "upstream_log.jsonl").read_text().splitlines())}
+    preds = {arm: _load_preds(train / f"upstream_predictions_{arm}.jsonl") for arm in SOLVERS}
+    rows = []
+    for inst in tqdm(insts, desc="evaluate@induction (upstream released tasks)"):
+        meta = metas[inst.id]
+        held = [parse_instance({"id": inst.id, "regime": "fullobs", "worlds": [w]}).worlds[0] for w in meta["heldout"]]
+        train_labels = np.concatenate([w.labels for w in inst.worlds if w.kind == "yes"])
+        majority = bool(train_labels.mean() >= 0.5)
+        ref, ref_kind = _reference(meta)
+        for arm in SOLVERS:
+            pred = preds[arm][inst.id]
+            res = check_formula(inst, pred["formula"])
+            accs, exacts = ([], [])
+            if pred["formula"] is not None and res["size"] is not None and held:
+                accs, exacts = _world_scores(pred["formula"], held)
+            solved = bool(res["valid"]) and pred.get("status") == "solved"
+            bs = _bsize(pred["formula"])
+            rows.append({"id": inst.id, "task_id": meta["task_id"], "family": meta["family"], "fold": meta["fold"],
+                         "mode": meta["mode"], "regime": inst.regime, "arm": arm,
+                         "grammar": pred.get("grammar", "none"), "status": pred.get("status", "none"),
+                         "valid": bool(res["valid"]), "solved": solved, "size": bs, "ref_size": ref,
+                         "ref_kind": ref_kind, "size_over_ref": bs / ref if bs is not None and ref else None,
+                         "generated": int(logs[inst.id]["generated"]) if arm == "enum" else None,
+                         "n_heldout": len(held), "heldout_acc": _rate(accs), "heldout_exact": _rate(exacts),
+                         "heldout_all_exact": bool(held) and bool(accs) and all(exacts),
+                         "heldout_accs": json.dumps(accs), "heldout_index": json.dumps(meta["heldout_index"]),
+                         "majority_accs": json.dumps([float((w.labels == majority).mean()) for w in held])})
+    df = pl.DataFrame(rows, infer_schema_length=None).with_columns(   # all-null when no reference size exists
+        pl.col("size_over_ref").cast(pl.Float64), pl.col("ref_size").cast(pl.Float64), pl.col("size").cast(pl.Int64))
+    df.write_csv(ctx.out / "upstream_results.csv")
+    # independent check: the first `brute_check` solved formulas re-labelled on their held-out worlds by textbook
+    # (Tarskian) evaluation, one assignment at a time
+    brute_n = brute_mism = 0
+    for r in df.filter((pl.col("arm") == "enum") & pl.col("solved")).head(cfg.brute_check).iter_rows(named=True):
+        f, meta = parse(preds["enum"][r["id"]]["formula"]), metas[r["id"]]
+        for w in meta["heldout"]:
+            world = parse_instance({"id": r["id"], "regime": "fullobs", "worlds": [w]}).worlds[0]
+            labels = [_tarski(f, {"x": a}, world.facts, world.domain) for a in range(world.domain)]
+            brute_n += 1
+            brute_mism += int(not np.array_equal(np.array(labels, dtype=bool), np_evaluate(f, world)))
+    brute = {"n_worlds": brute_n, "mismatches": brute_mism}
+    enum, bloat = df.filter(pl.col("arm") == "enum"), df.filter(pl.col("arm") == "bloated")
+    out: dict = {"mode": enum["mode"][0], "n_instances": enum.height, "n_tasks": enum["task_id"].n_unique(),
+                 "budget_generated": int(next(iter(logs.values()))["budget_generated"]),
+                 "grammars": {g: int((enum["grammar"] == g).sum()) for g in sorted(enum["grammar"].unique().to_list())},
+                 "safety_net_fired": sum(bool(x["safety_net_fired"]) for x in logs.values())}
+    ok = enum.filter(pl.col("solved"))
+    out["enum"] = {"solve_rate": _rate(enum["solved"].to_list()), "n_solved": ok.height,
+                   "median_size_over_ref": _median(ok["size_over_ref"]),
+                   "frac_size_le_ref": _rate((ok.drop_nulls("size_over_ref")["size_over_ref"] <= 1).to_list()),
+                   "heldout_exact_solved": _rate(ok["heldout_exact"].to_list()),
+                   "heldout_acc_solved": _rate(ok["heldout_acc"].to_list()),
+                   "median_generated": float(enum["generated"].median())}
+    out["bloated"] = {"valid_rate": _rate(bloat["valid"].to_list()), "median_size": _median(bloat["size"]),
+                      "heldout_exact_valid": _rate(bloat.filter(pl.col("valid"))["heldout_exact"].to_list()),
+                      "heldout_acc_valid": _rate(bloat.filter(pl.col("valid"))["heldout_acc"].to_list())}
+    # per held-out world index ("fold" j: trained without world j, tested on it; as released: test world j):
+    # per-item lists over tasks, the same task order in every list of a fold (paired)
+    wide = (enum.select("id", "task_id", "fold", "solved", pl.col("heldout_accs").alias("ea"), "majority_accs",
+                        "heldout_index", pl.col("size").alias("es"))
+            .join(bloat.select("id", pl.col("valid").alias("bv"), pl.col("heldout_accs").alias("ba"),
+                               pl.col("size").alias("bs")), on="id").sort("task_id", "fold"))
+    per: dict[int, dict[str, list]] = {}
+    for r in wide.iter_rows(named=True):
+        ea, ba, ma = json.loads(r["ea"]), json.loads(r["ba"]), json.loads(r["majority_accs"])
+        for k, j in enumerate(json.loads(r["heldout_index"])):
+            if j < 0:
+                continue
+            d = per.setdefault(j, {"solved": [], "compact_acc": [], "bloated_acc": [], "majority_acc": [],
+                                   "compact_size": [], "bloated_size": []})
+            d["solved"].append(float(r["solved"]))
+            if r["solved"] and r["bv"] and ea and ba:
+                d["compact_acc"].append(ea[k])
+                d["bloated_acc"].append(ba[k])
+                d["majority_acc"].append(ma[k])
+                d["compact_size"].append(r["es"])
+                d["bloated_size"].append(r["bs"])
+    folds = sorted(per)
+    out["per_fold"] = {"fold": folds, **{key: [per[j][key] for j in folds] for key in
+                                         ("solved", "compact_acc", "bloated_acc", "majority_acc")},
+                       "n_pairs": [len(per[j]["compact_acc"]) for j in folds]}
+    pairs = [(a, b, m) for j in folds for a, b, m in zip(per[j]["compact_acc"], per[j]["bloated_acc"],
+                                                         per[j]["majority_acc"])]
+    out["paired"] = {"n": len(pairs), "compact_acc": _rate([p[0] for p in pairs]),
+                     "bloated_acc": _rate([p[1] for p in pairs]), "majority_acc": _rate([p[2] for p in pairs]),
+                     "compact_median_size": float(np.median([s for j in folds for s in per[j]["compact_size"]]))
+                     if pairs else float("nan"),
+                     "bloated_median_size": float(np.median([s for j in folds for s in per[j]["bloated_size"]]))
+                     if pairs else float("nan")}
+    out["brute_check"] = brute
+    # learning curve of the count budget: solved within b generated formulas (b up to the run's budget)
+    out["budgeted"] = {f"g{b}": _rate((enum["solved"] & (enum["generated"] <= b)).to_list())
+                       for b in cfg.upstream_budgets_generated if b <= out["budget_generated"]}
+    out["llm_recheck"] = llm_recheck(published)
+    out["published_files"] = published["report_files"]
+    out["per_task_reports"] = len(published["reports"])
+    # published per-model aggregates over all benchmarked36 tasks (registry): context, not a same-task comparison
+    out["registry"] = published.get("registry", [])
+    out["registry_files"] = published.get("registry_files", "")
+    tasks = enum.group_by("task_id").agg(pl.col("solved").all().alias("all"), pl.col("solved").mean().alias("rate"))
+    out["tasks"] = {"n": tasks.height, "solved_every_fold": int(tasks["all"].sum()),
+                    "mean_fold_solve_rate": float(tasks["rate"].mean()),
+                    "solved_sizes": sorted(int(v) for v in ok["size"].drop_nulls().to_list())}
+    # per family: this run's solver next to the published LLM results on the SAME task ids (only where both exist)
+    fam: dict = {}
+    for family in sorted(enum["family"].unique().to_list()):
+        r = enum.filter(pl.col("family") == family)
+        solved = r.filter(pl.col("solved"))
+        tids = sorted(r["task_id"].unique().to_list())
+        per_task = r.group_by("task_id").agg(pl.col("solved").all().alias("all"), pl.col("solved").any().alias("any"))
+        entry = {"n_tasks": len(tids), "n_units": r.height, "solve_rate": _rate(r["solved"].to_list()),
+                 "tasks_solved_every_fold": int(per_task["all"].sum()),
+                 "heldout_exact_solved": _rate(solved["heldout_exact"].to_list()),
+                 "median_size": _median(solved["size"]), "median_ref_size": _median(r["ref_size"]),
+                 "ref_kind": ",".join(sorted(set(r["ref_kind"].to_list()))),
+                 "median_size_over_ref": _median(solved["size_over_ref"]),
+                 "median_generated": float(r["generated"].median()), "llm": {}}
+        for model, tasks in published["reports"].items():
+            same = [tasks[t] for t in tids if t in tasks]
+            if not same:
+                continue
+            avail = [t for t in same if t["holdout_available"] and t["holdout_correct"] is not None]
+            sizes = [_bsize(t["formula"]) for t in same if t["correct"]]
+            entry["llm"][model] = {"n": len(same), "train_correct": sum(t["correct"] for t in same),
+                                   "holdout_available": len(avail),
+                                   "holdout_correct": sum(bool(t["holdout_correct"]) for t in avail),
+                                   "median_correct_ast": float(np.median([x for x in sizes if x is not None]))
+                                   if any(x is not None for x in sizes) else float("nan")}
+        fam[family] = entry
+    out["per_family"] = fam
+    return out
+
+
 def guided_metrics(insts, train, logs, ctx) -> dict:
     """(C) ranker-guided vs plain enumeration on the ranker's held-out split (same count budgets)."""
     glog = [json.loads(x) for x in (train / "guided_log.jsonl").read_text().splitlines()]
@@ -297,8 +519,12 @@ def summarize(df: pl.DataFrame, cfg: Config, mismatches: int, fallbacks: int) ->
     both = wide.filter(pl.col("ev") & pl.col("bv"))
     per_seed: dict[str, list] = {"seed": [], "n": [], "compact_acc": [], "bloated_acc": [], "majority_acc": [],
                                  "best_baseline_acc": []}
+    items: dict[str, list] = {"compact_acc": [], "bloated_acc": [], "majority_acc": []}  # seeds x instances (paired)
     for seed in out["seeds"]:
-        s = both.filter(pl.col("seed") == seed)
+        s = both.filter(pl.col("seed") == seed).sort("id")
+        items["compact_acc"].append([float(v) for v in s["ea"]])
+        items["bloated_acc"].append([float(v) for v in s["ba"]])
+        items["majority_acc"].append([float(v) for v in s["ma"]])
         ca, ba, ma = _rate(s["ea"]), _rate(s["ba"]), _rate(s["ma"])
         per_seed["seed"].append(int(seed))
         per_seed["n"].append(s.height)
@@ -312,7 +538,11 @@ def summarize(df: pl.DataFrame, cfg: Config, mismatches: int, fallbacks: int) ->
                       "bloated_median_size": _median(both["bs"]) if both.height else float("nan"),
                       "majority_acc": _rate(both["ma"]), "acc_gap": _rate(both["ea"]) - _rate(both["ba"]),
                       "bloated_minus_majority": _rate(both["ba"]) - _rate(both["ma"]),
-                      "per_seed": per_seed}
+                      "per_seed": per_seed, "items": items}
+    # per seed, per instance: solved (0/1) by the enumeration within budget, per regime
+    out["per_seed_solved"] = {reg: [[float(v) for v in e.filter((pl.col("seed") == sd) & (pl.col("regime") == reg))
+                                     .sort("id")["solved"]] for sd in out["seeds"]]
+                              for reg in ["fullobs", "ci", "ec"] if e.filter(pl.col("regime") == reg).height}
     # inside vs outside the original one-literal-guard fragment
     out["fragment"] = {}
     for frag in ("inside", "outside"):

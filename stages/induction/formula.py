@@ -73,6 +73,18 @@ def size(f: Formula) -> int:
     return 2 + size(f.body)
 
 
+def binary_size(f: Formula) -> int:
+    """AST size with n-ary and/or counted as nested binary nodes -- the upstream concept-synth convention
+    (its generator and evaluator build (and a b c) as (and a (and b c))): size(f) + (k - 2) per k-ary node."""
+    if isinstance(f, Atom):
+        return 1 + len(f.args)
+    if isinstance(f, Not):
+        return 1 + binary_size(f.child)
+    if isinstance(f, (And, Or)):
+        return max(1, len(f.children) - 1) + sum(binary_size(c) for c in f.children)
+    return 2 + binary_size(f.body)
+
+
 def quantifier_depth(f: Formula) -> int:
     if isinstance(f, Atom):
         return 0

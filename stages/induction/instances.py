@@ -12,6 +12,7 @@ message names the file line, the instance id and the field.
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -22,6 +23,9 @@ from stages.induction.formula import BINARY, UNARY, FormulaError, parse
 
 REGIMES = ("fullobs", "ci", "ec")
 MAX_DOMAIN = 31  # bit-packed evaluation limit (kernels.quantifier_eval.MAX_DOMAIN)
+MAX_FILE_BYTES = 256 * 2**20   # an instance / prediction / upstream file larger than this is refused unread
+MAX_JSON_DEPTH = 32            # the formats nest 6-8 levels; deeper JSON is refused before it is parsed
+_STRING_RE = re.compile(rb'"(?:[^"\\]|\\.)*"')
 
 
 class InstanceError(ValueError):
@@ -190,11 +194,41 @@ def parse_instance(obj: Any, path: str = "<instances>", line: int = 1) -> Instan
     return Instance(obj["id"], regime, parsed, gold, line, meta if isinstance(meta, dict) else {})
 
 
-def _json_lines(path: Path):
+def json_depth(raw: bytes) -> int:
+    """Deepest [ / { nesting of JSON text, strings skipped -- computed without parsing (so a 100k-deep
+    nesting is measured, not recursed into)."""
+    import numpy as np
+
+    bare = np.frombuffer(_STRING_RE.sub(b'""', raw), dtype=np.uint8)
+    step = np.zeros(bare.size, np.int64)
+    step[(bare == ord("[")) | (bare == ord("{"))] = 1
+    step[(bare == ord("]")) | (bare == ord("}"))] = -1
+    return int(np.cumsum(step).max(initial=0))
+
+
+def read_bounded(path: Path, max_bytes: int | None = None, error=None) -> bytes:
+    """The file's bytes, refusing (one-line error) a file over max_bytes (default MAX_FILE_BYTES) before reading it."""
+    error = error or InstanceError
+    max_bytes = MAX_FILE_BYTES if max_bytes is None else max_bytes
     try:
-        raw_bytes = Path(path).read_bytes()
+        n = Path(path).stat().st_size
+        if n > max_bytes:
+            raise error(f"{path}: file is {n:,} bytes, over the limit of {max_bytes:,} bytes (refused unread)")
+        return Path(path).read_bytes()
     except OSError as err:
-        raise InstanceError(f"{path}: cannot read ({err.strerror})") from None
+        raise error(f"{path}: cannot read ({err.strerror or err})") from None
+
+
+def check_depth(raw: bytes, where: str, max_depth: int | None = None, error=None) -> None:
+    max_depth = MAX_JSON_DEPTH if max_depth is None else max_depth
+    depth = json_depth(raw)
+    if depth > max_depth:
+        raise (error or InstanceError)(f"{where}: JSON nested {depth} levels deep, over the limit of {max_depth} "
+                                       "(refused before parsing)")
+
+
+def _json_lines(path: Path):
+    raw_bytes = read_bounded(path)
     if b"\x00" in raw_bytes:
         raise InstanceError(f"{path}: binary file (NUL byte at offset {raw_bytes.index(0)}), expected JSON lines")
     try:
@@ -206,6 +240,7 @@ def _json_lines(path: Path):
     for line_no, raw in enumerate(text.splitlines(), start=1):
         if not raw.strip():
             continue
+        check_depth(raw.encode(), f"{path}:{line_no}")
         try:
             yield line_no, json.loads(raw)
         except json.JSONDecodeError as err:

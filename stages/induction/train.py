@@ -18,10 +18,15 @@ Benchmark families (prepare's bench_instances.jsonl): (A') the two-bank lift enu
 (stages.induction.lift; its own count budget bench_max_generated and size cap bench_max_size) against
 (A) the guarded grammar with the main budget (+ the bloated fallback, marked), written to
 bench_predictions_lift.jsonl, bench_predictions_guarded.jsonl and bench_log.jsonl.
+Upstream released tasks (prepare's upstream_instances.jsonl, when vendored): the grammar that reaches the
+task's regime (solve.grammar_for: lift for FullObs/CI, guarded for EC) with its own count budget
+(upstream_max_generated, upstream_max_size, upstream_max_bank), and the bloated fitter on the same task:
+upstream_predictions_enum.jsonl, upstream_predictions_bloated.jsonl, upstream_log.jsonl.
 """
 from __future__ import annotations
 
 import json
+import time
 
 import numpy as np
 import torch
@@ -40,7 +45,7 @@ from stages.induction.enumerate import synthesize
 from stages.induction.formula import flatten, parse, size
 from stages.induction.lift import synthesize_lift
 from stages.induction.instances import load_instances
-from stages.induction.solve import prediction_line
+from stages.induction.solve import grammar_for, prediction_line
 
 
 class Config(StageConfig):
@@ -65,6 +70,10 @@ class Config(StageConfig):
     bench_guarded_fallback: bool = Field(True, description="guarded arm: the bloated fallback when unsolved")
     bench_ablation: bool = Field(True, description="also run the lift grammar without canonical forms "
                                                    "(first seed, depth-2 families) to measure the pruning")
+    upstream_max_generated: PositiveInt = Field(20_000_000, ge=100, le=200_000_000,
+                                                description="enumeration budget per upstream task (a count)")
+    upstream_max_size: int = Field(24, ge=2, le=60, description="enumeration AST-size cap for upstream tasks")
+    upstream_max_bank: int = Field(8_000_000, ge=100, le=20_000_000, description="cap on kept formulas per bank")
     device: DeviceName = "auto"
     trainer: TrainerConfig = TrainerConfig(max_epochs=60, log_every_n_steps=5)
 
@@ -78,6 +87,7 @@ def run(cfg: Config, ctx: StageContext) -> None:
     if cfg.max_size < largest:
         raise ConfigError(f"papers.induction.train.max_size: {cfg.max_size} is below the largest gold formula size "
                           f"{largest}; raise it to >= {largest} so the size cap never decides a result")
+    cpu0 = time.process_time()
     enum_lines, bloat_lines, log = [], [], []
     for inst in tqdm(insts, desc="train@induction (synthesize)"):
         e = synthesize(inst, max_generated=cfg.max_generated, max_size=cfg.max_size, completions=cfg.completions,
@@ -106,10 +116,16 @@ def run(cfg: Config, ctx: StageContext) -> None:
                "enum_fallback": sum(x["status"] == "fallback" for x in enum_lines),
                "bloated_found": sum(x["formula"] is not None for x in bloat_lines),
                "safety_net_fired": sum(x["safety_net_fired"] for x in log)}
+    cpu = {"synthetic_suite": time.process_time() - cpu0}      # CPU seconds per part (wall-clock-like: varies)
     if cfg.ranker:
         summary["ranker"] = train_ranker_and_guide(cfg, ctx, insts, log, rec, device)
+        cpu["ranker"] = time.process_time() - cpu0 - sum(cpu.values())
     summary["bench"] = run_bench(cfg, ctx, rec, device)
+    cpu["synthetic_families"] = time.process_time() - cpu0 - sum(cpu.values())
+    summary["upstream"] = run_upstream(cfg, ctx, rec, device)
+    cpu["upstream"] = time.process_time() - cpu0 - sum(cpu.values())
     write_json(ctx.out / "summary.json", summary)
+    write_json(ctx.out / "cpu_seconds.json", {k: round(v, 2) for k, v in cpu.items()})
     rec.save(ctx.out)
 
 
@@ -163,6 +179,37 @@ def run_bench(cfg: Config, ctx: StageContext, rec: KernelRecord, device) -> dict
         (ctx.out / name).write_text("".join(json.dumps(x) + "\n" for x in lines))
     return {"n": len(insts), "lift_solved": sum(x["status"] == "solved" for x in lift_lines),
             "guarded_solved": sum(x["status"] == "solved" for x in guard_lines)}
+
+
+def run_upstream(cfg: Config, ctx: StageContext, rec: KernelRecord, device) -> dict:
+    """Upstream released tasks: enumeration in the grammar that reaches the regime, and the bloated fitter."""
+    path = ctx.input("prepare") / "upstream_instances.jsonl"
+    insts = load_instances(path) if path.exists() and path.read_text().strip() else []
+    enum_lines, bloat_lines, log = [], [], []
+    for inst in tqdm(insts, desc="train@induction (upstream released tasks)"):
+        grammar = grammar_for(inst, "auto")
+        if grammar == "lift":
+            e = synthesize_lift(inst, max_generated=cfg.upstream_max_generated, max_size=cfg.upstream_max_size,
+                                max_bank=cfg.upstream_max_bank, small_operand=cfg.bench_small_operand,
+                                backend=rec.backend, device=device, safety_timeout_s=cfg.safety_timeout_s)
+            if e.formula is not None:
+                e.formula = flatten(e.formula)
+                e.size = size(e.formula)
+        else:
+            e = synthesize(inst, max_generated=cfg.upstream_max_generated, max_size=cfg.upstream_max_size,
+                           completions=cfg.completions, max_bank=cfg.upstream_max_bank, seed=cfg.seed,
+                           safety_timeout_s=cfg.safety_timeout_s, backend=rec.backend, device=device)
+        rec.count("quantifier_eval", e.kernel_calls)
+        b = fit_bloated(inst, max_feature_size=cfg.bloat_max_feature_size, seed=cfg.seed, backend=rec.backend)
+        enum_lines.append(prediction_line(inst, e, "solved" if e.formula is not None else "none", grammar))
+        bloat_lines.append(prediction_line(inst, b, "solved" if b.formula is not None else "none", "none"))
+        log.append({"id": inst.id, "grammar": grammar, "status": e.status, "generated": e.generated, "bank": e.bank,
+                    "seconds": e.seconds, "budget_generated": cfg.upstream_max_generated,
+                    "safety_net_fired": e.status == "safety_timeout", "bloated_status": b.status})
+    for name, lines in (("upstream_predictions_enum.jsonl", enum_lines),
+                        ("upstream_predictions_bloated.jsonl", bloat_lines), ("upstream_log.jsonl", log)):
+        (ctx.out / name).write_text("".join(json.dumps(x) + "\n" for x in lines))
+    return {"n": len(insts), "solved": sum(x["status"] == "solved" for x in enum_lines)}
 
 
 def train_ranker_and_guide(cfg: Config, ctx: StageContext, insts, log, rec: KernelRecord, device) -> dict:

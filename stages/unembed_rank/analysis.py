@@ -11,6 +11,10 @@ the hyperparameters are controlled, and late saturation vs the erank trajectory.
 - ``delta_r2``         leave-one-out CV R² of loss ~ hyperparameters (one-hot) + metric, minus the
                        same without the metric (the paper's incremental R², 5-fold there).
 - ``saturation``       loss rising over the last 20% of the budget; erank change over the same span.
+- ``matched_loss``     erank when each run first reaches a common in-domain loss (the worst run's final
+                       loss, so every run reaches it), linearly interpolated between logged points: batch
+                       size compared at equal progress instead of equal tokens (whose step counts differ
+                       by the batch-size ratio).
 """
 from __future__ import annotations
 
@@ -167,8 +171,50 @@ def saturation_counts(res: pl.DataFrame) -> dict:
     n = lambda m: int(m.sum())  # noqa: E731
     sat_er = res.filter(sat)["erank"]
     nosat_er = res.filter(~sat)["erank"]
-    gap = float(nosat_er.mean() - sat_er.mean()) if len(sat_er) and len(nosat_er) else 0.0
+    # undefined (NaN → the claim reads it as inconclusive) when no run saturates or every run does
+    gap = float(nosat_er.mean() - sat_er.mean()) if len(sat_er) and len(nosat_er) else float("nan")
     return {"median_erank": med, "n_runs": res.height, "n_sat": n(sat), "low_sat": n(low & sat),
             "low_nosat": n(low & ~sat), "high_sat": n(~low & sat), "high_nosat": n(~low & ~sat),
             "erank_gap_nosat_minus_sat": gap,
             "n_rank_drop_late": int((res["erank_change_last20"] < 0).sum())}
+
+
+def first_crossing(history: pl.DataFrame, level: float, cols=("erank", "step", "tokens")) -> pl.DataFrame:
+    """Per run: cols linearly interpolated at the first logged interval where the ID val loss falls to
+    `level` (NaN when the run never reaches it; the first point when it starts below)."""
+    rows = []
+    for name, h in history.sort("step").group_by("run", maintain_order=True):
+        loss = h["val_loss"].to_numpy().astype(float)
+        hit = np.nonzero(loss <= level)[0]
+        row = {"run": name[0]}
+        for c in cols:
+            v = h[c].to_numpy().astype(float)
+            if not len(hit):
+                row[c] = float("nan")
+            elif hit[0] == 0:
+                row[c] = float(v[0])
+            else:
+                i = int(hit[0])
+                w = (loss[i - 1] - level) / (loss[i - 1] - loss[i])
+                row[c] = float(v[i - 1] + w * (v[i] - v[i - 1]))
+        rows.append(row)
+    return pl.DataFrame(rows)
+
+
+def matched_loss(history: pl.DataFrame, res: pl.DataFrame) -> dict:
+    """erank at a common ID loss level (the largest final logged loss over all runs): per seed, the mean
+    at the extreme batch sizes / weight decays, and the optimizer steps each needed to get there."""
+    final = history.sort("step").group_by("run", maintain_order=True).last()
+    level = float(final["val_loss"].max())
+    at = first_crossing(history, level).join(res.select("run", "seed", "batch_size", "weight_decay"), on="run")
+    seeds = sorted(at["seed"].unique().to_list())
+    bs, wd = sorted(at["batch_size"].unique().to_list()), sorted(at["weight_decay"].unique().to_list())
+    out: dict = {"level": level, "seeds": seeds}
+    for key, col, lv in (("bs_min", "batch_size", bs[0]), ("bs_max", "batch_size", bs[-1]),
+                         ("wd_min", "weight_decay", wd[0]), ("wd_max", "weight_decay", wd[-1])):
+        f = [at.filter((pl.col("seed") == s) & (pl.col(col) == lv)) for s in seeds]
+        out[key] = [float(g["erank"].mean()) for g in f]
+        out["steps_" + key] = [float(g["step"].mean()) for g in f]
+    out["by_batch"] = (at.group_by("batch_size").agg(pl.col("erank").mean(), pl.col("step").mean(),
+                                                      pl.col("tokens").mean()).sort("batch_size").to_dicts())
+    return out

@@ -71,6 +71,7 @@ def run(cfg: Config, ctx: StageContext) -> None:
     out["corr"] = {loss: {m: A.correlations(res, m, loss) for m in METRICS} for loss in ("val_loss", "ood_loss")}
     out["delta_r2"] = {loss: {m: A.delta_r2(res, m, loss) for m in METRICS} for loss in ("val_loss", "ood_loss")}
     out["saturation"] = A.saturation_counts(res)
+    out["matched_loss"] = A.matched_loss(history, res)
     init = history.filter(pl.col("step") == 0)
     out["init"] = {"erank": float(init["erank"].mean()), "erank_sq": float(init["erank_sq"].mean()),
                    "val_loss": float(init["val_loss"].mean())}

@@ -90,12 +90,33 @@ def test_cli_bad_instance_file_exits_2_with_one_line(tmp_path):
     assert solve_cli.main(["--instances", str(inst), "--out", str(tmp_path / "o.jsonl")]) == 2
 
 
+def test_deep_nesting_and_huge_files_refused_before_parsing(tmp_path, monkeypatch, capsys):
+    """Issue 40: a 100k-deep JSON nesting (instances or predictions) and an oversized file are one line, exit 2,
+    nothing written -- never a RecursionError traceback."""
+    from stages.induction import instances as inst_mod
+
+    deep = tmp_path / "deep.jsonl"
+    deep.write_text(json.dumps(GOOD) + "\n" + '{"id": "x", "worlds": ' + "[" * 100_000 + "]" * 100_000 + "}\n")
+    out = tmp_path / "o.jsonl"
+    assert solve_cli.main(["--instances", str(deep), "--out", str(out)]) == 2 and not out.exists()
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "deep.jsonl:2" in err[0] and "nested 100001 levels deep" in err[0]
+    good = _write(tmp_path, "inst.jsonl", [GOOD])
+    assert check_cli.main(["--instances", str(good), "--predictions", str(deep),
+                           "--out", str(tmp_path / "c.jsonl")]) == 2
+    assert "refused before parsing" in capsys.readouterr().err
+    monkeypatch.setattr(inst_mod, "MAX_FILE_BYTES", 100)
+    assert solve_cli.main(["--instances", str(good), "--out", str(out)]) == 2 and not out.exists()
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "over the limit of 100 bytes" in err[0]
+
+
 def test_solve_then_check_round_trip(tmp_path):
     inst = _write(tmp_path, "inst.jsonl", [GOOD])
     out = tmp_path / "pred.jsonl"
     assert solve_cli.main(["--instances", str(inst), "--out", str(out), "--timeout", "5"]) == 0
     pred = json.loads(out.read_text())
-    assert set(pred) == {"id", "formula", "size", "seconds", "status"} and pred["id"] == "fo-0001"
+    assert set(pred) == {"id", "formula", "size", "seconds", "status", "grammar"} and pred["id"] == "fo-0001"
     assert pred["status"] == "solved"
     assert check_cli.check_files(inst, out)[0]["valid"]
 

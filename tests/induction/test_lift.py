@@ -124,3 +124,26 @@ def test_solve_cli_grammar_lift(tmp_path, fam0, capsys):
     bad = tmp_path / "bad.jsonl"
     assert solve_main(["--instances", str(src), "--out", str(bad), "--grammar", "lift", "--small-operand", "1"]) == 2
     assert not bad.exists() and "--small-operand" in capsys.readouterr().err
+
+
+def test_store_dedup_equals_a_row_by_row_scan():
+    """A bank keeps exactly the rows (and order) a row-by-row scan over whole signatures keeps, also when the
+    bank cap cuts a batch."""
+    from stages.induction import lift as lift_mod
+
+    rng = np.random.default_rng(5)
+    store, seen, limit = lift_mod.Store(3), set(), 150
+    for batch in range(12):
+        sig = rng.integers(0, 4, size=(int(rng.integers(0, 60)), 3)).astype(np.int32)
+        want = []
+        for i, row in enumerate(sig):
+            if len(seen) + len(want) >= limit:
+                break
+            key = row.tobytes()
+            if key not in seen and all(sig[j].tobytes() != key for j in want):
+                want.append(i)
+        got = store.add(sig, np.zeros((len(sig), 3), np.int64), limit)
+        assert got.tolist() == want, batch
+        seen.update(sig[i].tobytes() for i in want)
+        assert store.count == len(seen)
+    assert {store.sig[i].tobytes() for i in range(store.count)} == seen

@@ -166,3 +166,30 @@ def test_batch_larger_than_dataset_is_a_config_error(smoke_run, tmp_path):
     with pytest.raises(ConfigError, match=r"papers\.unembed_rank\.train\.batch_sizes: batch size .* larger than the dataset"):
         train.run(cfg, ctx)
     assert not (tmp_path / "o" / "models.pt").exists()
+
+
+def test_matched_loss_interpolates_the_first_crossing_by_hand():
+    """Run a crosses loss 2.0 halfway between its points 1 and 2 (erank 80 → 60 ⇒ 70, step 10 → 20 ⇒ 15);
+    run b starts below the level (its first point); run c never reaches it (NaN). Level = worst final loss."""
+    hist = pl.DataFrame({"run": ["a"] * 3 + ["b"] * 3, "step": [0, 10, 20] * 2, "tokens": [0, 100, 200] * 2,
+                         "val_loss": [3.0, 2.5, 1.5, 1.8, 1.7, 2.0], "erank": [90.0, 80, 60, 50, 40, 45]})
+    at = A.first_crossing(hist, 2.0).sort("run")
+    assert at["erank"].to_list() == pytest.approx([70.0, 50.0])
+    assert at["step"].to_list() == pytest.approx([15.0, 0.0])
+    assert math.isnan(A.first_crossing(hist.filter(pl.col("run") == "a"), 1.0)["erank"][0])
+    res = pl.DataFrame({"run": ["a", "b"], "seed": [0, 0], "batch_size": [4, 64], "weight_decay": [0.0, 0.1]})
+    m = A.matched_loss(hist, res)
+    assert m["level"] == 2.0                                 # b's final loss is the worst
+    assert m["bs_min"] == pytest.approx([70.0]) and m["bs_max"] == pytest.approx([50.0])
+    assert m["steps_bs_min"] == pytest.approx([15.0]) and m["wd_max"] == pytest.approx([50.0])
+
+
+def test_saturation_gap_is_undefined_without_saturated_runs():
+    res = pl.DataFrame({"erank": [10.0, 20, 30, 40], "saturated": [False] * 4,
+                        "erank_change_last20": [0.0, -1, 1, 0]})
+    c = A.saturation_counts(res)
+    assert c["n_sat"] == 0 and c["low_nosat"] == 2 and math.isnan(c["erank_gap_nosat_minus_sat"])
+    c = A.saturation_counts(res.with_columns(saturated=pl.Series([True, False, False, True])))
+    assert c["erank_gap_nosat_minus_sat"] == pytest.approx(25.0 - 25.0)
+    c = A.saturation_counts(res.with_columns(saturated=pl.Series([True, True, False, False])))
+    assert c["low_sat"] == 2 and c["erank_gap_nosat_minus_sat"] == pytest.approx(35.0 - 15.0)
