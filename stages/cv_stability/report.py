@@ -561,12 +561,25 @@ def _threats(m: dict, comparisons: list[str], bound: float) -> str:
         "- **Red-team pass (self-review).** Each finding could have failed: single-model coverage outside the band, "
         "best comparison coverage at nominal, a slope bounded below above the bound, r̂ ratios on the wrong side, a "
         "narrow Bonferroni interval at small n. Thresholds live in params and were not changed after seeing results "
-        "(the slope bound 0.01 dates from before n = 6,400/12,800 were added; the issue-54 review showed that a "
-        "two-sided t-interval would reach 0.0105 for ST − OLS; here the shared rule's one-sided 95% bound is used). "
+        f"(the slope bound {bound:g} dates from before n = 6,400/12,800 were added). The slope claims use the shared "
+        "rule's one-sided 95% t-bound; " + _two_sided_text(m, comparisons, bound) + " "
         "Independent check: `tests/cv_stability/test_slope_claim.py` recomputes the slope s.e. by hand and the t-bound "
         "verdict on a worked case; the coverage of every interval is exact (known target), not estimated.",
     ]
     return "\n".join(lines)
+
+
+def _two_sided_text(m: dict, comparisons: list[str], bound: float) -> str:
+    """The slope claims' upper ends under a two-sided 95% convention (t at 0.975), for a reader who prefers it."""
+    ups = {c: m["slope"][c]["slope"] + t_quantile(0.975, m["slope"][c]["df"]) * m["slope"][c]["se"]
+           for c in comparisons if m["slope"][c]["df"] >= 1}
+    if not ups:
+        return "no residual degrees of freedom, so no two-sided bound either."
+    above = [LABELS[c] for c, u in ups.items() if u >= bound]
+    text = ("a two-sided 95% interval (t at 0.975) would end at " +
+            ", ".join(f"{LABELS[c]} {u:+.4f}" for c, u in ups.items()))
+    return text + (f": above the bound {bound:g} for {', '.join(above)}, so under that stricter convention "
+                   "those claims would be inconclusive." if above else f": all below the bound {bound:g}.")
 
 
 def _reading(m: dict, singles: list[str], comparisons: list[str], ns: list[int], level: float, band: float,
