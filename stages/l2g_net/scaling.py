@@ -13,7 +13,7 @@ The evaluate stage runs ``measure`` on the prepared sizes (default profile: n <=
 sizes (to n = 8000, beyond the 5-minute default budget: dense eigh alone costs ~30 s per graph at
 n = 6000 and ~1 min at 8000 on one thread) are run by the standalone command
 
-    python -m stages.l2g_net.scaling --sizes 1000 2000 3000 4000 5000 6000 7000 8000 --jobs 2 \\
+    python -m stages.l2g_net.scaling --sizes 1000 2000 3000 4000 6000 8000 --jobs 2 \\
         --repeats 3 --memory-sizes 1 --out reports/studies/l2g_net_scaling_large.json
 
 whose JSON (and the markdown table next to it) is committed; it lives outside reports/l2g_net/

@@ -297,6 +297,15 @@ def run_jobs(jobs: list[tuple], payloads: dict, workers: int) -> list[dict]:
     import multiprocessing as mp
     from concurrent.futures import ProcessPoolExecutor
 
-    with ProcessPoolExecutor(max_workers=min(workers, len(jobs)), mp_context=mp.get_context("spawn"),
-                             initializer=_init_worker, initargs=(payloads,)) as pool:
-        return list(pool.map(_run_job, jobs))
+    pool = ProcessPoolExecutor(max_workers=min(workers, len(jobs)), mp_context=mp.get_context("spawn"),
+                               initializer=_init_worker, initargs=(payloads,))
+    try:
+        results = list(pool.map(_run_job, jobs))
+    except BaseException:   # an error or an interrupt (SIGINT/SIGTERM): stop now, queue nothing more
+        procs = list(getattr(pool, "_processes", {}).values())
+        pool.shutdown(wait=False, cancel_futures=True)
+        for proc in procs:      # SIGKILL: Lightning's own SIGTERM handler would let a run finish first
+            proc.kill()
+        raise
+    pool.shutdown(wait=True)
+    return results

@@ -130,3 +130,29 @@ def test_bad_files_name_the_key(tmp_path, edit, match):
     np.savez(path, **d)
     with pytest.raises(HeterophilousFormatError, match=match):
         load_heterophilous_npz(path)
+
+
+def test_worker_processes_give_the_in_process_results(tmp_path):
+    """(task, model, seed) runs in a pool of spawned processes equal the in-process runs (each run seeds itself).
+    (The pool's fail-fast path — an error or SIGTERM kills the workers instead of running the queue — was checked
+    by hand; spawning a second pool here would double this test's cost.)"""
+    from kernels.record import KernelRecord
+    from stages.l2g_net.train import run_jobs
+
+    path, _ = _fixture(tmp_path / "minesweeper.npz", n=30)
+    data = load_heterophilous_npz(path)
+    cfg = TrainConfig.model_validate({"seeds": [0], "dim": 6, "num_layers": 1, "target_cut": 2, "partitioner": "spectral",
+                                      "eval_every": 1, "trainer": {"max_steps": 3}})
+    spec, _ = spectral_tensors(cfg, data["adjacency"], KernelRecord(torch.device("cpu")), torch.device("cpu"))
+    runs = {}
+    for w in (1, 2):
+        out = tmp_path / f"w{w}"
+        out.mkdir()
+        payload = {"t": {"cfg": cfg.model_dump(mode="json"), "spec": spec, "x": data["x"], "y": data["y"],
+                         "fixed": data["splits"], "out": str(out), "device": "cpu"}}
+        runs[w] = run_jobs([("t", "l2g", 4, 6), ("t", "gcn", 7, 9)], payload, w)
+    for a, b in zip(runs[1], runs[2]):
+        assert a["history"] == b["history"] and a["best_val_auc"] == b["best_val_auc"]
+    for name in ("l2g_seed4.pt", "gcn_seed7.pt"):
+        sa, sb = torch.load(tmp_path / "w1" / name), torch.load(tmp_path / "w2" / name)
+        assert all(torch.equal(sa[k], sb[k]) for k in sa)
