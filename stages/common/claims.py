@@ -513,7 +513,67 @@ class Claim(_Base):
                 "params": self.params_used(), "refuted_by": self.refuted_by, "wallclock": self.wallclock}
 
 
-AnyClaim = Claim | Better | Within | Bound | Near
+@dataclass(frozen=True)
+class Estimate(_Base):
+    """One estimate that carries its own standard error and degrees of freedom (a regression slope or a
+    fitted exponent, whose se comes from the fit's residuals) is below or above a bound (exactly one of
+    the two: a number from params, or a measured metric). ``value``, ``se`` and ``df`` name scalar
+    metrics; ``points`` optionally names how many points the fit used (shown in the report).
+    Same rule as the seed-aware shapes, with the estimate's own t-bounds (t quantile with ``df``):
+    holds iff its one-sided 95% t-bound lies on the claimed side of the bound; fails iff the opposite
+    t-bound lies on the wrong side; inconclusive otherwise, and with df < 1 or a non-finite value."""
+    name: str
+    statement: str
+    _: KW_ONLY
+    kind: Kind
+    value: str
+    se: str
+    df: str
+    points: str | None = None
+    below: float | str | None = None
+    above: float | str | None = None
+    refuted_by: str = ""
+    wallclock: bool = False
+    _bound: bool = field(default=False, repr=False, compare=False)
+    PARAMS = ("below", "above")
+    REQUIRED = ()
+
+    def __post_init__(self):
+        _check_kind(self)
+        _no_number_in_code(self, "below", "above")
+
+    def _scalar(self, env: Mapping[str, Any], key: str) -> float:
+        if key not in env:
+            raise ClaimError(f"claim {self.name!r}: metric {key!r} was not measured")
+        v = env[key]
+        if not _is_num(v):
+            raise ClaimError(f"claim {self.name!r}: metric {key!r} is not a number ({v!r:.80})")
+        return float(v)
+
+    def evaluate(self, env: Mapping[str, Any]) -> dict[str, Any]:
+        if (self.below is None) == (self.above is None):
+            raise ClaimError(f"claim {self.name!r}: Estimate needs exactly one of below= / above= (a metric, "
+                             "or a number in params)")
+        est, se, df = (self._scalar(env, k) for k in (self.value, self.se, self.df))
+        ref = self.below if self.below is not None else self.above
+        bound = self._scalar(env, ref) if isinstance(ref, str) else float(ref)
+        values: dict[str, Any] = {self.value: est, self.se: se, self.df: df}
+        if isinstance(ref, str):
+            values[ref] = bound
+        op = "<" if self.below is not None else ">"
+        check = f"{self.value} {op} {ref} (one-sided 95% t-bound, se {self.se}, df {self.df})"
+        gap = bound - est if self.below is not None else est - bound       # > 0 supports the claim
+        if not all(math.isfinite(v) for v in (est, se, df, bound)) or df < 1 or se < 0:
+            return _result(self, "inconclusive", values, {"n": 0.0}, check)
+        t = t_quantile(1 - ALPHA, df)
+        st = {"mean": gap, "se": se, "df": df, "t": t, "lower": gap - t * se, "upper": gap + t * se,
+              "min_effect": 0.0, "detectable": (t + t_quantile(POWER, df)) * se,
+              "n": float(self._scalar(env, self.points)) if self.points else df + 2.0}
+        verdict = "holds" if st["lower"] > 0 else ("fails" if st["upper"] < 0 else "inconclusive")
+        return _result(self, verdict, values, st, check)
+
+
+AnyClaim = Claim | Better | Within | Bound | Near | Estimate
 Thresholds = Mapping[str, Mapping[str, Any]]
 
 

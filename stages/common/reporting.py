@@ -276,7 +276,10 @@ def measured_text(v: dict[str, Any]) -> str:
     parts.append(f"95% t-bounds [{st['lower']:.4g}, {st['upper']:.4g}] (se {st['se']:.2g}"
                  + (f", of which items {st['se_items']:.2g}" if st.get("se_items") else "")
                  + f", df {st['df']:.3g})")
-    parts.append(f"n = {int(st['n'])}, wins {round(st['wins'] * st['n'])}/{int(st['n'])}")
+    if "wins" in st:
+        parts.append(f"n = {int(st['n'])}, wins {round(st['wins'] * st['n'])}/{int(st['n'])}")
+    else:  # one estimate with its own se and df (claims.Estimate): n is the number of points it was fitted to
+        parts.append(f"one estimate from {int(st['n'])} points")
     if v["verdict"] == "inconclusive" and "detectable" in st:
         what = "band half-width confirmable" if "delta" in st else "smallest detectable gap"
         parts.append(f"{what} (80% power) {st['detectable']:.3g}")

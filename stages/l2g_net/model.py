@@ -196,30 +196,37 @@ class Residual(nn.Module):
 
 
 class NodeClassifier(nn.Module):
-    def __init__(self, in_features: int, dim: int, modules: list[nn.Module], dropout: float):
+    """x (n, features) -> one logit per node (binary) or (n, num_targets) logits (multi-class)."""
+
+    def __init__(self, in_features: int, dim: int, modules: list[nn.Module], dropout: float, num_targets: int = 1):
         super().__init__()
         self.inp = nn.Linear(in_features, dim, dtype=DTYPE)
         self.drop = nn.Dropout(dropout)
         self.layers = nn.ModuleList(Residual(m, dim) for m in modules)
         self.out_norm = nn.LayerNorm(dim, dtype=DTYPE)
-        self.out = nn.Linear(dim, 1, dtype=DTYPE)
+        self.out = nn.Linear(dim, num_targets, dtype=DTYPE)
 
     def forward(self, x):
         h = F.gelu(self.drop(self.inp(x)))
         for layer in self.layers:
             h = layer(h)
-        return self.out(self.out_norm(h)).squeeze(-1)
+        out = self.out(self.out_norm(h))
+        return out.squeeze(-1) if out.shape[-1] == 1 else out
 
 
-KINDS = ("l2g", "full_gft", "chebnet", "chebnet_long", "gcn", "gin")
+KINDS = ("l2g", "l2g_exact", "full_gft", "chebnet", "chebnet_long", "gcn", "gin")
 
 
 def build_model(kind: str, spec: dict, *, in_features: int, dim: int, num_layers: int, num_basis: int,
-                dropout: float, cheb_k: int, cheb_k_long: int = 20) -> NodeClassifier:
-    """spec: parts/local_bases/local_eigenvalues/eigenvalues/chain (l2g), U/lam (full_gft), A (others).
-    ``chebnet`` uses order ``cheb_k``, ``chebnet_long`` order ``cheb_k_long`` (the issue: K up to ~20)."""
+                dropout: float, cheb_k: int, cheb_k_long: int = 20, num_targets: int = 1) -> NodeClassifier:
+    """spec: parts/local_bases/local_eigenvalues/eigenvalues/chain (l2g: the factorization of the cut-sparsified
+    Laplacian, the paper's setting), spec["exact"] with the same keys (l2g_exact: every cut edge kept, the basis
+    of the true L — the control arm), U/lam (full_gft), A (others). ``chebnet`` uses order ``cheb_k``,
+    ``chebnet_long`` order ``cheb_k_long`` (the issue: K up to ~20)."""
     if kind == "l2g":
         mods = [L2GModule(spec, dim, num_basis, dropout) for _ in range(num_layers)]
+    elif kind == "l2g_exact":
+        mods = [L2GModule(spec["exact"], dim, num_basis, dropout) for _ in range(num_layers)]
     elif kind == "full_gft":
         mods = [FullGFTModule(spec, dim, num_basis, dropout) for _ in range(num_layers)]
     elif kind in ("chebnet", "gcn", "gin"):
@@ -228,7 +235,7 @@ def build_model(kind: str, spec: dict, *, in_features: int, dim: int, num_layers
         mods = [PropModule("chebnet", spec["A"], 2.0, dim, dropout, cheb_k_long) for _ in range(num_layers)]
     else:
         raise ValueError(f"model kind: expected one of {', '.join(KINDS)} (got {kind!r})")
-    return NodeClassifier(in_features, dim, mods, dropout)
+    return NodeClassifier(in_features, dim, mods, dropout, num_targets)
 
 
 def count_parameters(model: nn.Module) -> int:
@@ -251,8 +258,16 @@ def roc_auc(logits: torch.Tensor, y: torch.Tensor) -> float:
     return float(roc_auc_score(y.detach().cpu().numpy(), logits.detach().float().cpu().numpy()))
 
 
+def score(logits: torch.Tensor, y: torch.Tensor) -> float:
+    """The benchmark's metric: ROC AUC for one logit per node (binary), accuracy for (n, classes) logits."""
+    if logits.dim() == 1:
+        return roc_auc(logits, y)
+    return float((logits.argmax(-1) == y).float().mean())
+
+
 class NodeTask(L.LightningModule):
-    """Full-graph training step (BCE on the train nodes); keeps the state with the best val ROC AUC."""
+    """Full-graph training step (BCE on the train nodes, or cross-entropy for several classes); keeps the
+    state with the best validation score (ROC AUC, or accuracy for several classes, as Platonov et al.)."""
 
     def __init__(self, model: NodeClassifier, x, y, masks: dict, lr: float, weight_decay: float,
                  spectral_lr_mult: float, eval_every: int):
@@ -269,7 +284,10 @@ class NodeTask(L.LightningModule):
     def training_step(self, batch, _):
         logits = self.model(self.x)
         m = self.mask_train
-        loss = F.binary_cross_entropy_with_logits(logits[m], self.y[m].to(logits.dtype))
+        if logits.dim() == 1:
+            loss = F.binary_cross_entropy_with_logits(logits[m], self.y[m].to(logits.dtype))
+        else:
+            loss = F.cross_entropy(logits[m], self.y[m])
         self.log("train_bce", loss, on_step=True, on_epoch=False, batch_size=1)
         return loss
 
@@ -281,7 +299,7 @@ class NodeTask(L.LightningModule):
         with torch.no_grad():
             logits = self.model(self.x)
         self.model.train()
-        val = roc_auc(logits[self.mask_val], self.y[self.mask_val])
+        val = score(logits[self.mask_val], self.y[self.mask_val])   # ROC AUC (binary) / accuracy
         self.history.append({"step": step, "train_bce": float(outputs["loss"]), "val_auc": val})
         if val > self.best["val_auc"]:
             self.best = {"val_auc": val, "step": step, "state": copy.deepcopy(self.model.state_dict())}

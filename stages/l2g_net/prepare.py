@@ -13,12 +13,15 @@ Part B
                sources; label = parity of the hop distance to the nearest source (heterophilous).
   task/        Minesweeper (Platonov et al. 2023), generated: side x side king-move grid, 20% mines,
                features = one-hot count of neighbouring mines + 'unknown' flag, 50% of the nodes'
-               features hidden; the label is 'is a mine'.
+               features hidden; the label is 'is a mine'. With ``task.source.kind: heterophilous_npz``
+               (the full profile) the published benchmark file instead, with its 10 fixed splits
+               (task/splits.npz; stages.l2g_net.heterophilous).
 
     python -m stages prepare l2g_net
 """
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Literal
 
 import networkx as nx
@@ -56,10 +59,24 @@ class ScalingConfig(StageConfig):
         return v
 
 
+class TaskSource(StageConfig):
+    """Where the Minesweeper task comes from: generated here (default, smoke) or the published benchmark file
+    in the heterophilous `.npz` schema (the `full` profile; stages.l2g_net.heterophilous)."""
+    kind: Literal["generated", "heterophilous_npz"] = "generated"
+    path: str | None = Field(None, description="the .npz file (relative to the repository root) for heterophilous_npz")
+
+    @model_validator(mode="after")
+    def _path(self):
+        if self.kind == "heterophilous_npz" and not self.path:
+            raise ValueError("path: kind heterophilous_npz needs the .npz file's path")
+        return self
+
+
 class TaskConfig(StageConfig):
     side: int = Field(24, ge=6, le=200, description="grid side; the paper's Minesweeper is 100 x 100")
     mine_fraction: float = Field(0.2, gt=0.0, le=0.5)
     hidden_fraction: Fraction = 0.5
+    source: TaskSource = TaskSource()
 
 
 class ParityConfig(StageConfig):
@@ -116,6 +133,10 @@ def run(cfg: Config, ctx: StageContext) -> None:
 def _run(cfg: Config, ctx: StageContext) -> None:
     out = ctx.out
     manifest: dict = {"suite": {}, "scaling": [], "scaling_k": []}
+    t = cfg.task
+    if t.source.kind == "heterophilous_npz":   # read (and check) the real file before any other work
+        (out / "task").mkdir(parents=True, exist_ok=True)
+        manifest["task"] = _real_task(t.source.path, out / "task")
     for name, G in exactness_suite(cfg.seed, cfg.suite_scale).items():
         _save(out / "suite" / f"{name}.npz", laplacian(G))
         manifest["suite"][name] = {"n": G.number_of_nodes(), "edges": G.number_of_edges(),
@@ -134,17 +155,17 @@ def _run(cfg: Config, ctx: StageContext) -> None:
         manifest["scaling_k"].append({"file": f"k{k}.npz", "n": G.number_of_nodes(), "bridges": k,
                                       "block_size": block, "blocks": cfg.cut_blocks})
 
-    # Part B: Minesweeper
-    t = cfg.task
-    ms = minesweeper(t.side, t.mine_fraction, t.hidden_fraction, cfg.seed + 1000)
-    G = ms["graph"]
-    (out / "task").mkdir(parents=True, exist_ok=True)
-    sp.save_npz(out / "task" / "adjacency.npz",
-                sp.csr_matrix(nx.to_scipy_sparse_array(G, nodelist=range(G.number_of_nodes()), format="csr")))
-    np.savez(out / "task" / "nodes.npz", x=ms["x"], y=ms["y"], counts=ms["counts"])
-    manifest["task"] = {"name": "minesweeper", "side": t.side, "n": G.number_of_nodes(),
-                        "edges": G.number_of_edges(), "mines": int(ms["y"].sum()),
-                        "hidden": int(ms["x"][:, 9].sum()), "edge_homophily": edge_homophily(G, ms["y"])}
+    # Part B: Minesweeper (generated, or the published benchmark file at `full`)
+    if t.source.kind == "generated":
+        (out / "task").mkdir(parents=True, exist_ok=True)
+        ms = minesweeper(t.side, t.mine_fraction, t.hidden_fraction, cfg.seed + 1000)
+        G = ms["graph"]
+        sp.save_npz(out / "task" / "adjacency.npz",
+                    sp.csr_matrix(nx.to_scipy_sparse_array(G, nodelist=range(G.number_of_nodes()), format="csr")))
+        np.savez(out / "task" / "nodes.npz", x=ms["x"], y=ms["y"], counts=ms["counts"])
+        manifest["task"] = {"name": "minesweeper", "source": "generated", "side": t.side, "n": G.number_of_nodes(),
+                            "edges": G.number_of_edges(), "mines": int(ms["y"].sum()),
+                            "hidden": int(ms["x"][:, 9].sum()), "edge_homophily": edge_homophily(G, ms["y"])}
 
     # Part B: distance-to-source parity (heterophilous, long range)
     q = cfg.parity
@@ -159,5 +180,51 @@ def _run(cfg: Config, ctx: StageContext) -> None:
                           "max_distance": int(sp_task["distance"].max()),
                           "mean_distance": float(sp_task["distance"].mean()),
                           "positive_fraction": float(sp_task["y"].mean()),
-                          "edge_homophily": edge_homophily(G, sp_task["y"])}
+                          "edge_homophily": edge_homophily(G, sp_task["y"]),
+                          **parity_structure(G, sp_task["y"], sp_task["sources"], q.side)}
     write_json(out / "manifest.json", manifest)
+
+
+def parity_structure(G: nx.Graph, y: np.ndarray, sources: np.ndarray, side: int) -> dict:
+    """How the parity label is tied to the graph's structure (issue 54): the grid (with edges removed) is
+    bipartite with colouring c(v) = (row + col) mod 2, so every path from v to a source s has length parity
+    c(v) XOR c(s); the label is then c(v) XOR c(nearest source) on every node, and c is (up to D^(1/2)
+    scaling) the eigenvector of the normalized Laplacian at its largest eigenvalue, 2. A spectral model with a
+    high-pass filter reads the colouring off one eigenvector; a low-pass 1-hop model cannot."""
+    from scipy.sparse.csgraph import laplacian as csgraph_laplacian
+
+    n = G.number_of_nodes()
+    colour = np.array([(v // side + v % side) % 2 for v in range(n)])
+    dist, nearest = nx.multi_source_dijkstra(G, [int(s) for s in sources], weight=None)
+    xor = np.array([colour[v] ^ colour[nearest[v][0]] for v in range(n)])
+    A = nx.to_scipy_sparse_array(G, nodelist=range(n), weight=None, format="csr").astype(float)
+    lam, vec = np.linalg.eigh(csgraph_laplacian(A.toarray(), normed=True))
+    top = np.sign(vec[:, -1])
+    agree = float(max(np.mean((top > 0) == (colour == 1)), np.mean((top > 0) == (colour == 0))))
+    return {"bipartite": bool(nx.is_bipartite(G)), "label_is_colour_xor_source_colour": float(np.mean(xor == y)),
+            "normalized_lambda_max": float(lam[-1]), "top_eigvec_sign_matches_colouring": agree}
+
+
+def _real_task(path: str, out) -> dict:
+    """The published benchmark graph (heterophilous `.npz`) as the Minesweeper task: adjacency, features,
+    labels and its fixed splits (train uses split seed % S)."""
+    from stages.common.paths import ROOT
+    from stages.common.runner import MissingInputError
+    from stages.l2g_net.heterophilous import HeterophilousFormatError, load_heterophilous_npz
+
+    file = Path(path) if Path(path).is_absolute() else ROOT / path
+    try:
+        data = load_heterophilous_npz(file)
+    except HeterophilousFormatError as err:
+        raise MissingInputError(f"papers.l2g_net.prepare.task.source.path: {err}") from None
+    if data["num_classes"] != 2:
+        raise MissingInputError(f"papers.l2g_net.prepare.task.source.path: {data['name']} has {data['num_classes']} "
+                                "classes; the pipeline's task is scored by ROC AUC (binary: minesweeper, tolokers, "
+                                "questions)")
+    sp.save_npz(out / "adjacency.npz", data["adjacency"])
+    np.savez(out / "nodes.npz", x=data["x"], y=data["y"])
+    np.savez(out / "splits.npz", **data["splits"])
+    G = nx.from_scipy_sparse_array(data["adjacency"])
+    return {"name": data["name"], "source": str(path), "n": int(data["x"].shape[0]), "edges": int(len(data["edges"])),
+            "features": int(data["x"].shape[1]), "positives": int(data["y"].sum()),
+            "splits": int(data["splits"]["train"].shape[0]), "edge_homophily": edge_homophily(G, data["y"])}

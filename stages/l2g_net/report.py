@@ -8,7 +8,7 @@ import matplotlib.pyplot as plt
 import numpy as np
 import polars as pl
 
-from stages.common.claims import Better, Bound, Claim, Within
+from stages.common.claims import Better, Bound, Claim, Estimate, Within, bind
 from stages.common.config import ReportConfig
 from stages.common.paths import read_json
 from stages.common.reporting import Report
@@ -24,54 +24,86 @@ PAPER_CLAIM = (
 
 AUC = "task.auc"
 PAR = "parity.auc"
-CLAIMS = [
-    Claim("exact", "The factorization is exact for the Laplacian it factorizes: eigenvalues, orthogonality, "
-          "reconstruction and spectral filtering (Cauchy chain through the kernel) agree with dense eigh / expm "
-          "to <= 1e-8 relative on every test graph (suite, cut-size graphs, sparsified scaling graphs)",
-          "exactness.max_eig_rel_err <= param.k1e_08 and exactness.max_orthogonality <= param.k1e_08 and (exactness.max_reconstruction <= param.k1e_08) and (exactness.max_filter_rel_err <= param.k1e_08)",
-          refuted_by="any error above 1e-8 on any graph or partition", kind="finding"),
-    Claim("scaling_exponent_ba", "On Barabasi-Albert graphs with parts growing with n and the cut sparsified "
-          "(the paper's scaling setting), L2G's runtime exponent is clearly (>= 0.3) below dense eigh's",
-          "scaling.ba.l2g_exponent <= scaling.ba.eigh_exponent - param.k0_3",
-          refuted_by="a fitted L2G exponent within 0.3 of (or above) eigh's over the measured sizes", kind="finding"),
-    Claim("faster_than_eigh_ba", "At the largest Barabasi-Albert size run here L2G (partition + sparsification "
-          "+ factorization) is faster than dense eigh",
-          "scaling.ba.l2g_s_at_largest < scaling.ba.eigh_s_at_largest",
-          refuted_by="L2G's CPU time at the largest size >= eigh's", kind="finding"),
-    Claim("linear_in_cut", "The rank-one updates grow linearly with the number of cut edges (fitted exponent "
-          "within 0.3 of 1)", "abs(scaling_k.l2g_update_exponent_k - 1) <= param.k0_3",
-          refuted_by="an update-time exponent in k outside [0.7, 1.3]", kind="finding"),
-    Better("l2g_beats_gcn", "On Minesweeper L2G-Net has a higher test ROC AUC than GCN at matched parameters",
-           a=f"{AUC}.l2g", b=f"{AUC}.gcn", refuted_by="GCN's per-seed AUC above L2G-Net's beyond 2 s.e.", kind="finding"),
-    Better("l2g_beats_gin", "... than GIN at matched parameters", a=f"{AUC}.l2g", b=f"{AUC}.gin",
-           refuted_by="GIN's per-seed AUC above L2G-Net's beyond 2 s.e.", kind="finding"),
-    Better("l2g_beats_chebnet", "... than ChebNet (order K) at matched parameters", a=f"{AUC}.l2g",
-           b=f"{AUC}.chebnet", refuted_by="ChebNet's per-seed AUC above L2G-Net's beyond 2 s.e.", kind="finding"),
-    Better("l2g_beats_chebnet_long", "... than ChebNet of order K_long (~20) at matched parameters", a=f"{AUC}.l2g",
-           b=f"{AUC}.chebnet_long", refuted_by="the long ChebNet's per-seed AUC above L2G-Net's beyond 2 s.e.", kind="finding"),
-    Within("l2g_matches_full_gft", "L2G-Net (local + global filters on the factorized GFT of the sparsified "
-           "graph) is within 0.02 AUC of the same filters on the full dense GFT", a=f"{AUC}.l2g",
-           b=f"{AUC}.full_gft", refuted_by="a per-seed gap beyond 0.02 AUC (2 s.e.)", kind="finding"),
-    Bound("baselines_beat_chance", "Every baseline beats the trivial predictor (AUC 0.5) on every seed's test "
-          "nodes (the weakest baseline per seed)", value="task.auc_min_baseline", 
-          refuted_by="the weakest baseline's AUC not above 0.5", kind="finding"),
-    Better("parity_l2g_beats_gcn", "On the distance-to-source parity task (heterophilous, long range) L2G-Net has "
-           "a higher test ROC AUC than GCN at matched parameters", a=f"{PAR}.l2g", b=f"{PAR}.gcn",
-           refuted_by="GCN's per-seed AUC above L2G-Net's beyond 2 s.e.", kind="finding"),
-    Better("parity_l2g_beats_gin", "... than GIN at matched parameters", a=f"{PAR}.l2g", b=f"{PAR}.gin",
-           refuted_by="GIN's per-seed AUC above L2G-Net's beyond 2 s.e.", kind="finding"),
-    Better("parity_l2g_beats_chebnet", "... than ChebNet (order K) at matched parameters", a=f"{PAR}.l2g",
-           b=f"{PAR}.chebnet", refuted_by="ChebNet's per-seed AUC above L2G-Net's beyond 2 s.e.", kind="finding"),
-    Better("parity_l2g_beats_chebnet_long", "... than ChebNet of order K_long (~20) at matched parameters",
-           a=f"{PAR}.l2g", b=f"{PAR}.chebnet_long",
-           refuted_by="the long ChebNet's per-seed AUC above L2G-Net's beyond 2 s.e.", kind="finding"),
-    Within("parity_l2g_matches_full_gft", "On the parity task L2G-Net is within 0.02 AUC of the same filters on "
-           "the full dense GFT", a=f"{PAR}.l2g", b=f"{PAR}.full_gft", 
-           refuted_by="a per-seed gap beyond 0.02 AUC (2 s.e.)", kind="finding"),
-    Bound("parity_baselines_beat_chance", "On the parity task every baseline beats the trivial predictor "
-          "(AUC 0.5; the weakest baseline per seed)", value="parity.auc_min_baseline", 
-          refuted_by="the weakest baseline's AUC not above 0.5 (the report then says so)", kind="finding"),
-]
+
+
+def _claims() -> list:
+    """Every threshold (tolerances, margins, min effects, bands) is read from params.yaml
+    (papers.l2g_net.report.claims), fixed before the run."""
+    out = [
+        Claim("exact", "The factorization is exact for the Laplacian it factorizes: eigenvalues, orthogonality, "
+              "reconstruction and spectral filtering (Cauchy chain through the kernel) agree with dense eigh / expm "
+              "to within tol (relative) on every graph (suite, cut-size graphs, sparsified scaling graphs, the task "
+              "graphs' sparsified and exact-cut bases)",
+              "exactness.max_eig_rel_err <= param.tol and exactness.max_orthogonality <= param.tol and "
+              "exactness.max_reconstruction <= param.tol and exactness.max_filter_rel_err <= param.tol",
+              refuted_by="any error above tol on any graph or partition", kind="finding"),
+        Estimate("scaling_exponent_ba", "On Barabasi-Albert graphs with parts growing with n and the cut sparsified "
+                 "(the paper's scaling setting), L2G's runtime exponent is below dense eigh's by more than the margin "
+                 "(params: above): slope of log(t_eigh / t_L2G) on log n, median of the timings per size, "
+                 "residual-based s.e., t with N − 2 df",
+                 value="scaling.ba.exponent_gap", se="scaling.ba.exponent_gap_se", df="scaling.ba.exponent_gap_df",
+                 points="scaling.ba.sizes",
+                 refuted_by="an exponent gap whose upper one-sided 95% t-bound is below the margin", kind="finding"),
+        Claim("faster_than_eigh_ba", "At the largest Barabasi-Albert size run here L2G (partition + sparsification "
+              "+ factorization) is faster than dense eigh (median timings)",
+              "scaling.ba.l2g_s_at_largest < scaling.ba.eigh_s_at_largest",
+              refuted_by="L2G's median CPU time at the largest size >= eigh's", kind="finding"),
+        Claim("linear_in_cut", "The rank-one updates grow linearly with the number of cut edges (fitted exponent "
+              "within band of 1)", "abs(scaling_k.l2g_update_exponent_k - 1) <= param.band",
+              refuted_by="an update-time exponent in k outside 1 ± band", kind="finding"),
+    ]
+    for base, label in (("gcn", "GCN"), ("gin", "GIN"), ("chebnet", "ChebNet (order K)"),
+                        ("chebnet_long", "ChebNet of order K_long (~20)")):
+        out.append(Better(f"l2g_beats_{base}", f"On Minesweeper L2G-Net has a higher test ROC AUC than {label} at "
+                          "matched parameters, by more than min_effect", a=f"{AUC}.l2g", b=f"{AUC}.{base}",
+                          refuted_by=f"an AUC gain over {label} whose upper t-bound is below min_effect",
+                          kind="finding"))
+    out += [
+        Within("l2g_matches_full_gft", "On Minesweeper L2G-Net (local + global filters on the factorized GFT of the "
+               "sparsified graph, the paper's setting) is within delta AUC of the same filters on the full dense GFT",
+               a=f"{AUC}.l2g", b=f"{AUC}.full_gft", refuted_by="a gap whose t-bounds lie outside ±delta",
+               kind="finding"),
+    ]
+    for base, label in (("chebnet", "ChebNet (order K)"), ("chebnet_long", "ChebNet of order K_long (~20)")):
+        out.append(Better(f"parity_l2g_beats_{base}", f"On the distance-to-source parity task L2G-Net has a higher "
+                          f"test ROC AUC than {label} at matched parameters, by more than min_effect (both can "
+                          "represent the high-frequency eigenvector the label follows)", a=f"{PAR}.l2g",
+                          b=f"{PAR}.{base}", refuted_by=f"an AUC gain over {label} whose upper t-bound is below "
+                          "min_effect", kind="finding"))
+    out += [
+        Within("parity_l2g_matches_full_gft", "On the parity task L2G-Net is within delta AUC of the same filters on "
+               "the full dense GFT", a=f"{PAR}.l2g", b=f"{PAR}.full_gft",
+               refuted_by="a gap whose t-bounds lie outside ±delta", kind="finding"),
+        # ---- checks: baselines' sanity, structurally favoured comparisons, the exact-cut control
+        Bound("baselines_beat_chance", "Every baseline beats the trivial predictor (AUC 0.5) on Minesweeper (the "
+              "weakest baseline per seed)", value="task.auc_min_baseline",
+              refuted_by="the weakest baseline's AUC not above 0.5", kind="check"),
+        Bound("parity_baselines_beat_chance", "On the parity task every baseline beats the trivial predictor (AUC "
+              "0.5; the weakest baseline per seed)", value="parity.auc_min_baseline",
+              refuted_by="the weakest baseline's AUC not above 0.5", kind="check"),
+    ]
+    for base, label in (("gcn", "GCN"), ("gin", "GIN")):
+        out.append(Better(f"parity_l2g_beats_{base}", f"Structurally favoured (a check, not a finding): on the "
+                          f"bipartite parity task L2G-Net beats the 1-hop {label}; the label is colour(v) XOR "
+                          "colour(nearest source) and the colouring is the normalized Laplacian's λ = 2 eigenvector, "
+                          "which a global high-pass filter reads off directly", a=f"{PAR}.l2g", b=f"{PAR}.{base}",
+                          refuted_by=f"L2G-Net not ahead of {label} by min_effect although the task favours it",
+                          kind="check"))
+    for prefix, key, name in (("", AUC, "Minesweeper"), ("parity_", PAR, "parity")):
+        out += [
+            Within(f"{prefix}exact_cut_recovers_full_gft", f"Control ({name}): L2G-Net on the exact basis of the true "
+                   "L (every cut edge kept) is within delta AUC of the full-GFT model",
+                   a=f"{key}.l2g_exact", b=f"{key}.full_gft", refuted_by="a gap whose t-bounds lie outside ±delta",
+                   kind="check"),
+            Better(f"{prefix}exact_cut_beats_sparsified", f"Control ({name}): L2G-Net on the exact-cut basis beats "
+                   "the sparsified-cut L2G-Net by more than min_effect AUC (what the paper's sparsification costs)",
+                   a=f"{key}.l2g_exact", b=f"{key}.l2g",
+                   refuted_by="an AUC gain of the exact cut whose upper t-bound is below min_effect", kind="check"),
+        ]
+    return out
+
+
+CLAIMS = _claims()
 
 
 class Config(ReportConfig):
@@ -97,14 +129,19 @@ def run(cfg: Config, ctx: StageContext) -> None:
     primary = res["scaling_partitioners"][0]
     fits = {d["family"]: d for d in fits_all.values() if d["partitioner"] == primary}
     sc_eig = sc["eig_err_vs_sparsified"].drop_nulls()
+    graphs = [g for g in (tg, res.get("parity_graph")) if g]     # the task graphs: sparsified and exact-cut bases
     metrics = {
         "exactness": {"max_eig_rel_err": max(float(every["eig_rel_err"].max()),
-                                             float(sc_eig.max()) if sc_eig.len() else 0.0),
-                      "max_orthogonality": float(every["orthogonality"].max()),
+                                             float(sc_eig.max()) if sc_eig.len() else 0.0,
+                                             *(g["eig_err_vs_sparsified"] for g in graphs),
+                                             *(g["exact_eig_err_vs_true_L"] for g in graphs)),
+                      "max_orthogonality": max(float(every["orthogonality"].max()),
+                                               *(g["chain_orthogonality"] for g in graphs),
+                                               *(g["exact_chain_orthogonality"] for g in graphs)),
                       "max_reconstruction": max(float(every["reconstruction"].max()),
                                                 float(sc["probe_err_vs_sparsified"].max())),
                       "max_filter_rel_err": float(every["filter_rel_err"].max()),
-                      "graphs_checked": int(every.height + sc.height)},
+                      "graphs_checked": int(every.height + sc.height + 2 * len(graphs))},
         "scaling": fits,
         "scaling_partitioner": primary,
         "scaling_by_partitioner": fits_all,
@@ -137,27 +174,33 @@ the built-in partitioner (default settings; its refusals are reported) and a ran
 bisection, one row per partitioner: {', '.join(res['scaling_partitioners'])}; `metis` = pymetis, the paper's,
 `spectral` = Fiedler sweep cuts; claims read the first, `{primary}`), each bisection's cut sparsified to a target number of edges by effective-resistance sampling (as the
 official code), and the sparsified Laplacian factorized exactly. L2G time = partition + sparsification +
-factorization, against LAPACK `eigh` (values + vectors); CPU seconds of one single-threaded process, one run per
-size. Peak memory by tracemalloc at the largest size (eigh: during its timed run; L2G: a separate run).
+factorization, against LAPACK `eigh` (values + vectors); CPU seconds of one single-threaded process, the median of
+{sc['repeats'][0] if 'repeats' in sc.columns else 1} runs per size and method (each run's time in `metrics.json`). Peak memory: measured by the standalone
+study (below), not at this profile.
 Exactness for the Laplacian factorized: eigenvalues against eigvalsh of the sparsified Laplacian and probes
 U diag(lam) U^T X = L_s X. Where the cut is small enough, the exact factorization of
 the true L (every cut edge kept) is timed too (speed-up of sparsification). **Cut size**: n = {int(sk['n'][0])},
 {int(sk['parts'][0])} blocks as parts, bridges {sk['bridges'].to_list()} (all distinct, all cut edges).
 
-**Minesweeper** (generated as Platonov et al. 2023): {tg['n']}-node king-move grid (side {int(np.sqrt(tg['n']))},
-the paper's is 100 x 100 = 10,000 nodes; the full profile runs that), 20% mines, one-hot neighbour-mine counts
-with 50% of the nodes' features hidden; 50/25/25 node split per seed, seeds {task['seeds']}. Graph operator:
+**Minesweeper** ({_ms_source(res.get("task_data", {}), tg)}); 50/25/25 node split per seed (or the dataset's fixed
+splits, split = seed mod 10), seeds {task['seeds']}; each seed draws its own split, so the seed-to-seed spread
+of the test AUC includes test-node sampling. Graph operator:
 {tg['laplacian']} Laplacian; {tg['num_parts']} parts {tg['part_sizes']} by {tg.get('partitioner', 'spectral')} bisection; of
 {tg['cut_edges_total']} cut edges {tg['cut_edges_kept']} kept by sparsification (official: 1); the
 chain matrix `basis_cauchy` formed through the kernel (orthogonality {tg['chain_orthogonality']:.1e},
 eigenvalue error vs the sparsified Laplacian {tg['eig_err_vs_sparsified']:.1e}, vs the true one
-{tg['eig_err_vs_true_L']:.2f}). Models share the official skeleton (input linear, residual steps with LayerNorm,
+{tg['eig_err_vs_true_L']:.2f} x lambda_max). **Exact-cut control arm** (`l2g_exact`): the same L2G-Net on the same
+parts with every one of the {tg['exact_cut_edges']} cut edges kept, i.e. the exact basis of the true L
+(eigenvalue error {tg['exact_eig_err_vs_true_L']:.1e}, orthogonality {tg['exact_chain_orthogonality']:.1e}).
+Models share the official skeleton (input linear, residual steps with LayerNorm,
 feed-forward modules, output LayerNorm + linear) and differ in the graph module: L2G-Net (local band-pass spline
 banks with sigmoid-gated steps, global high-pass spline bank, SiLU + sigmoid-gated residual), full-GFT (global
 bank on the dense eigh basis of the true L), ChebNet (K = {train['config']['cheb_k']} and, `chebnet_long`, K = {train['config'].get('cheb_k_long')}), GCN, GIN; widths
 {train_ms['dims']} chosen so that every model has about {train_ms['params_target']} parameters. AdamW,
 {train['config']['trainer']['max_steps']} full-graph steps, spline coefficients at
-{train['config']['spectral_lr_mult']}x the learning rate, best-validation-AUC state kept.
+{train['config']['spectral_lr_mult']}x the learning rate, best-validation-AUC state kept; runs in
+{train['config'].get('workers', 1)} single-threaded processes, each seeded on its own (results do not depend on the
+process count).
 {_parity_setup(pg, pdata, res.get("task_data", {}).get("edge_homophily")) if par is not None else ""}""")
     # ---------------------------------------------------------------- results: exactness
     rep.table("Exactness suite", suite.select("graph", "partition", "n", "parts", "cut_edges", *errcols, "fallback"),
@@ -218,8 +261,13 @@ bank on the dense eigh basis of the true L), ChebNet (K = {train['config']['cheb
     rep.figure("scaling", fig, "Left: CPU time of L2G (sparsified cut) and dense eigh vs n. Middle: time vs the "
                "number of cut edges (exact). Right: eigenvalue error of the factorization against the sparsified "
                "Laplacian it factorizes (exactness) and against the true L (what sparsification costs).")
-    rep.plot("scaling", sc.filter(pl.col("partitioner") == primary).select("n", "l2g_s", "eigh_s"), x="n",
-             y=["l2g_s", "eigh_s"], title="runtime vs n")
+    prim = sc.filter(pl.col("partitioner") == primary)
+    long = pl.concat([prim.select("n", pl.concat_str(pl.col("family"), pl.lit(f" L2G ({primary})")).alias("series"),
+                                  pl.col("l2g_s").alias("cpu_s")),
+                      prim.select("n", pl.concat_str(pl.col("family"), pl.lit(" dense eigh")).alias("series"),
+                                  pl.col("eigh_s").alias("cpu_s"))])
+    rep.plot("scaling", long, x="n", y="cpu_s", series="series",
+             title="runtime vs n (CPU s, median of the timings per size)")
     rep.section("Large-n scaling (standalone run, committed numbers)", _large_text())
     rep.plot("scaling_k", sk.select("cut_edges", "factorize_s", "updates_s"), x="cut_edges",
              y=["factorize_s", "updates_s"], title="runtime vs cut size")
@@ -238,8 +286,13 @@ bank on the dense eigh basis of the true L), ChebNet (K = {train['config']['cheb
          "here": "METIS recursive bisection through pymetis when installed (else spectral sweep cuts); the scaling "
                  "study runs both", "why": "the paper's partitioner; spectral kept as the no-dependency fallback"},
         {"what": "second task", "paper / official": "roman-empire, amazon-ratings, tolokers (downloaded)",
-         "here": "distance-to-source parity on a 4-neighbour grid, generated",
-         "why": "no downloads; a long-range heterophilous task asked for by the issue"},
+         "here": "distance-to-source parity on a bipartite grid, generated (structurally favours global high-pass "
+                 "filters: its GCN/GIN comparisons are checks); the benchmarks' `.npz` loader exists and is tested "
+                 "on a fixture",
+         "why": "no downloads at default; a long-range heterophilous task asked for by an earlier issue"},
+        {"what": "exact-cut control", "paper / official": "not run (official target_cut 1)",
+         "here": "`l2g_exact`: the same model on the exact basis of the true L, every cut edge kept",
+         "why": "separates the price of sparsification from the model's"},
         {"what": "secular solver / sums", "paper / official": "Newton + bisection, compensated sums",
          "here": "two-pole rational step + bisection, sign-separated sums (as LAPACK dlaed4), Gu-Eisenstat + column normalization",
          "why": "exact in floating point on every graph tried (official loses normalization on hard graphs)"},
@@ -249,18 +302,32 @@ bank on the dense eigh basis of the true L), ChebNet (K = {train['config']['cheb
         {"what": "model size / steps", "paper / official": "16 layers, width 32+, 1500 steps, 10 splits",
          "here": f"{train['config']['num_layers']} layers, width {train['config']['dim']}, "
                  f"{train['config']['trainer']['max_steps']} steps, {len(task['seeds'])} seeds",
-         "why": "default budget (full profile: 8 layers, 1500 steps, 10 seeds)"},
+         "why": "default budget (full profile: 8 layers, 1500 steps, 10 seeds on the published file's 10 splits)"},
         {"what": "target cut", "paper / official": "1 (Minesweeper)", "here": str(train['config']['target_cut']),
          "why": "a configurable option; the chain is exact for the sparsified graph in both"},
         {"what": "baselines", "paper / official": "published numbers of tuned models",
          "here": "same skeleton, parameter-matched widths, same budget", "why": "a controlled comparison"},
-        {"what": "timings", "paper / official": "wall clock, multithreaded", "here": "CPU s, one thread",
-         "why": "robust on a shared 2-core machine"},
+        {"what": "timings", "paper / official": "wall clock, multithreaded, one run",
+         "here": "CPU s, one thread, median of 3 runs per size", "why": "robust on a shared 2-core machine"},
     ])
     rep.table("Deviations", dev)
     rep.section("Discussion", _discussion(metrics, ttab, ptab))
-    rep.finish(CLAIMS if par is not None else [c for c in CLAIMS if not c.name.startswith("parity")], metrics,
+    rep.section("Threats to validity", _threats(metrics, len(task["seeds"]), train))
+    rep.finish(_applicable(CLAIMS, metrics), metrics,
                wallclock=("scaling", "scaling_by_partitioner", "scaling_k", "task_graph", "parity_graph"))
+
+
+def _applicable(claims: list, metrics: dict) -> list:
+    """The claims whose arms were run (a task or model left out of params drops the claims that compare it)."""
+    from stages.common.claims import flatten
+
+    env = flatten(metrics)
+    out = []
+    for c in claims:
+        refs = [getattr(c, f, None) for f in ("a", "b", "value")]
+        if all(r is None or not isinstance(r, str) or r in env for r in refs):
+            out.append(c)
+    return out
 
 
 def _task_results(rep: Report, title: str, name: str, task: dict, tr: dict, label: str) -> pl.DataFrame:
@@ -290,37 +357,59 @@ def _task_results(rep: Report, title: str, name: str, task: dict, tr: dict, labe
     rep.figure(name, fig, f"{title}: validation AUC during training (first seed) and test AUC per seed (dots), "
                "mean +- sd (bars).")
     if curves:
-        rep.plot("val_curves" if name == "task" else f"val_curves_{name}",
-                 pl.DataFrame(curves).pivot(on="model", index="step", values="val_auc"), x="step",
-                 title=f"validation AUC ({title})")
+        rep.plot("val_curves" if name == "task" else f"val_curves_{name}", pl.DataFrame(curves), x="step",
+                 y="val_auc", series="model", title=f"validation AUC, first seed ({title})")
     return ttab
+
+
+def _ms_source(data: dict, tg: dict) -> str:
+    if data.get("source", "generated") != "generated":
+        return (f"the published benchmark file `{data['source']}` ({data.get('name')}), {tg['n']} nodes, "
+                f"{data.get('edges')} edges, its {data.get('splits')} fixed splits")
+    side = int(np.sqrt(tg['n']))
+    return (f"generated as Platonov et al. 2023: {tg['n']}-node king-move grid (side {side}; the paper's is 100 x 100 "
+            "= 10,000 nodes, which the full profile reads from the published file), 20% mines, one-hot "
+            "neighbour-mine counts with 50% of the nodes' features hidden")
 
 
 def _parity_setup(pg: dict, pdata: dict, ms_homophily: float | None) -> str:
     ms = "" if ms_homophily is None else f", Minesweeper's {ms_homophily:.2f}"
     return f"""
-**Distance-to-source parity** (the issue's second heterophilous task, generated here): a {pdata['side']} x
+**Distance-to-source parity** (a generated long-range heterophilous task, not in the paper): a {pdata['side']} x
 {pdata['side']} 4-neighbour grid with 10% of its edges removed (kept connected; {pdata['n']} nodes, {pdata['edges']}
 edges), {pdata['sources']} random sources; features = [is source, not a source]; label = parity of the hop distance
 to the nearest source (max distance {pdata['max_distance']}, mean {pdata['mean_distance']:.1f}; positives
-{pdata['positive_fraction']:.2f}; edge homophily {pdata['edge_homophily']:.3f}{ms}). A node's
-label depends on sources up to ~{pdata['max_distance']} hops away, and the graph is bipartite, so the label flips
-across almost every edge. Same models, widths matched to L2G-Net's {pg['n']}-node factorization
-({pg['num_parts']} parts {pg['part_sizes']} by {pg.get('partitioner', 'spectral')} bisection, {pg['cut_edges_kept']}
-of {pg['cut_edges_total']} cut edges kept; eigenvalue error vs the true Laplacian {pg['eig_err_vs_true_L']:.2f}),
-same training budget and seeds.
+{pdata['positive_fraction']:.2f}; edge homophily {pdata['edge_homophily']:.3f}{ms}). **Structural favour, measured:**
+the graph is bipartite ({pdata.get('bipartite')}), so the label equals colour(v) XOR colour(nearest source) on
+{100 * pdata.get('label_is_colour_xor_source_colour', float('nan')):.1f}% of the nodes, and the 2-colouring is the
+eigenvector of the normalized Laplacian at its largest eigenvalue (λ_max = {pdata.get('normalized_lambda_max', float('nan')):.6f};
+its sign pattern matches the colouring on {100 * pdata.get('top_eigvec_sign_matches_colouring', float('nan')):.1f}% of
+the nodes). A global high-pass spectral filter (L2G-Net's, initialised high-pass, and the full-GFT model's) reads
+that eigenvector off directly, while a 1-hop low-pass GCN/GIN cannot: the comparisons with GCN and GIN on this task
+are therefore checks, not findings; those with ChebNet (whose polynomials also reach the top of the spectrum) stay
+findings. Same models, widths matched to L2G-Net's {pg['n']}-node factorization ({pg['num_parts']} parts
+{pg['part_sizes']} by {pg.get('partitioner', 'spectral')} bisection, {pg['cut_edges_kept']} of {pg['cut_edges_total']}
+cut edges kept; eigenvalue error vs the true Laplacian {pg['eig_err_vs_true_L']:.2f} x lambda_max; the exact-cut arm
+keeps all {pg.get('exact_cut_edges')}), same training budget and seeds.
 """
 
 
+STUDY_CMD = ("python -m stages.l2g_net.scaling --sizes 1000 2000 3000 4000 6000 8000 --jobs 2 "
+             "--repeats 3 --memory-sizes 1 --out reports/studies/l2g_net_scaling_large.json")
+
+
 def _large_text() -> str:
-    return ("The default profile stops at n = 3000 (dense eigh at n = 8000 alone costs ~1 min per graph on one "
-            "thread, beyond the 5-minute budget). The larger sizes (BA and grid, n = 1000 ... 8000, METIS and "
-            "spectral parts, memory of both at the largest size) are measured by the standalone command in "
-            "`stages/l2g_net/scaling.py`; its numbers, fitted exponents, crossover and wall-clock claims are in "
-            "[l2g_net_scaling_large.md](../studies/l2g_net_scaling_large.md) (JSON beside it), committed and not "
-            "re-run by `dvc repro` (rerun: `python -m stages.l2g_net.scaling --sizes 1000 2000 3000 4000 5000 6000 "
-            "7000 8000 --jobs 2 --memory-sizes 1 --out reports/studies/l2g_net_scaling_large.json`, "
-            "~25 CPU-minutes).")
+    return ("The default profile stops at n = 3000 (dense eigh at n = 8000 alone costs ~1 min per graph and run on "
+            "one thread, beyond the 5-minute budget). The larger sizes (BA and grid to n = 8000, METIS and spectral "
+            "parts, peak memory of both at the largest size) are measured by the standalone command in "
+            "`stages/l2g_net/scaling.py`, committed in [l2g_net_scaling_large.md](../studies/l2g_net_scaling_large.md) "
+            "(JSON beside it) and not re-run by `dvc repro`. **The committed study predates the repeated timings**: it "
+            "holds one timing per size and method (eight sizes, 1000 ... 8000; its `ba_metis` exponent claim held by "
+            "0.0008, L2G faster at 3 of 8 sizes, timings not monotone), so its crossover numbers are single "
+            "wall-clock-like measurements. The command now takes the median of 3 timings per size and method and "
+            "reports fitted exponents with residual-based s.e. and claims with this paper's thresholds; its rerun "
+            f"(`{STUDY_CMD}`, roughly 45 CPU-minutes) was not affordable on the shared 2-core machine in this session. "
+            "The claims above read only the default profile's own median-of-3 timings (n <= 3000).")
 
 
 def _discussion(m: dict, ttab: pl.DataFrame, ptab: pl.DataFrame | None = None) -> str:
@@ -349,25 +438,80 @@ def _discussion(m: dict, ttab: pl.DataFrame, ptab: pl.DataFrame | None = None) -
                      f"worst {pb['model'][-1]} ({pb['test_auc_mean'][-1]:.3f}); the claims table gives the "
                      "seed-aware verdicts. This task is not in the paper; it is a generated long-range heterophilous "
                      "task (label = parity of the distance to the nearest source).")
-    gaps = []
     for key, name in (("task", "Minesweeper"), ("parity", "parity")):
-        if key in m and "full_gft" in m[key]["auc"] and "l2g" in m[key]["auc"]:
-            g = m[f"{key}_graph"]
-            gap = float(np.mean(np.subtract(m[key]["auc"]["l2g"], m[key]["auc"]["full_gft"])))
-            gaps.append(f"{name}: mean AUC gap l2g - full_gft {gap:+.3f}, {g['cut_edges_kept']} of "
-                        f"{g['cut_edges_total']} cut edges kept, eigenvalue error vs the true L "
-                        f"{g['eig_err_vs_true_L']:.2f} x lambda_max")
-    if gaps:
-        lines.append("- L2G-Net vs full GFT: L2G-Net's spectrum is that of the cut-sparsified graph (the paper's "
-                     "setting), the full-GFT model's that of the true graph; " + "; ".join(gaps) + ". The "
-                     "factorization is exact for the graph it factorizes, so any gap is the price of sparsification "
-                     "(and of the local stage), not of numerical error; an exact-cut L2G-Net arm "
-                     "(`target_cut: null`) is the control this miniature does not run at default.")
+        if key not in m or not {"l2g", "l2g_exact", "full_gft"} <= set(m[key]["auc"]):
+            continue
+        a, g = m[key]["auc"], m[f"{key}_graph"]
+        mean = lambda u, v: float(np.mean(np.subtract(a[u], a[v])))  # noqa: E731
+        d_sp, d_ex, d_cut = mean("l2g", "full_gft"), mean("l2g_exact", "full_gft"), mean("l2g_exact", "l2g")
+        if abs(d_ex) < abs(d_sp) / 2 and d_cut > 0:
+            reading = ("the exact cut closes most of the gap: it is the price of sparsifying the cut")
+        elif abs(d_cut) < abs(d_sp) / 2:
+            reading = ("the exact cut does not close it: the gap comes from the model (local stage, training), not "
+                       "from sparsification")
+        else:
+            reading = "the exact cut moves the gap only partly; see the control checks for their t-bounds"
+        lines.append(f"- Exact-cut control ({name}): mean AUC l2g − full_gft {d_sp:+.3f} with {g['cut_edges_kept']} of "
+                     f"{g['cut_edges_total']} cut edges kept (eigenvalue error vs the true L "
+                     f"{g['eig_err_vs_true_L']:.2f} x lambda_max); l2g_exact − full_gft {d_ex:+.3f} with all "
+                     f"{g.get('exact_cut_edges')} kept (error {g.get('exact_eig_err_vs_true_L', float('nan')):.1e}); "
+                     f"l2g_exact − l2g {d_cut:+.3f}: {reading}.")
     best = ttab.sort("test_auc_mean", descending=True)["model"][0]
     lines.append(f"- Minesweeper: best mean test AUC {best}; see the table. The paper reports 97.50 for "
                  "L2G-Net at 100x100 with 16 layers and 1500 steps; this miniature trains far less, on a smaller "
                  "grid, so absolute AUCs are lower and the ranking is what is tested.")
-    lines.append("- Not reproduced here: the 20,000-node timings (the standalone run stops at 6000), the other heterophilous datasets "
-                 "(roman-empire, amazon-ratings, tolokers) and the Polynormer parameter comparison; the baselines "
-                 "here are parameter-matched, not the published tuned models.")
+    lines.append("- Not reproduced here: the 20,000-node timings (the standalone study goes to n = 8000), the other "
+                 "heterophilous datasets at full size (roman-empire, amazon-ratings, tolokers, questions: their `.npz` "
+                 "loader is tested on a fixture, `stages/l2g_net/heterophilous.py`) and the Polynormer parameter "
+                 "comparison; the baselines here are parameter-matched, not the published tuned models.")
     return "\n".join(lines)
+
+
+def _late_arms(train: dict) -> list[str]:
+    """(task, model) arms whose best validation state came in the last 10% of training on most seeds: their
+    curves were still rising when the step budget ended (measured from the runs, not assumed)."""
+    steps = train["config"]["trainer"]["max_steps"]
+    out = []
+    for task, t in train["tasks"].items():
+        for kind, runs in t["runs"].items():
+            late = sum(r["best_step"] >= 0.9 * steps for r in runs)
+            if late * 2 > len(runs):
+                out.append(f"{task}/{kind} ({late}/{len(runs)} seeds)")
+    return out
+
+
+def _threats(m: dict, seeds: int, train: dict) -> str:
+    pdata = m.get("parity_data", {})
+    late = _late_arms(train)
+    steps = train["config"]["trainer"]["max_steps"]
+    seed_text = (f"Learned arms run {seeds} seeds (each with its own random node split), as the shared rule asks for "
+                 "findings; " if seeds >= 5 else
+                 f"Learned arms run {seeds} seeds (each with its own random node split); the shared rule asks for 5 for "
+                 "findings, which this profile's budget does not allow; ")
+    return "\n".join([
+        "- **Seeds.** " + seed_text + "the full profile runs 10 seeds on the published file's 10 fixed splits. "
+        "Inconclusive verdicts show the smallest gap their design could detect.",
+        "- **Parity task structure.** The parity label is a function of the bipartite colouring "
+        f"({100 * pdata.get('label_is_colour_xor_source_colour', float('nan')):.0f}% of nodes), the top eigenvector of the "
+        "normalized Laplacian: L2G-Net's and the full-GFT model's high-pass global filters can read it off, 1-hop "
+        "GCN/GIN cannot. Hence `parity_l2g_beats_gcn/gin` are checks; the parity findings are the comparisons with "
+        "ChebNet (which also reaches the top of the spectrum) and with the full GFT.",
+        "- **Sparsified vs exact cut.** The paper's setting (and the official code) factorizes a cut-sparsified "
+        "graph, so L2G-Net's basis is not the true graph's (eigenvalue error of order lambda_max); the `l2g_exact` "
+        "control arm keeps every cut edge and isolates that effect from the model's.",
+        f"- **Budget.** {steps} full-graph steps on a small graph (the paper: 1500 steps, 100 x 100, 16 layers). "
+        "Arms whose best validation AUC came in the last 10% of training on most seeds (still rising when the budget "
+        "ended): " + (", ".join(late) + "; verdicts involving them are budget-limited." if late else
+                      "none — every arm peaked earlier, so the step budget does not decide the verdicts."),
+        "- **Wall-clock claims.** Scaling claims read CPU times of one thread on a shared machine (median of 3 "
+        "runs); the exponent claim uses the residual-based s.e. of the fit, so non-monotone timings (deflation "
+        "varies with the graph) widen its t-bound instead of deciding it.",
+        "- **Large-n study not re-run.** The committed standalone study to n = 8000 (the paper's regime, where the "
+        "crossover lies) still holds one timing per size; its repeated-timing rerun is pending (see the large-n "
+        "section), so the crossover beyond n = 3000 is not established with repeats here.",
+        "- **Red-team pass (self-review).** Exactness could fail on any of the graphs (40+ factorizations, two "
+        "partition modes); the scaling claims read medians with an s.e.; the AUC findings use min effects fixed in "
+        "params and each seed's own split. Independent check: `tests/l2g_net/test_heterophilous.py` runs "
+        "the factorization and L2G-Net on a fixture in the published `.npz` schema (a graph this project never "
+        "generated) and checks the eigenvalues against dense eigh.",
+    ])

@@ -12,12 +12,17 @@ training does) by applying every factor to the identity through kernels/cauchy_a
 Models (same skeleton, matched parameter counts: each baseline's width is chosen so that its
 parameter count is closest to L2G-Net's):
   l2g       L2G-Net: local spline banks -> Cauchy chain -> global spline bank -> inverse, gated steps, FF
+            (the chain of the cut-sparsified graph: the paper's and the official code's setting)
+  l2g_exact the same L2G-Net on the exact factorization of the true L (every cut edge kept): the control
+            arm that separates the price of sparsification from the model
   full_gft  the global spline bank on the dense eigh basis of the true Laplacian
   chebnet   Chebyshev filters of order ``cheb_k``; chebnet_long of order ``cheb_k_long`` (20)
   gcn, gin  one-hop message passing
 
-Every model x seed: the seed fixes the 50/25/25 node split and the initialization; the state with
-the best validation ROC AUC (checked every ``eval_every`` steps) is kept.
+Every model x seed: the seed fixes the 50/25/25 node split (or picks split seed mod S of a benchmark
+file's fixed splits) and the initialization; the state with the best validation ROC AUC (checked every
+``eval_every`` steps) is kept. The (task, model, seed) runs go to ``workers`` single-threaded processes;
+each run is seeded on its own, so the results do not depend on the number of workers.
 
     python -m stages train l2g_net
 """
@@ -44,15 +49,17 @@ from stages.l2g_net.gft import bisection_parts, factorize, resolve_partitioner, 
 from stages.l2g_net.kernel_path import kernel_cauchy
 from stages.l2g_net.model import NodeTask, build_model, count_parameters, matched_dim
 
-ModelKind = Literal["l2g", "full_gft", "chebnet", "chebnet_long", "gcn", "gin"]
+ModelKind = Literal["l2g", "l2g_exact", "full_gft", "chebnet", "chebnet_long", "gcn", "gin"]
 TaskKind = Literal["minesweeper", "parity"]
 
 
 class Config(StageConfig):
     tasks: list[TaskKind] = Field(default_factory=lambda: ["minesweeper", "parity"], min_length=1)
     seeds: Seeds = Field(default_factory=lambda: [0, 1, 2])
-    models: list[ModelKind] = Field(default_factory=lambda: ["l2g", "full_gft", "chebnet", "chebnet_long", "gcn", "gin"],
-                                    min_length=1)
+    models: list[ModelKind] = Field(default_factory=lambda: ["l2g", "l2g_exact", "full_gft", "chebnet", "chebnet_long",
+                                                             "gcn", "gin"], min_length=1)
+    workers: int = Field(1, ge=1, le=64, description="processes training (task, model, seed) runs in parallel, one "
+                         "thread each; every run is seeded on its own, so results do not depend on this")
     laplacian: Literal["normalized", "combinatorial"] = "normalized"
     partitioner: Literal["auto", "metis", "spectral"] = Field(
         "auto", description="recursive bisection: METIS (pymetis) when installed, else spectral")
@@ -108,7 +115,8 @@ def task_laplacian(A: sp.csr_matrix, kind: str) -> sp.csr_matrix:
 
 
 def spectral_tensors(cfg: Config, A: sp.csr_matrix, rec: KernelRecord, device: torch.device) -> tuple[dict, dict]:
-    """Parts, sparsified cut, exact factorization and its chain matrix; plus the dense eigh reference."""
+    """Parts, sparsified cut, exact factorization and its chain matrix; the exact-cut control (every cut edge
+    kept: the basis of the true L) on the same parts; plus the dense eigh reference."""
     L = task_laplacian(A, cfg.laplacian)
     t0 = time.process_time()
     parts, splits = bisection_parts(L, cfg.num_parts, method=cfg.partitioner)
@@ -123,22 +131,37 @@ def spectral_tensors(cfg: Config, A: sp.csr_matrix, rec: KernelRecord, device: t
     lam, U = scipy.linalg.eigh(L.toarray())
     lam_s = scipy.linalg.eigvalsh(Ls.toarray())
     t3 = time.process_time()
+    exact = factorize(L, parts) if Ls is not L else fact               # control arm: every cut edge kept
+    chain_exact = exact.chain_matrix(cauchy=kernel_cauchy(rec, device)) if exact is not fact else chain
+    t4 = time.process_time()
     scale = float(np.abs(lam).max())
-    spec = {"parts": [p.astype(np.int64) for p in fact.parts], "local_bases": fact.local_bases,
-            "local_eigenvalues": [fact.local_eigenvalues[o:o + p.size] for o, p in zip(fact.offsets, fact.parts)],
-            "eigenvalues": fact.eigenvalues, "chain": chain, "U": U, "lam": lam, "A": A}
+
+    def tensors(f, ch):
+        return {"parts": [p.astype(np.int64) for p in f.parts], "local_bases": f.local_bases,
+                "local_eigenvalues": [f.local_eigenvalues[o:o + p.size] for o, p in zip(f.offsets, f.parts)],
+                "eigenvalues": f.eigenvalues, "chain": ch}
+
+    spec = {**tensors(fact, chain), "exact": tensors(exact, chain_exact), "U": U, "lam": lam, "A": A}
     info = {"n": int(L.shape[0]), "laplacian": cfg.laplacian, "num_parts": len(fact.parts),
             "part_sizes": [int(p.size) for p in fact.parts], "cut_edges_total": sinfo["cut_edges_before"],
             "cut_edges_kept": int(len(fact.cut_edges)), "target_cut": cfg.target_cut,
             "eig_err_vs_sparsified": float(np.abs(fact.eigenvalues - lam_s).max() / max(np.abs(lam_s).max(), 1e-300)),
             "eig_err_vs_true_L": float(np.abs(fact.eigenvalues - lam).max() / scale),
             "chain_orthogonality": float(np.abs(chain.T @ chain - np.eye(L.shape[0])).max()),
-            "factorize_s": t1 - t0, "chain_s": t2 - t1, "eigh_s": t3 - t2,
+            "exact_cut_edges": int(len(exact.cut_edges)),
+            "exact_eig_err_vs_true_L": float(np.abs(exact.eigenvalues - lam).max() / scale),
+            "exact_chain_orthogonality": float(np.abs(chain_exact.T @ chain_exact - np.eye(L.shape[0])).max()),
+            "factorize_s": t1 - t0, "chain_s": t2 - t1, "eigh_s": t3 - t2, "exact_factorize_s": t4 - t3,
             "partitioner_fallback": fact.fallback, "partitioner": resolve_partitioner(cfg.partitioner)}
     return spec, info
 
 
-def node_split(n: int, seed: int, train: float, val: float) -> dict[str, np.ndarray]:
+def node_split(n: int, seed: int, train: float, val: float, fixed: dict | None = None) -> dict[str, np.ndarray]:
+    """Train/val/test node masks of one seed: the seed's random 50/25/25 split, or split ``seed % S`` of the
+    dataset's fixed splits (``fixed``: {"train", "val", "test"} of shape (S, n), the benchmark files' 10)."""
+    if fixed is not None:
+        s = seed % fixed["train"].shape[0]
+        return {k: np.asarray(fixed[k][s], dtype=bool) for k in ("train", "val", "test")}
     perm = np.random.default_rng(seed).permutation(n)
     a, b = int(round(train * n)), int(round((train + val) * n))
     masks = {}
@@ -162,63 +185,127 @@ def load_spec(npz_path, A) -> dict:
     """The spectral tensors saved by train (for evaluate)."""
     d = np.load(npz_path)
     k = len(d["part_sizes"])
-    return {"parts": [d[f"part{i}"] for i in range(k)], "local_bases": [d[f"basis{i}"] for i in range(k)],
-            "local_eigenvalues": [d[f"lam{i}"] for i in range(k)], "eigenvalues": d["eigenvalues"],
-            "chain": d["chain"], "U": d["U"], "lam": d["lam"], "A": A}
+    local = {"parts": [d[f"part{i}"] for i in range(k)], "local_bases": [d[f"basis{i}"] for i in range(k)],
+             "local_eigenvalues": [d[f"lam{i}"] for i in range(k)]}
+    return {**local, "eigenvalues": d["eigenvalues"], "chain": d["chain"], "U": d["U"], "lam": d["lam"], "A": A,
+            "exact": {**local, "eigenvalues": d["eigenvalues_exact"], "chain": d["chain_exact"]}}
+
+
+def load_splits(task_dir) -> dict | None:
+    """The dataset's fixed splits (task/splits.npz, written for a benchmark file), or None (random per seed)."""
+    f = task_dir / "splits.npz"
+    if not f.exists():
+        return None
+    d = np.load(f)
+    return {k: d[k] for k in ("train", "val", "test")}
 
 
 def _run(cfg: Config, ctx: StageContext) -> None:
     device = pick_device(cfg.device)
     rec = KernelRecord(device)
     prep = ctx.input("prepare")
-    summary = {"tasks": {}}
-    for task in cfg.tasks:
-        summary["tasks"][task] = _train_task(cfg, ctx, rec, device, prep / TASK_DIRS[task], ctx.out / task, task)
+    summary: dict = {"tasks": {}}
+    payloads, jobs = {}, []
+    for task in cfg.tasks:      # factorize every task's graph first, then train every (task, model, seed) run
+        summary["tasks"][task], payloads[task], task_jobs = _prepare_task(cfg, rec, device, prep / TASK_DIRS[task],
+                                                                          ctx.out / task, task)
+        jobs += task_jobs
+    results = run_jobs(jobs, payloads, cfg.workers)
+    for (task, kind, seed, _), r in zip(jobs, results):
+        summary["tasks"][task]["runs"][kind].append(r)
+        for e in r["history"]:
+            ctx.tracker.log({f"{task}/{kind}/seed{seed}/val_auc": e["val_auc"],
+                             f"{task}/{kind}/seed{seed}/train_bce": e["train_bce"]})
+        print(f"[l2g_net] {task} {kind} seed {seed}: {r['params']} params, best val AUC "
+              f"{r['best_val_auc']:.4f} at step {r['best_step']}", flush=True)
     summary["config"] = cfg.model_dump(mode="json")
     write_json(ctx.out / "train_summary.json", summary)
     rec.save(ctx.out)
 
 
-def _train_task(cfg: Config, ctx: StageContext, rec: KernelRecord, device, src, out, task: str) -> dict:
+def _prepare_task(cfg: Config, rec: KernelRecord, device, src, out, task: str) -> tuple[dict, dict, list]:
+    """Factorize the task's graph (sparsified cut, exact cut, dense reference), match the widths; returns the
+    task's summary skeleton, the payload its runs need and its (task, model, seed, width) jobs."""
     out.mkdir(parents=True)
     A = sp.load_npz(src / "adjacency.npz").tocsr()
     nodes = np.load(src / "nodes.npz")
     spec, info = spectral_tensors(cfg, A, rec, device)
     np.savez(out / "spectral.npz", chain=spec["chain"], U=spec["U"], lam=spec["lam"],
              eigenvalues=spec["eigenvalues"], part_sizes=np.array(info["part_sizes"]),
+             chain_exact=spec["exact"]["chain"], eigenvalues_exact=spec["exact"]["eigenvalues"],
              **{f"part{k}": p for k, p in enumerate(spec["parts"])},
              **{f"basis{k}": Q for k, Q in enumerate(spec["local_bases"])},
              **{f"lam{k}": v for k, v in enumerate(spec["local_eigenvalues"])})
-    n = A.shape[0]
-    x = torch.tensor(nodes["x"], dtype=torch.float32)
-    y = torch.tensor(nodes["y"], dtype=torch.long)
-    kw = dict(in_features=x.shape[1], num_layers=cfg.num_layers, num_basis=cfg.num_basis, dropout=cfg.dropout,
-              cheb_k=cfg.cheb_k, cheb_k_long=cfg.cheb_k_long)
+    x = np.asarray(nodes["x"], dtype=np.float32)
+    y = np.asarray(nodes["y"], dtype=np.int64)
+    kw = model_kwargs(cfg, x.shape[1])
     count = lambda kind, d: count_parameters(build_model(kind, spec, dim=d, **kw))  # noqa: E731
     target = count("l2g", cfg.dim)
-    dims = {k: (cfg.dim if k == "l2g" else matched_dim(k, target, count)) for k in cfg.models}
-    accel = "gpu" if device.type == "cuda" else "cpu"
-    tcfg = cfg.trainer.model_copy(update={"accelerator": accel, "devices": 1})
+    dims = {k: (cfg.dim if k in ("l2g", "l2g_exact") else matched_dim(k, target, count)) for k in cfg.models}
     (out / "models").mkdir()
-    summary = {"graph": info, "dims": dims, "params_target": target, "runs": {}}
-    for kind in cfg.models:
-        summary["runs"][kind] = []
-        for seed in cfg.seeds:
-            masks = node_split(n, seed, cfg.train_fraction, cfg.val_fraction)
-            torch.manual_seed(seed)
-            model = build_model(kind, spec, dim=dims[kind], **kw)
-            module = NodeTask(model, x, y, {k: torch.as_tensor(v) for k, v in masks.items()}, lr=cfg.lr,
-                              weight_decay=cfg.weight_decay, spectral_lr_mult=cfg.spectral_lr_mult,
-                              eval_every=cfg.eval_every)
-            trainer = make_trainer(tcfg, ctx.tracker)
-            loader = torch.utils.data.DataLoader([0], batch_size=1)
-            t0 = time.process_time()
-            trainer.fit(module, loader)
-            fit_s = time.process_time() - t0
-            torch.save(module.best["state"], out / "models" / f"{kind}_seed{seed}.pt")
-            summary["runs"][kind].append({"seed": seed, "params": count_parameters(model), "dim": dims[kind],
-                                          "best_val_auc": module.best["val_auc"], "best_step": module.best["step"],
-                                          "fit_cpu_s": fit_s, "history": module.history})
-            print(f"[l2g_net] {task} {kind} seed {seed}: {count_parameters(model)} params, best val AUC "
-                  f"{module.best['val_auc']:.4f} at step {module.best['step']}", flush=True)
-    return summary
+    fixed = load_splits(src)
+    payload = {"cfg": cfg.model_dump(mode="json"), "spec": spec, "x": x, "y": y, "fixed": fixed,
+               "out": str(out / "models"), "device": str(device)}
+    summary = {"graph": info, "dims": dims, "params_target": target, "runs": {k: [] for k in cfg.models},
+               "splits": "fixed (dataset)" if fixed is not None else "random 50/25/25 per seed"}
+    return summary, payload, [(task, kind, seed, dims[kind]) for kind in cfg.models for seed in cfg.seeds]
+
+
+def model_kwargs(cfg: Config, in_features: int) -> dict:
+    return dict(in_features=in_features, num_layers=cfg.num_layers, num_basis=cfg.num_basis, dropout=cfg.dropout,
+                cheb_k=cfg.cheb_k, cheb_k_long=cfg.cheb_k_long)
+
+
+# --- one (task, model, seed) run; in this process or in a worker process -------------------------------------
+_PAYLOAD: dict = {}
+
+
+def _init_worker(payload: dict) -> None:
+    torch.set_num_threads(1)
+    threadpool_limits(1)
+    _PAYLOAD.clear()
+    _PAYLOAD.update(payload)
+
+
+def _run_job(job: tuple) -> dict:
+    task, kind, seed, dim = job
+    p = _PAYLOAD[task]
+    cfg = Config.model_validate(p["cfg"])
+    x, y = torch.tensor(p["x"]), torch.tensor(p["y"])
+    masks = node_split(x.shape[0], seed, cfg.train_fraction, cfg.val_fraction, p["fixed"])
+    torch.manual_seed(seed)                       # the seed fixes the split and the initialization
+    model = build_model(kind, p["spec"], dim=dim, **model_kwargs(cfg, x.shape[1]))
+    module = NodeTask(model, x, y, {k: torch.as_tensor(v) for k, v in masks.items()}, lr=cfg.lr,
+                      weight_decay=cfg.weight_decay, spectral_lr_mult=cfg.spectral_lr_mult, eval_every=cfg.eval_every)
+    device = torch.device(p["device"])
+    tcfg = cfg.trainer.model_copy(update={"accelerator": "gpu" if device.type == "cuda" else "cpu", "devices": 1})
+    trainer = make_trainer(tcfg, None)
+    loader = torch.utils.data.DataLoader([0], batch_size=1)
+    t0 = time.process_time()
+    trainer.fit(module, loader)
+    fit_s = time.process_time() - t0
+    torch.save(module.best["state"], f"{p['out']}/{kind}_seed{seed}.pt")
+    return {"seed": seed, "params": count_parameters(model), "dim": dim, "best_val_auc": module.best["val_auc"],
+            "best_step": module.best["step"], "fit_cpu_s": fit_s, "history": module.history}
+
+
+def run_jobs(jobs: list[tuple], payloads: dict, workers: int) -> list[dict]:
+    """Every (task, model, seed) run, in order; with workers > 1 in a pool of single-threaded processes."""
+    if workers <= 1 or len(jobs) <= 1:
+        _init_worker(payloads)
+        return [_run_job(j) for j in jobs]
+    import multiprocessing as mp
+    from concurrent.futures import ProcessPoolExecutor
+
+    pool = ProcessPoolExecutor(max_workers=min(workers, len(jobs)), mp_context=mp.get_context("spawn"),
+                               initializer=_init_worker, initargs=(payloads,))
+    try:
+        results = list(pool.map(_run_job, jobs))
+    except BaseException:   # an error or an interrupt (SIGINT/SIGTERM): stop now, queue nothing more
+        procs = list(getattr(pool, "_processes", {}).values())
+        pool.shutdown(wait=False, cancel_futures=True)
+        for proc in procs:      # SIGKILL: Lightning's own SIGTERM handler would let a run finish first
+            proc.kill()
+        raise
+    pool.shutdown(wait=True)
+    return results

@@ -1,7 +1,10 @@
-"""The smoke profile end to end (Triton Lasso under the interpreter), and the metrics.json schema."""
+"""The smoke profile end to end (Triton Lasso under the interpreter), the metrics.json schema, and that no
+stage writes into an upstream stage's output (issue 57)."""
 from __future__ import annotations
 
+import hashlib
 import json
+from pathlib import Path
 
 import polars as pl
 import torch
@@ -11,8 +14,20 @@ from stages.cv_stability.report import CLAIMS
 from stages.cv_stability.simulate import draw_datasets
 
 
+def _tree_hash(folder: Path) -> str:
+    h = hashlib.sha256()
+    for f in sorted(p for p in folder.rglob("*") if p.is_file()):
+        h.update(str(f.relative_to(folder)).encode() + f.read_bytes())
+    return h.hexdigest()
+
+
 def test_smoke_pipeline_end_to_end(smoke_run):
-    out = smoke_run("cv_stability")
+    out, hashes = {}, {}
+    for stage in ("prepare", "train", "evaluate", "report"):   # one stage at a time: upstream must stay untouched
+        out.update(smoke_run("cv_stability", stages=(stage,)))
+        for up, digest in hashes.items():
+            assert _tree_hash(out[up]) == digest, f"{stage} modified {up}'s output"
+        hashes[stage] = _tree_hash(out[stage])
     prep_meta = json.loads((out["prepare"] / "meta.json").read_text())
     ns, reps, k, d = prep_meta["ns"], prep_meta["reps"], prep_meta["k"], prep_meta["d"]
     # prepare stores the design only; the data sets are regenerated from the seed downstream
@@ -53,10 +68,23 @@ def test_smoke_pipeline_end_to_end(smoke_run):
     assert all(v >= 0 for v in metrics["runtime_s"].values())
     for name in ("st_vs_ols", "lasso_vs_ols", "st_high_vs_st_low"):
         f = m["slope"][name]
-        assert f["ci95_low"] <= f["slope"] <= f["ci95_high"] and f["se"] >= 0
-    for fig in ("coverage_vs_n", "r_vs_n", "studentized_error", "coverage_slope"):
+        assert f["lower95"] <= f["slope"] <= f["upper95"] and f["se"] >= f["se_binomial"] > 0
+    for fig in ("coverage_vs_n", "r_vs_n", "studentized_error", "coverage_slope", "bonferroni_width"):
         assert (out["report"] / "figures" / f"{fig}.png").stat().st_size > 0
-    for plot in ("coverage_vs_n", "r_vs_n", "bonferroni_coverage_vs_n"):
-        assert pl.read_csv(out["report"] / "plots" / f"{plot}.csv").height > 0
+    specs = json.loads((out["report"] / "plots" / "_specs.json").read_text())
+    assert set(specs) == {"coverage_vs_n", "r_vs_n", "bonferroni_width_ratio_vs_n"}
+    for plot, spec in specs.items():   # one column per series, numeric x, finite values (issue 39)
+        frame = pl.read_csv(out["report"] / "plots" / f"{plot}.csv")
+        assert frame.height == len(ns) and frame.columns == [spec["x"], *spec["y"]] and len(spec["y"]) >= 3
+        assert all(frame[c].is_finite().all() for c in spec["y"])
+    ratio = pl.read_csv(out["report"] / "plots" / "bonferroni_width_ratio_vs_n.csv")
+    assert (ratio.drop("n") > 1).to_numpy().all()      # the Bonferroni interval is wider than the CV one
+    kinds = {c["name"]: c["kind"] for c in metrics["claims"]}
+    assert kinds.pop("bonferroni_covers") == "check" and set(kinds.values()) == {"finding"}
+    gain = next(c for c in metrics["claims"] if c["name"] == "st_vs_ols_coverage_gain_bounded")
+    assert gain["params"] == {"below": 0.01} and gain["stats"]["df"] == len(ns) - 2
+    real = m["real_example"]
+    assert real["n"] == 442 and {r["method"] for r in real["example"]} == {"cv", "bonferroni"}
     text = (out["report"] / "report.md").read_text()
-    assert "## Verdicts" in text and "coverage_vs_n.png" in text
+    assert "## Findings" in text and "## Checks" in text and "coverage_vs_n.png" in text
+    assert "## Threats to validity" in text and "Worked example on real data" in text

@@ -43,12 +43,12 @@ def _rows(ns, cov, reps):
 
 
 def test_coverage_slope_two_points_closed_form():
-    # two sizes a factor 8 apart: slope = Δp / 3 doublings, s.e. = √(v1 + v2) / 3
+    # two sizes a factor 8 apart: slope = Δp / 3 doublings; no residual df, so the binomial s.e. √(v1 + v2) / 3
     f = coverage_slope(_rows([100, 800], [0.8, 0.86], [400, 900]))
     v = 0.8 * 0.2 / 400 + 0.86 * 0.14 / 900
     assert f["slope"] == pytest.approx(0.02)
-    assert f["se"] == pytest.approx(np.sqrt(v) / 3)
-    assert f["ci95_high"] == pytest.approx(0.02 + 1.96 * np.sqrt(v) / 3)
+    assert f["se_binomial"] == pytest.approx(np.sqrt(v) / 3)
+    assert f["se"] == pytest.approx(np.sqrt(v) / 3) and f["df"] == 0.0
 
 
 def test_coverage_slope_matches_polyfit_and_binomial_simulation():
@@ -61,4 +61,4 @@ def test_coverage_slope_matches_polyfit_and_binomial_simulation():
     rng = np.random.default_rng(0)
     sims = rng.binomial(reps, p, size=(20_000, len(ns))) / reps
     slopes = np.polyfit(np.log2(ns), sims.T, 1)[0]
-    assert f["se"] == pytest.approx(slopes.std(), rel=0.03)
+    assert f["se_binomial"] == pytest.approx(slopes.std(), rel=0.03)
