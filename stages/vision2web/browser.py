@@ -165,7 +165,16 @@ _COMPONENTS_JS = """() => Array.from(document.querySelectorAll('[data-v2w]')).ma
 })"""
 
 
+NL_DETAIL = "natural-language step: needs an LLM GUI agent verifier (none offline)"
+
+
+class NotExecutable(Exception):
+    """A step the deterministic verifier cannot execute (prose): its case is Blocked."""
+
+
 async def _do_action(page, base_url: str, act, timeout: int) -> None:
+    if act.op == "nl":
+        raise NotExecutable(NL_DETAIL)
     if act.op == "goto":
         await page.goto(base_url + act.path, timeout=timeout * 3)
     elif act.op == "click":
@@ -183,6 +192,8 @@ async def _do_action(page, base_url: str, act, timeout: int) -> None:
 async def _check(page, val, timeout: int) -> None:
     from playwright.async_api import expect
 
+    if val.op == "nl":
+        raise NotExecutable(NL_DETAIL)
     if val.op == "visible":
         await expect(page.locator(val.selector).first).to_be_visible(timeout=timeout)
     elif val.op == "hidden":

@@ -98,6 +98,8 @@ def _pool(img: np.ndarray, s: int) -> np.ndarray:
     h, w = img.shape[0] // s * s, img.shape[1] // s * s
     if s == 1:
         return img[:h, :w].copy()
+    if h == 0 or w == 0:
+        return np.zeros((h // s, w // s, *img.shape[2:]), dtype=np.uint8)
     x = torch.from_numpy(np.array(img[:h, :w], dtype=np.float32, copy=True))
     x = x.reshape(h, w, -1).permute(2, 0, 1)[None]                         # (1, C, H, W)
     # block sums of <= s*s uint8 values are exact in float32; / s^2 is one correctly rounded division

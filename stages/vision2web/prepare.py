@@ -29,6 +29,9 @@ class Calibration(BaseModel):
     model_config = ConfigDict(extra="forbid", strict=True, frozen=True)
     tasks: int = Field(4, ge=2, le=20)          # dedicated L1 pages (specs of seed 1000 + k), 3 viewports each
     train_tasks: int = Field(2, ge=1, le=19)    # ... of which the first `train_tasks` form the training split
+    viewports: list[Literal["desktop", "tablet", "mobile"]] = Field(
+        default_factory=lambda: ["desktop", "tablet", "mobile"], min_length=1, max_length=3)
+    perturbations: list[str] | None = Field(None, min_length=1, max_length=20)   # None: every key of targets
     targets: dict[str, float] = Field(default_factory=lambda: {
         "identity": 1.0, "shift_1px": 0.75, "typo": 0.75, "color_slight": 0.75, "shift_4px": 0.5,
         "font_serif": 0.5, "color_large": 0.5, "shift_far": 0.25, "resized": 0.25, "missing": 0.0})
@@ -49,6 +52,9 @@ class Calibration(BaseModel):
     def _split(self):
         if self.train_tasks >= self.tasks:
             raise ValueError("train_tasks must be smaller than tasks (the rest is the held-out split)")
+        for p in self.perturbations or []:
+            if p not in self.targets:
+                raise ValueError(f"perturbations: {p!r} has no expected score in targets")
         return self
 
 
@@ -133,10 +139,10 @@ async def calibration_pages(cal_dir: Path, cfg: Calibration, browser, sem) -> li
 
     cal_dir.mkdir(parents=True)
     (cal_dir / "ref").mkdir()
-    perts = list(cfg.targets)
+    perts = list(cfg.perturbations or cfg.targets)
     names = [f"cal{k}" for k in range(cfg.tasks)]
     train = set(names[: cfg.train_tasks])
-    todo = plan([f"{n}|{dev}" for n in names for dev in VIEWPORTS], perts)
+    todo = plan([f"{n}|{dev}" for n in names for dev in cfg.viewports], perts)
     labels: list[dict] = []
 
     async def one_task(k: int, name: str):
@@ -148,7 +154,8 @@ async def calibration_pages(cal_dir: Path, cfg: Calibration, browser, sem) -> li
                     ctx = await asyncio.wait_for(browser.new_context(device_scale_factor=1, reduced_motion="reduce"), 30)
                     try:
                         page = await ctx.new_page()
-                        for dev, (w, h) in VIEWPORTS.items():
+                        for dev in cfg.viewports:
+                            w, h = VIEWPORTS[dev]
                             await asyncio.wait_for(page.set_viewport_size({"width": w, "height": h}), 30)
                             await asyncio.wait_for(page.goto(url + "/"), 30)
                             ref = await asyncio.wait_for(page.screenshot(full_page=True, caret="hide"), 30)

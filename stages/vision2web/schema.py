@@ -59,7 +59,14 @@ class Reload(_Strict):
     op: Literal["reload"]
 
 
-Action = Annotated[Union[Goto, Click, Fill, Press, Reload], Field(discriminator="op")]
+class NaturalLanguage(_Strict):
+    """A step written in prose (the official tasks' form): only an LLM GUI agent can execute it; the
+    deterministic verifier marks its case Blocked."""
+    op: Literal["nl"]
+    text: Annotated[str, Field(min_length=1, max_length=2000)]
+
+
+Action = Annotated[Union[Goto, Click, Fill, Press, Reload, NaturalLanguage], Field(discriminator="op")]
 
 
 # ---- validations (what must then hold) ----
@@ -96,7 +103,7 @@ class UrlContains(_Strict):
     value: Annotated[str, Field(min_length=1, max_length=500)]
 
 
-Validation = Annotated[Union[Visible, Hidden, TextContains, TextEquals, Count, UrlContains],
+Validation = Annotated[Union[Visible, Hidden, TextContains, TextEquals, Count, UrlContains, NaturalLanguage],
                        Field(discriminator="op")]
 
 
@@ -180,7 +187,7 @@ def _where(err: ValidationError) -> str:
     e = err.errors()[0]
     loc = ".".join(str(p) for p in e["loc"] if not (isinstance(p, str) and p in (
         "goto", "click", "fill", "press", "reload", "visible", "hidden", "text_contains", "text_equals",
-        "count", "url_contains")))
+        "count", "url_contains", "nl")))
     msg = e["msg"]
     return f"{loc or '<root>'}: {msg}"
 

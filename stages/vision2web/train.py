@@ -41,6 +41,25 @@ class BugSites(BaseModel):
     functional_seeds: list[int] = Field(default_factory=lambda: [0], max_length=50)
     visual_seeds: list[int] = Field(default_factory=lambda: [0], max_length=50)
     visual_levels: list[Literal["L1", "L2", "L3"]] = Field(default_factory=lambda: ["L1"], min_length=1, max_length=3)
+    functional_bugs: list[str] | None = Field(None, min_length=1, max_length=50)   # None: the whole catalogue
+    visual_bugs: list[str] | None = Field(None, min_length=1, max_length=50)
+
+    @field_validator("functional_bugs")
+    @classmethod
+    def _known_f(cls, v):
+        known = {b for bugs in BUG_AFFECTS.values() for b in bugs}
+        for b in v or []:
+            if b not in known:
+                raise ValueError(f"unknown functional bug {b!r} (known: {', '.join(sorted(known))})")
+        return v
+
+    @field_validator("visual_bugs")
+    @classmethod
+    def _known_v(cls, v):
+        for b in v or []:
+            if b not in VISUAL_BUGS:
+                raise ValueError(f"unknown visual bug {b!r} (known: {', '.join(VISUAL_BUGS)})")
+        return v
 
 
 class Config(StageConfig):
@@ -94,10 +113,12 @@ def run(cfg: Config, ctx) -> None:
             continue   # the first task of each level of the chosen seeds
         spec = json.loads(spec_path.read_text())
         bugs = []
-        if t["seed"] in cfg.bug_sites.functional_seeds:
-            bugs += [(b, "functional") for b in BUG_AFFECTS.get(t["level"], {})]
-        if t["seed"] in cfg.bug_sites.visual_seeds and t["level"] in cfg.bug_sites.visual_levels:
-            bugs += [(b, "visual") for b in VISUAL_BUGS]
+        bs = cfg.bug_sites
+        if t["seed"] in bs.functional_seeds:
+            bugs += [(b, "functional") for b in BUG_AFFECTS.get(t["level"], {})
+                     if bs.functional_bugs is None or b in bs.functional_bugs]
+        if t["seed"] in bs.visual_seeds and t["level"] in bs.visual_levels:
+            bugs += [(b, "visual") for b in VISUAL_BUGS if bs.visual_bugs is None or b in bs.visual_bugs]
         for bug, family in bugs:
             out = ctx.out / "sites" / "bugs" / f"{t['task']}__{bug}"
             info = BugInjectingAgent([bug]).build(TaskInputs(prep / "tasks" / t["task"], spec), out)
