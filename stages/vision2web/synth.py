@@ -142,26 +142,37 @@ class Line:
     left: int
     right: int
     color: Color
+    boxy: bool = False      # its first and last ink columns span its height: a box (input, button), not text
 
     @property
     def h(self) -> int:
         return self.bottom - self.top
 
 
-def text_lines(img: np.ndarray, y0: int, y1: int, x0: int, x1: int, bg: Color, gap: int = 2) -> list[Line]:
-    """Ink lines (row clusters) of a region; each with its bbox and its dominant ink colour."""
+def text_lines(img: np.ndarray, y0: int, y1: int, x0: int, x1: int, bg: Color, gap: int = 0) -> list[Line]:
+    """Ink lines (row clusters split at blank rows; fragments such as i-dots joined to the line below)
+    of a region, each with its bbox, its dominant ink colour and whether it is a box."""
     reg = img[y0:y1, x0:x1]
     if reg.size == 0:
         return []
     mask = _ink(reg, bg)
+    spans = _clusters(mask.any(axis=1), gap)
+    merged: list[tuple[int, int]] = []
+    for a, b in spans:
+        if merged and merged[-1][1] - merged[-1][0] < 0.3 * (b - a) and a - merged[-1][1] <= 2:
+            merged[-1] = (merged[-1][0], b)     # a dot row above the line
+        else:
+            merged.append((a, b))
     out = []
-    for a, b in _clusters(mask.any(axis=1), gap):
+    for a, b in merged:
         cols = np.nonzero(mask[a:b].any(axis=0))[0]
         pix = reg[a:b][mask[a:b]]
         dist = np.abs(pix.astype(np.int16) - np.array(bg, dtype=np.int16)).max(axis=1)
         strong = pix[dist >= np.percentile(dist, 80)]
         vals, counts = np.unique(strong, axis=0, return_counts=True)
-        out.append(Line(y0 + a, y0 + b, x0 + int(cols[0]), x0 + int(cols[-1]) + 1, tuple(int(v) for v in vals[counts.argmax()])))
+        edge = min(mask[a:b, cols[0]].mean(), mask[a:b, cols[-1]].mean())
+        out.append(Line(y0 + a, y0 + b, x0 + int(cols[0]), x0 + int(cols[-1]) + 1,
+                        tuple(int(v) for v in vals[counts.argmax()]), boxy=bool(edge >= 0.8 and b - a >= 12)))
     return out
 
 
@@ -320,7 +331,7 @@ def _merge_wrapped(lines: list[Line]) -> list[list[Line]]:
     for ln in lines:
         if groups:
             prev = groups[-1][-1]
-            if (ln.color == prev.color and ln.top - prev.bottom <= max(4, 0.5 * prev.h)
+            if (ln.color == prev.color and not ln.boxy and not prev.boxy and ln.top - prev.bottom <= max(4, 0.5 * prev.h)
                     and abs(ln.h - prev.h) <= 0.35 * max(ln.h, prev.h) + 2):
                 groups[-1].append(ln)
                 continue
@@ -459,17 +470,27 @@ def style_hero_grid(book: StyleBook, view: str, img: np.ndarray, pm: PageMeasure
             book.add(view, f".c{i} .sw", background=hexc(c.swatch))
 
 
+def _row_like(g: list[Line], left: int, width: int) -> bool:
+    return g[0].right - g[0].left >= 0.8 * (width - 2 * left) and len(g) == 1
+
+
 def style_panel(book: StyleBook, view: str, img: np.ndarray, pm: PageMeasure, page: str,
                 kinds: list[tuple[str, str, str]]) -> None:
-    """A content page as a vertical list of measured blocks: (selector, kind text|box|button|row, text)."""
+    """A content page as a vertical list of measured blocks: (selector, kind text|box|button|rows, text).
+    ``rows`` consumes every consecutive full-width group (list rows); its selector is "first|next"."""
     lines = text_lines(img, pm.content_top, pm.content_bottom, 0, pm.width, pm.body_bg)
     groups = _merge_wrapped(lines)
     y = float(pm.content_top)
     left = min((g[0].left for g in groups), default=16)
     book.add(view, f".pg-{page}", padding=f"0 {_px(left)}", min_height=_px(pm.content_bottom - pm.content_top),
              box_sizing="border-box", overflow="hidden")
-    for (sel, kind, text), group in zip(kinds, groups):
+    gi = 0
+    for sel, kind, text in kinds:
+        if gi >= len(groups):
+            break
+        group = groups[gi]
         ln = group[0]
+        gi += 1
         full = f".pg-{page} {sel}"
         if kind == "text":
             rule, y = _text_rule(group, text, y, left, bold=sel.startswith("h"))
@@ -477,18 +498,27 @@ def style_panel(book: StyleBook, view: str, img: np.ndarray, pm: PageMeasure, pa
         elif kind in ("box", "button"):
             extra = {"background": hexc(ln.color), "color": "#fff", "border": "0"} if kind == "button" else {
                 "border": f"1px solid {hexc(ln.color)}"}
-            inner = text_lines(img, ln.top + 2, ln.bottom - 2, ln.left + 2, ln.right - 2,
-                               ln.color if kind == "button" else pm.body_bg) if kind == "button" else []
+            inner = text_lines(img, ln.top + 2, ln.bottom - 2, ln.left + 2, ln.right - 2, ln.color) if kind == "button" else []
             pf = font_px(inner[0].h, text) if inner else 15
             book.add(view, full, display="block", box_sizing="border-box", width=_px(ln.right - ln.left),
                      height=_px(ln.bottom - ln.top), margin=f"{_px(ln.top - y)} 0 0 {_px(ln.left - left)}", padding="0 6px",
                      font_size=_px(pf), border_radius=_px(4 if kind == "button" else 0), **extra)
             y = ln.bottom
-        elif kind == "row":
-            book.add(view, full, margin=f"{_px(ln.top - y)} 0 0 0", min_height=_px(ln.bottom - ln.top),
-                     display="flex", justify_content="space-between", align_items="center",
-                     border_bottom=f"1px solid {hexc(GENERIC['border'])}", box_sizing="border-box")
-            y = ln.bottom
+        elif kind == "rows":
+            first_sel, next_sel = sel.split("|")
+            rows = [group]
+            while gi < len(groups) and _row_like(groups[gi], left, pm.width) and _row_like(group, left, pm.width):
+                rows.append(groups[gi])
+                gi += 1
+            h = ln.bottom - ln.top
+            book.add(view, f".pg-{page} {first_sel}", margin_top=_px(ln.top - y))
+            if len(rows) > 1:
+                book.add(view, f".pg-{page} {next_sel}", margin_top=_px(rows[1][0].top - ln.bottom))
+            book.add(view, f".pg-{page} .row", min_height=_px(h), display="flex", justify_content="space-between",
+                     align_items="center", border_bottom=f"1px solid {hexc(GENERIC['border'])}", box_sizing="border-box")
+            book.add(view, f".pg-{page} .row button", background=hexc(ln.color), color="#fff", border="0",
+                     padding="8px 14px", border_radius="4px", font_size="15px")
+            y = rows[-1][0].bottom
 
 
 # ---------------------------------------------------------------- generic (template) style
@@ -635,7 +665,8 @@ def build_l2(req: Request, infer: bool) -> dict[str, str]:
            f'(<span data-testid="{count}">0</span>)</a>')
     panels = {"home": (True, None),
               "about": (False, [("h2", "text", req.copy.get("about_title", "")), ("p", "text", req.copy.get("about_text", ""))]),
-              "cart": (False, [("h2", "text", "Your cart"), (".row", "row", ""), ("p.total", "text", "Total: $0.00")])}
+              "cart": (False, [("h2", "text", "Your cart"), ("h2 + .row|.row + .row", "rows", ""),
+                               ("p.total", "text", "Total: $0.00")])}
     book = _book(req, panels, infer)
     items = [{"name": it["name"], "price": float(it["price"].lstrip("$") or 0)} for it in req.copy.get("items", [])]
     home = json.dumps(_hero_grid_html(req.copy, add))
@@ -786,8 +817,8 @@ def build_l3(req: Request, infer: bool) -> dict[str, str]:
                    ("button.b1", "button", "Register"), ("h2.t2", "text", "Log in"), ("input.u2", "box", ""),
                    ("input.p2", "box", ""), ("button.b2", "button", "Log in")]
     board_kinds = [("h2", "text", "Welcome, user"), ("p", "text", req.copy.get("hero_text", "")),
-                   ("input", "box", ""), ("button.add", "button", "Add note"), (".items .row:first-child", "row", ""),
-                   (".items .row + .row", "row", ""), ("button.out", "button", "Log out")]
+                   ("input", "box", ""), ("button.add", "button", "Add note"),
+                   (".items .row:first-child|.items .row + .row", "rows", ""), ("button.out", "button", "Log out")]
     book = _book(req, {"login": (False, login_kinds), "board": (False, board_kinds)}, infer)
     nav = "".join(f'<a href="#">{_esc(x)}</a>' for x in req.copy.get("nav", ["Notes"]))
     main = (f'<section class="pg-login" id="auth" data-testid="{t["login-form"]}">'
