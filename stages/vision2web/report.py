@@ -42,14 +42,14 @@ def _findings() -> list:
                           "on tablet than on mobile prototypes of the same tasks.", kind="finding",
                           a=f"agents.{a}.items.tablet", b=f"agents.{a}.items.mobile",
                           refuted_by="mobile VS at least tablet VS on the same tasks", **_T))
-    out.append(Better("prototype_reading_beats_template", "The benchmark separates agents: the agent that reads the "
-                      "prototypes scores higher per task than the same agent ignoring them (generic template style).",
-                      kind="finding", a="agents.synth.items.all", b="agents.template.items.all",
-                      refuted_by="template task scores at least synth's on the same tasks", **_T))
     return out
 
 
 CHECKS = [
+    Better("prototype_reading_beats_template", "Baseline sanity: the agent that reads the prototypes scores higher per "
+           "task than the same agent ignoring them (generic template style) — the benchmark separates agents of "
+           "different visual skill.", kind="check", a="agents.synth.items.all", b="agents.template.items.all",
+           refuted_by="template task scores at least synth's on the same tasks", **_T),
     Claim("oracle_near_100", "The oracle (reference implementation) scores about 100 when verified again in a fresh "
           "session (rendering and verification are deterministic).", "abs(agents.oracle.pooled.overall - param.ref) <= param.tol",
           kind="check", refuted_by="oracle overall further than tol from 100"),
@@ -226,8 +226,8 @@ pooled VS/FS per level, L1 = VS, L2/L3 = (VS+FS)/2, overall = mean of levels × 
     axs[2].barh(ps, [cal["per_perturbation"][p]["expected"] for p in ps], alpha=0.4, label="rubric")
     axs[2].plot([cal["per_perturbation"][p]["mean_score"] for p in ps], ps, "ko", label="judge")
     axs[2].set_title("judge calibration (held-out)")
-    axs[0].legend(fontsize=7, loc="lower left")
-    axs[2].legend(fontsize=7, loc="lower right")
+    axs[0].legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.12), ncol=3, frameon=False)
+    axs[2].legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.12), ncol=2, frameon=False)
     fig.tight_layout()
     rep.figure("scores", fig, "Scores by level (pooled; dots are tasks) and by device; the judge against the rubric")
     rep.figure("screenshots", _screens(prep, ev, agents), "Prototypes vs the agents' rendered pages (first seed)")
@@ -243,27 +243,41 @@ pooled VS/FS per level, L1 = VS, L2/L3 = (VS+FS)/2, overall = mean of levels × 
 | <= 3 s wait per step | generated tasks: 3 s per action, 2 s per validation; every browser call also capped, whole-task deadline | robustness on a loaded 2-core machine |
 | one container per task, app state never reset | one browser context per task (pipeline: a context per concurrent slot, cleaned between tasks: cookies, the origin's storage, routes) | a fresh renderer per task cost ~0.6 CPU-s |
 """)
-    rep.section("Threats to validity", """
+    fs = {a: (m["agents"][a]["pooled"].get("L2_FS", 0.0), m["agents"][a]["pooled"].get("L3_FS", 0.0)) for a in solvers}
+    vsl = {a: (m["agents"][a]["pooled"].get("L2_VS", 0.0), m["agents"][a]["pooled"].get("L3_VS", 0.0)) for a in solvers}
+    fs_txt = "; ".join(f"{a}: FS {x:.0f} / {y:.0f}, VS {vsl[a][0]:.0f} / {vsl[a][1]:.0f} (L2 / L3)" for a, (x, y) in fs.items())
+    rep.section("Threats to validity", f"""
 What a red-team pass (REVIEW.md, done by the author on the final design) found and what remains:
 
 - **One author wrote the benchmark and both solver agents.** The synthesis agent never sees the oracle's HTML, the
   spec or the component boxes (it is served over HTTP and reads only the messages), but its archetypes (header /
   hero / card grid / footer, shop SPA, notes app) match the generator's vocabulary and it was debugged on the
-  generator's pages. Its weaknesses (font family it cannot identify, metrics it assumes, wrapped lines, nav
-  spacing estimated from ink width) are real inference limits, not injected bugs, but they are one program's, not a
-  population of LLMs'. The level and viewport findings are statements about these two agents on this benchmark.
-- **Functional synthesis is near-perfect** for both solvers (FS ~100 at L2/L3), so the L2-vs-L3 comparison is decided
-  by visual fidelity of the pages each level shows (shop pages vs form pages), not by full-stack difficulty as in the
-  paper. L1 is pixel-only while L2/L3 average pixel and function scores, so L1 is not compared with L2/L3.
+  generator's pages (first-seed tasks of the smoke profile). Its errors (a font family it cannot identify, font
+  metrics it assumes, spacing estimated from ink) are inference limits, not injected bugs, but they are one
+  program's, not a population of LLMs'. The level and viewport findings are statements about these two agents on
+  this benchmark, not about LLM coding agents.
+- **Where the level gap comes from.** {fs_txt}. When both solvers pass (almost) every functional case, L2 vs L3 is
+  decided by how well each level's pages are reproduced visually, not by full-stack difficulty as in the paper. L1 is
+  pixel-only while L2/L3 average pixel and function scores, so L1 is not compared with L2/L3.
 - **The judge is a calibrated pixel statistic, not a VLM.** The calibration targets are our reading of the rubric
-  (the card states only .75 = < 2 px / minor typo and 0 = missing); serif-vs-sans and shifts of a few pixels are
-  the hardest to separate (see the calibration table). The weights were fitted before the run on the training
-  pages (the check `judge_params_current` fails if they are stale).
-- **Checks are mechanical.** Verifier recall is measured on one site per bug type (13 sites): a bug type either is
-  or is not caught; false alarms are counted on the same sites and on the oracle. Bugs are placed by us; an
-  outside review's misses (wrong item removed, cents truncated) motivated two of them.
-- **Budget.** 10 tasks per level with 5 task samples; the oracle is re-verified on one seed's tasks and the bug
-  sites use the first task of one seed (prepare requires the oracle to pass every case of every task). Wall-clock
-  on the shared machine overstates an idle machine's time; the committed CPU time is reported in the final notes.
+  (the card states only .75 = < 2 px / minor typo and 0 = missing); the per-perturbation table shows which cases
+  the linear map confuses. The weights were fitted on the training pages before the run (`judge_params_current`
+  fails if they are stale); the held-out pages were not used for the fit.
+- **Checks are mechanical.** Verifier recall is measured on {m['verifier']['n_sites']} one-bug sites (one per bug type,
+  first task of L2 and L3 of seed(s) {m['verifier']['seeds']}); visual-bug detection on the first L1 task of the first
+  seed. Bugs are placed by us; an outside review's misses (wrong item removed, cents truncated) are among them.
+- **Budget.** 10 tasks per level from 5 task samples; the oracle is re-verified on one seed's tasks (prepare requires
+  it to pass every case of every task). Wall-clock on the shared machine overstates an idle machine's time.
+""")
+    rep.section("Discussion", """
+The paper evaluates frontier coding agents on 193 human-curated tasks with an LLM GUI verifier and a VLM judge and
+finds large gaps at every level, full stack hardest and small viewports hardest. This miniature reproduces the
+benchmark *machinery* — the task format (official layout loader included), workflow verification in one un-reset
+browser session, per-component rubric scores, pooled aggregation, failed starts scored 0 — hardens the verifier
+against hostile sites, validates it on one-bug sites and calibrates the judge on controlled perturbations. The
+agents it scores are a program-synthesis agent and its template mode behind the same OpenAI-compatible adapter a
+real model would use; the level and viewport findings above are measured on them, with tasks as the unit of
+replication, and say how *these* agents fare, not how LLMs do. Pointing `train.agents[].endpoint` at a real
+model server and `prepare.source` at the official datasets runs the same pipeline at the paper's scale.
 """)
     rep.finish(CLAIMS, m)

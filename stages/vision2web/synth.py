@@ -331,7 +331,7 @@ def _merge_wrapped(lines: list[Line]) -> list[list[Line]]:
     for ln in lines:
         if groups:
             prev = groups[-1][-1]
-            if (ln.color == prev.color and not ln.boxy and not prev.boxy and ln.top - prev.bottom <= max(4, 0.5 * prev.h)
+            if (ln.color == prev.color and not ln.boxy and not prev.boxy and ln.top - prev.bottom <= max(3, 0.3 * prev.h)
                     and abs(ln.h - prev.h) <= 0.35 * max(ln.h, prev.h) + 2):
                 groups[-1].append(ln)
                 continue

@@ -38,8 +38,20 @@ def test_site_that_never_starts_scores_zero_with_reason(tmp_path):
     assert res["score"] == 0 and res["workflows"][0]["cases"][0]["result"] == "Blocked"
 
 
+def _tree_hash(root) -> dict:
+    import hashlib
+
+    return {str(p.relative_to(root)): hashlib.sha256(p.read_bytes()).hexdigest()
+            for p in sorted(root.rglob("*")) if p.is_file()}
+
+
+@pytest.mark.slow
 def test_smoke_pipeline_end_to_end(smoke_run):
-    out = smoke_run("vision2web")
+    up = smoke_run("vision2web", stages=("prepare", "train"))
+    before = {k: _tree_hash(v) for k, v in up.items()}
+    out = {**up, **smoke_run("vision2web", stages=("evaluate", "report"))}
+    # issue 57: evaluate runs agents' backends inside the train output; nothing upstream changes
+    assert {k: _tree_hash(up[k]) for k in up} == before
     ev = json.loads((out["evaluate"] / "evaluation.json").read_text())
     assert ev["agents"]["oracle"]["overall"] == [pytest.approx(100.0)]
     assert ev["verifier"]["oracle_false_alarm_items"] == [[0.0, 0.0]]
