@@ -8,6 +8,6 @@ SOURCES = [
            params_key="papers.vision2web.prepare.source",
            loader="stages.vision2web.official:load_official",
            fixture_test="tests/vision2web/test_official.py::test_official_layout_fixture",
-           note="`full` sets source.kind=official and source.root; the agents under test are any OpenAI-compatible "
+           note="`full` sets prepare.source {kind: file, dataset: <datasets/ folder>}; the agents under test are any OpenAI-compatible "
                 "endpoint (train.agents[].endpoint), tested against a loopback stub"),
 ]

@@ -1,8 +1,8 @@
 """prepare: generate L1/L2/L3 tasks, their reference sites' prototypes (rendered in Chromium), and
 the judge's calibration set (controlled perturbations of reference pages, labelled with the rubric).
 
-``source.kind: generator`` (default) builds tasks procedurally; ``source.kind: official`` (the `full`
-profile) converts the official Vision2Web layout (official.py) into the same task folders.
+``source.kind: toy`` (default) builds tasks procedurally; ``source: {kind: file, dataset: <datasets/>}``
+(the `full` profile) converts the official Vision2Web layout (official.py) into the same task folders.
 """
 from __future__ import annotations
 
@@ -16,6 +16,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from stages.common.config import Seeds, StageConfig, unique_items
+from stages.common.sources import SourceConfig
 from stages.vision2web.calibrate import PERTURBATIONS, TYPO_JS, css_for, plan
 from stages.vision2web.schema import Task, TaskMeta, Workflow, load_task
 from stages.vision2web.sitegen import VIEWPORTS, make_spec, prompt_text, render_site, workflows
@@ -58,25 +59,14 @@ class Calibration(BaseModel):
         return self
 
 
-class Source(BaseModel):
-    model_config = ConfigDict(extra="forbid", strict=True, frozen=True)
-    kind: Literal["generator", "official"] = "generator"
-    root: str | None = None                 # official: the datasets/ folder of zai-org/Vision2Web
-    max_tasks_per_level: int = Field(1000, ge=1, le=1000)
-
-    @model_validator(mode="after")
-    def _root(self):
-        if self.kind == "official" and not self.root:
-            raise ValueError("source.root: required for kind official (the datasets/ folder)")
-        return self
-
-
 class Config(StageConfig):
     seeds: Seeds = [0, 1, 2, 3, 4]
     tasks_per_level: int = Field(2, ge=1, le=50)
     concurrency: int = Field(4, ge=1, le=16)
     calibration: Calibration = Calibration()
-    source: Source = Source()
+    # toy: the generator; file: the official Vision2Web datasets/ folder (dataset: its path; `full` only)
+    source: SourceConfig = SourceConfig()
+    official_tasks_per_level: int = Field(1000, ge=1, le=1000)
 
     @field_validator("seeds")
     @classmethod
@@ -191,10 +181,12 @@ async def calibration_pages(cal_dir: Path, cfg: Calibration, browser, sem) -> li
 
 
 def run(cfg: Config, ctx) -> None:
-    if cfg.source.kind == "official":
+    if cfg.source.kind != "toy":
         from stages.vision2web.official import convert_official
 
-        index = convert_official(Path(cfg.source.root), ctx.out / "tasks", cfg.source.max_tasks_per_level)
+        if cfg.source.kind != "file" or not cfg.source.dataset:
+            raise ValueError("source: vision2web reads the official tasks as kind file with dataset: <datasets/ folder>")
+        index = convert_official(Path(cfg.source.dataset), ctx.out / "tasks", cfg.official_tasks_per_level)
         (ctx.out / "specs").mkdir()
         (ctx.out / "index.json").write_text(json.dumps(index, indent=1))
         return
