@@ -250,7 +250,9 @@ def run(cfg: Config, ctx) -> None:
                               "detection": {d: vis[d]["detected"] / max(1, vis[d]["sites"]) for d in DEVICES},
                               "exposure": {d: vis[d]["sites"] for d in DEVICES},
                               "unexposed_drop_max": max([r["drop"] for r in vis_rows if not r["exposed"]], default=0.0)}
-    metrics["visual_bugs"]["detection_min"] = min(metrics["visual_bugs"]["detection"].values())
+    # min over the viewports that some bug touches (a viewport no bug touches has nothing to detect)
+    metrics["visual_bugs"]["detection_min"] = min((vis[d]["detected"] / vis[d]["sites"] for d in DEVICES
+                                                   if vis[d]["sites"]), default=0.0)
 
     # ---- judge calibration: params' mapping on both splits; a refit on the training split
     samples = load_features(prep, device, mapping, rec)

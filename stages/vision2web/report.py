@@ -79,7 +79,7 @@ CHECKS = [
           "has the same number of prototypes and counted cases.", "scoring.task_mean_gap_max <= param.tol",
           kind="check", refuted_by="a level whose task mean differs from the pooled score"),
     Claim("no_stuck_pages", "No page of the benchmark's own agents hung or hit the task deadline.",
-          "sandbox.stuck + sandbox.deadline_hit <= 0", kind="check", refuted_by="a stuck page or a deadline hit"),
+          "sandbox.stuck + sandbox.deadline_hit <= param.max", kind="check", refuted_by="a stuck page or a deadline hit"),
 ]
 CLAIMS = _findings() + CHECKS
 
