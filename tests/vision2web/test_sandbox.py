@@ -105,7 +105,7 @@ def test_infinite_loop_page_is_blocked_within_deadline(tmp_path):
     old = os.umask(0o022)
     try:
         r = subprocess.run([sys.executable, "-m", "stages.vision2web.verify", "--task", task, "--site", site, "--out",
-                            out, "--deadline-s", "40"], cwd=ROOT, capture_output=True, text=True, timeout=240)
+                            out, "--deadline-s", "20"], cwd=ROOT, capture_output=True, text=True, timeout=240)
     finally:
         os.umask(old)
     assert r.returncode == 0, r.stderr
