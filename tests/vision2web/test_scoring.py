@@ -128,3 +128,30 @@ def test_detection_one_bug_per_site_by_hand():
     failed = {"status": "failed", "workflows": [{"cases": [{"result": "Blocked", "counted": True}] * 7}]}
     got = detection({"level": "L3", "bugs": ["start_broken"]}, failed)
     assert got["caught"] is True and got["outside"] == 0
+
+
+def test_one_task_per_seed_is_the_replicate_and_decides_the_level_claims():
+    """tasks_per_level: 1 gives one-item per-seed lists (no item variance: always inconclusive); the report
+    makes the task's score the seed's value, keeps multi-task lists, and the level claims then decide."""
+    from stages.common.claims import bind, flatten
+    from stages.vision2web.report import CLAIMS, _derived, _tasks
+
+    L1, L2, L3 = [70.0, 74.0, 68.0, 71.0, 69.0], [80.0, 79.0, 83.0, 81.0, 82.0], [60.0, 65.0, 58.0, 61.0, 63.0]
+    dev = [[66.0, 70.0, 64.0], [65.0, 71.0, 60.0], [68.0, 69.0, 62.0], [64.0, 72.0, 61.0], [67.0, 70.0, 63.0]]
+    def derived(l3):
+        synth = {"items": {"L1": [[x] for x in L1], "L2": [[x] for x in L2], "L3": [[x] for x in l3], "desktop": dev},
+                 "pooled": {"L1": sum(L1) / 5, "L2": sum(L2) / 5, "L3": sum(l3) / 5}}
+        return _derived({"verifier": {"recall_items": [[1.0]], "bugsite_false_alarm_items": [[0.0]],
+                                      "oracle_false_alarm_items": [[0.0]], "n_sites": 1}, "agents": {"synth": synth}})
+
+    m = derived(L3)
+    items = m["agents"]["synth"]["items"]
+    assert items["L1"] == L1 and items["desktop"] == dev and _tasks(items["L3"]) == L3 == _tasks([[x] for x in L3])
+    assert m["scoring"]["task_mean_gap_max"] < 1e-9
+    pick = [c for c in CLAIMS if c.name in ("synth_gap_L1", "full_stack_hardest_synth")]
+    claims = {c.name: c for c in bind(pick, {"synth_gap_L*": {"below": 95.0}, "full_stack_hardest_*": {"min_effect": 2.0}})}
+    env = flatten(m)
+    assert claims["synth_gap_L1"].evaluate(env)["verdict"] == "holds"          # 70.4 +- 1.4, far below 95
+    assert claims["full_stack_hardest_synth"].evaluate(env)["verdict"] == "holds"   # gap ~19.6 over 5 task pairs
+    m = derived([x + 19.0 for x in L3])                                          # gap ~0.6 < 2: not a finding
+    assert claims["full_stack_hardest_synth"].evaluate(flatten(m))["verdict"] != "holds"
