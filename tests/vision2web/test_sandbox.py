@@ -161,6 +161,7 @@ BACKEND = r'''
 import os, subprocess, sys, time
 from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer
 beat, ro = sys.argv[2], sys.argv[3]
+open(sys.argv[4], "w").write(os.environ.get("TMPDIR", ""))   # where its private temp dir is
 # a grandchild that leaves the process group and keeps writing a heartbeat
 subprocess.Popen([sys.executable, "-c", "import time,sys\nwhile True:\n open(sys.argv[1],'a').write('x'); time.sleep(0.1)",
                   beat], start_new_session=True)
@@ -183,11 +184,16 @@ def test_backgrounded_child_is_killed(tmp_path, jail):
     site.mkdir()
     (site / "index.html").write_text("<h1>backend</h1>")
     (site / "app.py").write_text(BACKEND)
-    beat, ro = tmp_path / "beat.txt", tmp_path / "ro.txt"
-    (site / "start.json").write_text(json.dumps({"command": ["{python}", "app.py", "{port}", str(beat), str(ro)],
-                                                 "ready_timeout_s": 20}))
+    beat, ro, where = tmp_path / "beat.txt", tmp_path / "ro.txt", tmp_path / "tmpdir.txt"
+    (site / "start.json").write_text(json.dumps({"command": ["{python}", "app.py", "{port}", str(beat), str(ro),
+                                                             str(where)], "ready_timeout_s": 20}))
     task = _task(tmp_path / "task", [{"summary": "s", "prototype": {"desktop": {"idx": 1}}, "content": [CASE]}])
+    fds = len(os.listdir("/proc/self/fd"))
     raw = _browse(task, site, jail=jail)
+    # no leaks: the backend's private temp dir is gone, and this process holds no more descriptors than before
+    # (browser pipes, the backend's port probe and its log handles are all closed)
+    assert where.read_text() and not Path(where.read_text()).exists()
+    assert len(os.listdir("/proc/self/fd")) <= fds
     assert raw["status"] == "success" and raw["runs"][0]["cases"][0]["result"] == "Pass"
     assert beat.exists()
     size = beat.stat().st_size
