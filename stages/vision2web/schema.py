@@ -13,6 +13,9 @@ from typing import Annotated, Literal, Union
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 DEVICES = ("desktop", "tablet", "mobile")
+PROTO_EXTS = (".png", ".jpg", ".jpeg")      # official tasks ship .jpg prototypes
+MAX_PROTO_PIXELS = 40_000_000
+MAX_JSON_BYTES = 5 * 2 ** 20
 LEVELS = ("L1", "L2", "L3")
 NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
 
@@ -56,7 +59,14 @@ class Reload(_Strict):
     op: Literal["reload"]
 
 
-Action = Annotated[Union[Goto, Click, Fill, Press, Reload], Field(discriminator="op")]
+class NaturalLanguage(_Strict):
+    """A step written in prose (the official tasks' form): only an LLM GUI agent can execute it; the
+    deterministic verifier marks its case Blocked."""
+    op: Literal["nl"]
+    text: Annotated[str, Field(min_length=1, max_length=2000)]
+
+
+Action = Annotated[Union[Goto, Click, Fill, Press, Reload, NaturalLanguage], Field(discriminator="op")]
 
 
 # ---- validations (what must then hold) ----
@@ -93,7 +103,7 @@ class UrlContains(_Strict):
     value: Annotated[str, Field(min_length=1, max_length=500)]
 
 
-Validation = Annotated[Union[Visible, Hidden, TextContains, TextEquals, Count, UrlContains],
+Validation = Annotated[Union[Visible, Hidden, TextContains, TextEquals, Count, UrlContains, NaturalLanguage],
                        Field(discriminator="op")]
 
 
@@ -166,7 +176,7 @@ class Task(BaseModel):
     root: Path
     meta: TaskMeta
     workflows: list[Workflow]
-    prototypes: dict[str, Path]                     # name -> PNG
+    prototypes: dict[str, Path]                     # name -> PNG/JPEG
     components: dict[str, list[Component] | None]   # name -> list, None = whole image one component
 
     def n_counted_cases(self) -> int:
@@ -177,18 +187,48 @@ def _where(err: ValidationError) -> str:
     e = err.errors()[0]
     loc = ".".join(str(p) for p in e["loc"] if not (isinstance(p, str) and p in (
         "goto", "click", "fill", "press", "reload", "visible", "hidden", "text_contains", "text_equals",
-        "count", "url_contains")))
+        "count", "url_contains", "nl")))
     msg = e["msg"]
     return f"{loc or '<root>'}: {msg}"
 
 
 def _load_json(path: Path):
     try:
+        if path.stat().st_size > MAX_JSON_BYTES:
+            raise TaskFormatError(f"{path}: larger than {MAX_JSON_BYTES} bytes")
         return json.loads(path.read_text(encoding="utf-8"))
     except FileNotFoundError:
         raise TaskFormatError(f"{path}: missing") from None
     except (UnicodeDecodeError, json.JSONDecodeError) as err:
         raise TaskFormatError(f"{path}: not valid JSON ({str(err).splitlines()[0]})") from None
+    except RecursionError:
+        raise TaskFormatError(f"{path}: nested too deeply") from None
+
+
+def check_image(path: Path) -> tuple[int, int]:
+    """(width, height) of a prototype image after checking it decodes; one-line TaskFormatError if not."""
+    from PIL import Image, UnidentifiedImageError
+
+    try:
+        with Image.open(path) as im:
+            w, h = im.size
+            if w * h > MAX_PROTO_PIXELS or w < 1 or h < 1:
+                raise TaskFormatError(f"{path}: image of {w}x{h} pixels (at most {MAX_PROTO_PIXELS})")
+            if im.format not in ("PNG", "JPEG"):
+                raise TaskFormatError(f"{path}: not a PNG or JPEG image ({im.format})")
+            im.verify()
+    except TaskFormatError:
+        raise
+    except (UnidentifiedImageError, OSError, SyntaxError, ValueError, Image.DecompressionBombError) as err:
+        raise TaskFormatError(f"{path}: not a readable PNG/JPEG image ({type(err).__name__})") from None
+    return w, h
+
+
+def find_prototype(root: Path, name: str) -> Path | None:
+    for ext in PROTO_EXTS:
+        if (root / "prototypes" / f"{name}{ext}").is_file():
+            return root / "prototypes" / f"{name}{ext}"
+    return None
 
 
 def device_of(name: str) -> str | None:
@@ -197,7 +237,7 @@ def device_of(name: str) -> str | None:
     return tail if tail in DEVICES else None
 
 
-def load_task(root: Path | str) -> Task:
+def load_task(root: Path | str, check_images: bool = True) -> Task:
     root = Path(root)
     if not root.is_dir():
         raise TaskFormatError(f"{root}: task folder does not exist")
@@ -225,9 +265,11 @@ def load_task(root: Path | str) -> Task:
         for name in w.prototype:
             if name in prototypes:
                 raise TaskFormatError(f"{wf_path}: [{i}].prototype.{name}: name used twice")
-            png = root / "prototypes" / f"{name}.png"
-            if not png.is_file():
+            png = find_prototype(root, name)
+            if png is None:
                 raise TaskFormatError(f"{wf_path}: [{i}].prototype.{name}: file prototypes/{name}.png missing")
+            if check_images:
+                check_image(png)
             prototypes[name] = png
             comp_path = root / "prototypes" / f"{name}.components.json"
             if comp_path.exists():

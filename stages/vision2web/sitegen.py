@@ -2,16 +2,22 @@
 
 A spec (plain JSON) fixes a category, palette, texts, items and per-viewport layout rules
 (columns: desktop ``cols`` -> tablet 2 -> mobile 1; header stacked on mobile). ``render_site`` turns a
-spec into a real site folder, optionally with injected bugs or as a generic template:
+spec into a real site folder (the oracle), optionally with injected bugs:
 
 * L1 static page (header, hero, card grid, footer);
 * L2 single-page app (hash routes home / about / cart; add-to-cart, cart rows, removal; JS state);
-* L3 full stack: the L3 frontend plus ``server.py`` (stdlib HTTP + SQLite on 127.0.0.1: register,
+* L3 full stack: a notes frontend plus ``server.py`` (stdlib HTTP + SQLite on 127.0.0.1: register,
   login, notes CRUD, logout; started through start.json).
 
 ``workflows(spec)`` returns the workflow.json list (one workflow per viewport, in the order
-desktop, tablet, mobile, all in one un-reset session) and ``BUG_AFFECTS`` says which case indices a
-functional bug can break (the ground truth of the verifier's precision/recall).
+desktop, tablet, mobile, all in one un-reset session).
+
+Bug catalogue (the ground truth of the verifier's recall and of the judge's detection), built for
+**equal exposure**: every functional bug of a level breaks the same case indices in every viewport's
+workflow; every visual bug applies at every level and every viewport where its target exists
+(``layout_<viewport>`` breaks exactly one viewport's layout, one such bug per viewport).
+``BUG_AFFECTS[level][bug]`` lists the case indices (within each workflow) the bug can turn non-Pass
+("all" = the site never starts).
 """
 from __future__ import annotations
 
@@ -34,14 +40,25 @@ CATEGORIES = {
 }
 ADJ = ["Bright", "Quiet", "Lucky", "Swift", "Golden", "Urban", "Cosy", "Bold", "North", "Blue"]
 NOUN = ["Harbor", "Studio", "Corner", "Market", "Garden", "Works", "House", "Lane", "Yard", "Loft"]
+CENTS = (0.15, 0.25, 0.45, 0.5, 0.75, 0.99)   # never whole dollars: a truncated total is visible
 # functional bugs -> case indices (0-based, within every workflow) they can break
-BUG_AFFECTS = {
+BUG_AFFECTS: dict[str, dict[str, list[int] | str]] = {
     "L2": {"nav_about_broken": [0], "add_broken": [1, 2, 3, 4], "cart_page_missing": [3, 4],
-           "remove_broken": [4]},
-    "L3": {"register_broken": [0, 1, 2, 3, 4, 5, 6], "create_broken": [1, 2, 3, 4, 5],
-           "reload_broken": [3, 4, 5, 6], "delete_broken": [4, 5], "start_broken": "all"},
+           "remove_broken": [4], "remove_wrong_item": [4], "total_truncates_cents": [3, 4]},
+    "L3": {"register_broken": [0, 1, 2, 3, 4, 5, 6], "login_broken": [5, 6], "create_broken": [1, 2, 3, 4, 5],
+           "reload_broken": [3, 4, 5, 6], "delete_broken": [4, 5], "delete_wrong_item": [4],
+           "start_broken": "all"},
 }
-VISUAL_BUGS = ("color_shift", "missing_footer", "responsive_broken", "spacing")
+# visual bugs: every one applies at every level; layout_<vp> breaks only that viewport's layout
+VISUAL_BUGS = ("color_shift", "missing_footer", "spacing", "font_swap",
+               "layout_desktop", "layout_tablet", "layout_mobile")
+
+
+def bug_viewports(bug: str) -> tuple[str, ...]:
+    """Viewports whose prototypes a visual bug changes (equal exposure: all, or exactly one)."""
+    if bug.startswith("layout_"):
+        return (bug.split("_", 1)[1],)
+    return tuple(VIEWPORTS)
 
 
 def _hex(h: float, s: float, v: float) -> str:
@@ -54,9 +71,11 @@ def make_spec(level: str, seed: int, index: int) -> dict[str, Any]:
     cat = rng.choice(sorted(CATEGORIES))
     hue = rng.random()
     words = rng.sample(CATEGORIES[cat], k=rng.randint(3, 6))
-    items = [{"id": i, "name": f"{rng.choice(ADJ)} {w}", "price": rng.randint(3, 99) + rng.choice([0, 0.5, 0.99]),
+    items = [{"id": i, "name": f"{rng.choice(ADJ)} {w}", "price": round(rng.randint(3, 99) + rng.choice(CENTS), 2),
               "color": _hex(hue + rng.uniform(-0.25, 0.25), rng.uniform(0.3, 0.8), rng.uniform(0.6, 0.95))}
              for i, w in enumerate(words)]
+    while round(100 * (items[0]["price"] + items[1]["price"])) % 100 == 0:   # the tested total keeps its cents
+        items[1]["price"] = round(items[1]["price"] + 0.25, 2)
     return {
         "level": level, "seed": seed, "index": index, "category": cat,
         "name": f"{rng.choice(ADJ)} {rng.choice(NOUN)}",
@@ -77,18 +96,18 @@ def make_spec(level: str, seed: int, index: int) -> dict[str, Any]:
 
 
 # ---------------------------------------------------------------- rendering
-def _css(spec: dict[str, Any], bugs: set[str], template: bool) -> str:
-    if template:  # a generic, desktop-first template: fixed look, no media queries
-        primary, accent, bg, radius, cols, pad = "#2f3e5c", "#eef1f6", "#ffffff", 6, 3, 28
-    else:
-        primary, accent, bg = spec["primary"], spec["accent"], spec["background"]
-        radius, cols, pad = spec["radius"], spec["cols"], spec["pad"]
+def _css(spec: dict[str, Any], bugs: set[str]) -> str:
+    primary, accent, bg = spec["primary"], spec["accent"], spec["background"]
+    radius, cols, pad = spec["radius"], spec["cols"], spec["pad"]
+    mpad = 16                                  # the mobile padding
     if "color_shift" in bugs:
         primary = "#" + "".join("%02x" % ((int(primary[i:i + 2], 16) + 60) % 256) for i in (1, 3, 5))
-    if "spacing" in bugs:
-        pad += 14
+    if "spacing" in bugs:                      # equal exposure: every breakpoint's padding grows
+        pad, mpad = pad + 14, mpad + 14
+    head_font = "'DejaVu Serif',serif" if "font_swap" in bugs else "'DejaVu Sans',sans-serif"
     css = f"""
 body{{margin:0;font-family:'DejaVu Sans',sans-serif;background:{bg};color:#222}}
+h1,h2,h3,.brand{{font-family:{head_font}}}
 .hdr{{display:flex;justify-content:space-between;align-items:center;padding:16px {pad}px;background:{primary};color:#fff}}
 .brand{{font-size:22px;font-weight:bold}}
 .nav a{{color:#fff;margin-left:18px;text-decoration:none;font-size:16px}}
@@ -104,13 +123,17 @@ button{{background:{primary};color:#fff;border:0;border-radius:{radius}px;paddin
 input{{font-size:15px;padding:6px;margin:4px 0;display:block;width:220px}}
 form{{margin-bottom:18px}}
 footer{{padding:22px {pad}px;background:#222;color:#eee;font-size:14px}}
-"""
-    if not template and "responsive_broken" not in bugs:
-        css += f"""
 @media (max-width:1023px){{.grid{{grid-template-columns:repeat(2,1fr)}} .hero h1{{font-size:30px}}}}
-@media (max-width:600px){{.grid{{grid-template-columns:1fr;padding:16px}} .hdr{{flex-direction:column;align-items:flex-start;padding:12px 16px}}
-.nav a{{margin:6px 14px 0 0}} .hero{{padding:26px 16px}} .hero h1{{font-size:24px}} footer{{padding:18px 16px}} .panel{{padding:16px}}}}
+@media (max-width:600px){{.grid{{grid-template-columns:1fr;padding:{mpad}px}} .hdr{{flex-direction:column;align-items:flex-start;padding:12px {mpad}px}}
+.nav a{{margin:6px 14px 0 0}} .hero{{padding:26px {mpad}px}} .hero h1{{font-size:24px}} footer{{padding:18px {mpad}px}} .panel{{padding:{mpad}px}}}}
 """
+    # ALGO (equal exposure): layout_<vp> breaks the main layout at that viewport only (wrong grid column
+    # count on pages with a grid, full-width inputs on form pages)
+    broken = {"layout_desktop": ("(min-width:1024px)", cols - 1), "layout_tablet": ("(min-width:601px) and (max-width:1023px)", 3),
+              "layout_mobile": ("(max-width:600px)", 2)}
+    for bug, (query, n) in broken.items():
+        if bug in bugs:
+            css += f"@media {query}{{.grid{{grid-template-columns:repeat({n},1fr)}} input{{width:calc(100% - 14px)}}}}\n"
     return css
 
 
@@ -136,23 +159,26 @@ def _hero(spec: dict[str, Any]) -> str:
     return f'<section class="hero" data-v2w="hero"><h1>{spec["hero_title"]}</h1><p>{spec["hero_text"]}</p></section>'
 
 
-def _l2_script(spec: dict[str, Any], bugs: set[str], template: bool) -> str:
+def _l2_script(spec: dict[str, Any], bugs: set[str]) -> str:
     items = json.dumps([{k: it[k] for k in ("id", "name", "price")} for it in spec["items"]])
     home = json.dumps(_hero(spec) + _cards(spec, True))
     about = json.dumps(f'<section class="panel" data-v2w="about"><h2 data-testid="about-title">{spec["about_title"]}'
                        f'</h2><p>{spec["about_text"]}</p></section>')
     add = "" if "add_broken" in bugs else "cart.push(id);"
-    remove = "" if "remove_broken" in bugs else "const k=cart.indexOf(id); if(k>=0) cart.splice(k,1);"
-    cart_page = "'<p>Not found</p>'" if ("cart_page_missing" in bugs or template) else (
+    remove = ("" if "remove_broken" in bugs else "cart.pop();" if "remove_wrong_item" in bugs
+              else "const k=cart.indexOf(id); if(k>=0) cart.splice(k,1);")
+    total = "Math.floor(total)" if "total_truncates_cents" in bugs else "total"
+    cart_page = "'<p>Not found</p>'" if "cart_page_missing" in bugs else (
         "'<section class=\"panel\" data-v2w=\"cart\"><h2>Your cart</h2>' + cart.map(id => {const it=ITEMS[id];"
         " return '<div class=\"row\" data-testid=\"cart-row\"><span>'+it.name+'</span><span>$'+it.price.toFixed(2)+"
         "'</span><button data-testid=\"remove-'+id+'\" onclick=\"removeItem('+id+')\">Remove</button></div>';}).join('')"
-        " + '<p data-testid=\"cart-total\">Total: $'+cart.reduce((s,id)=>s+ITEMS[id].price,0).toFixed(2)+'</p></section>'")
+        " + '<p data-testid=\"cart-total\">Total: $'+(" + total + ").toFixed(2)+'</p></section>'")
     return f"""
 const ITEMS={items}; let cart=[];
 function add(id){{ {add} render(); }}
 function removeItem(id){{ {remove} render(); }}
 function render(){{
+  const total=cart.reduce((s,id)=>s+ITEMS[id].price,0);
   const r=(location.hash||'#/').slice(1);
   document.querySelector('[data-testid=cart-count]').textContent=String(cart.length);
   const app=document.getElementById('app');
@@ -269,7 +295,8 @@ class H(SimpleHTTPRequestHandler):
                         db.execute("INSERT INTO users VALUES(?, ?)", (name, pw))
                     except sqlite3.IntegrityError:
                         return self.send(409, {"error": "exists"})
-                elif db.execute("SELECT 1 FROM users WHERE name=? AND pw=?", (name, pw)).fetchone() is None:
+                elif ("login_broken" in BUGS
+                      or db.execute("SELECT 1 FROM users WHERE name=? AND pw=?", (name, pw)).fetchone() is None):
                     return self.send(401, {"error": "credentials"})
                 tok = secrets.token_hex(16)
                 db.execute("INSERT INTO tokens VALUES(?, ?)", (tok, name))
@@ -294,8 +321,16 @@ class H(SimpleHTTPRequestHandler):
             u = self.user()
             if u is None or not self.path.startswith("/api/items/"):
                 return self.send(404, {"error": "not found"})
-            if "delete_broken" not in BUGS:
-                db.execute("DELETE FROM items WHERE id=? AND owner=?", (int(self.path.rsplit("/", 1)[1]), u))
+            try:
+                item = int(self.path.rsplit("/", 1)[1])
+            except ValueError:
+                return self.send(404, {"error": "not found"})
+            if "delete_wrong_item" in BUGS:   # deletes the newest OTHER note of the user
+                db.execute("DELETE FROM items WHERE id=(SELECT id FROM items WHERE owner=? AND id<>? "
+                           "ORDER BY id DESC LIMIT 1)", (u, item))
+                db.commit()
+            elif "delete_broken" not in BUGS:
+                db.execute("DELETE FROM items WHERE id=? AND owner=?", (item, u))
                 db.commit()
             return self.send(200, {"ok": True})
 
@@ -304,10 +339,14 @@ ThreadingHTTPServer(("127.0.0.1", args.port), H).serve_forever()
 '''
 
 
-def render_site(spec: dict[str, Any], out: Path, bugs: set[str] = frozenset(), template: bool = False) -> None:
-    """Write a site folder for ``spec`` (index.html; L3 also server.py + start.json)."""
+def render_site(spec: dict[str, Any], out: Path, bugs: set[str] | frozenset[str] = frozenset()) -> None:
+    """Write the reference site for ``spec`` (index.html; L3 also server.py + start.json) into ``out``,
+    with the named bugs of the catalogue injected (unknown names are an error)."""
+    unknown = set(bugs) - set(VISUAL_BUGS) - set(BUG_AFFECTS.get(spec["level"], {}))
+    if unknown:
+        raise ValueError(f"bugs {sorted(unknown)} do not apply to level {spec['level']}")
     out.mkdir(parents=True, exist_ok=True)
-    css = _css(spec, bugs, template)
+    css = _css(spec, set(bugs))
     footer = "missing_footer" not in bugs
     level = spec["level"]
     if level == "L1":
@@ -317,15 +356,14 @@ def render_site(spec: dict[str, Any], out: Path, bugs: set[str] = frozenset(), t
         about_href = "#/" if "nav_about_broken" in bugs else "#/about"
         nav = (f'<a data-testid="nav-home" href="#/">Home</a><a data-testid="nav-about" href="{about_href}">About</a>'
                f'<a data-testid="nav-cart" href="#/cart">Cart (<span data-testid="cart-count">0</span>)</a>')
-        html = _page(spec, css, nav, "", footer, _l2_script(spec, bugs, template))
+        html = _page(spec, css, nav, "", footer, _l2_script(spec, set(bugs)))
     else:
-        html = _page(spec, css, '<a href="#">Notes</a>', _l3_main(spec), footer, _l3_script(spec, bugs))
-        if not template:   # the template agent ships a frontend without a backend
-            (out / "server.py").write_text(SERVER_PY % {"bugs": sorted(bugs)})
-            script = "srv.py" if "start_broken" in bugs else "server.py"
-            (out / "start.json").write_text(json.dumps(
-                {"command": ["{python}", script, "--port", "{port}", "--db", "{tmp}/app.db"],
-                 "ready_timeout_s": 10, "ready_path": "/"}, indent=1))
+        html = _page(spec, css, '<a href="#">Notes</a>', _l3_main(spec), footer, _l3_script(spec, set(bugs)))
+        (out / "server.py").write_text(SERVER_PY % {"bugs": sorted(bugs)})
+        script = "srv.py" if "start_broken" in bugs else "server.py"
+        (out / "start.json").write_text(json.dumps(
+            {"command": ["{python}", script, "--port", "{port}", "--db", "{tmp}/app.db"],
+             "ready_timeout_s": 10, "ready_path": "/"}, indent=1))
     (out / "index.html").write_text(html)
 
 
@@ -352,10 +390,13 @@ def _l2_cases(spec: dict[str, Any]) -> list[dict[str, Any]]:
          "actions": [{"op": "click", "selector": _sel("nav-cart")}],
          "validations": [{"op": "count", "selector": _sel("cart-row"), "equals": 2},
                          {"op": "text_contains", "selector": _sel("cart-total"), "value": f"${total:.2f}"}]},
-        {"objective": f"Remove '{a['name']}' from the cart",
+        {"objective": f"Remove '{a['name']}' from the cart: only '{b['name']}' remains, total updated",
          "actions": [{"op": "click", "selector": _sel(f"remove-{a['id']}")}],
          "validations": [{"op": "count", "selector": _sel("cart-row"), "equals": 1},
-                         {"op": "text_equals", "selector": _sel("cart-count"), "value": "1"}]},
+                         {"op": "text_equals", "selector": _sel("cart-count"), "value": "1"},
+                         {"op": "text_contains", "selector": _sel("cart-row"), "value": b["name"]},
+                         {"op": "hidden", "selector": f"{_sel('cart-row')}:has-text(\"{a['name']}\")"},
+                         {"op": "text_contains", "selector": _sel("cart-total"), "value": f"${b['price']:.2f}"}]},
     ]
 
 
@@ -382,10 +423,11 @@ def _l3_cases(spec: dict[str, Any], dev: str) -> list[dict[str, Any]]:
          "actions": [{"op": "reload"}],
          "validations": [{"op": "count", "selector": row, "equals": 2},
                          {"op": "text_contains", "selector": _sel("welcome"), "value": user}]},
-        {"objective": f"Delete the note '{n1}'",
+        {"objective": f"Delete the note '{n1}': only '{n2}' remains",
          "actions": [{"op": "click", "selector": f"{row}:has-text(\"{n1}\") {_sel('delete')}"}],
          "validations": [{"op": "count", "selector": row, "equals": 1},
-                         {"op": "text_contains", "selector": _sel("items"), "value": n2}]},
+                         {"op": "text_contains", "selector": _sel("items"), "value": n2},
+                         {"op": "hidden", "selector": f"{row}:has-text(\"{n1}\")"}]},
         {"objective": "Log out and log back in: one note remains",
          "actions": [{"op": "click", "selector": _sel("logout")},
                      {"op": "fill", "selector": _sel("login-user"), "value": user},
@@ -417,11 +459,30 @@ def workflows(spec: dict[str, Any]) -> list[dict[str, Any]]:
 
 
 def prompt_text(spec: dict[str, Any]) -> str:
-    items = ", ".join(f"{it['name']} (${it['price']:.2f})" for it in spec["items"])
-    base = (f"Build the {spec['category']} website '{spec['name']}' shown in the prototypes (desktop 1280, tablet 768, "
-            f"mobile 390 px wide). Items: {items}. Mark interactive elements with the data-testid values used in "
-            f"workflow.json.")
+    """The task's prompt (prompt.txt for L1/L2, prd.md for L3): what to build and the page copy.
+
+    The copy is given as text (an agent without OCR cannot read it from the prototypes); layout,
+    colours and sizes are only in the prototype images."""
+    lines = [f"Build the {spec['category']} website '{spec['name']}' shown in the prototypes "
+             f"(desktop 1280, tablet 768, mobile 390 px wide). Mark interactive elements with the data-testid "
+             f"values used in workflow.json.", "", "Copy:",
+             f"- site name: {spec['name']}", f"- hero title: {spec['hero_title']}", f"- hero text: {spec['hero_text']}"]
+    nav = {"L1": "Home, Shop, Contact", "L2": "Home, About, Cart (<number of items>)", "L3": "Notes"}[spec["level"]]
+    lines.append(f"- navigation: {nav}")
+    if spec["level"] in ("L1", "L2"):
+        lines += [f"- item: {it['name']} | ${it['price']:.2f}" for it in spec["items"]]
+    if spec["level"] == "L2":
+        lines.append("- ui text: Add to cart | Your cart | Remove | Total: $<sum>")
     if spec["level"] == "L3":
-        base += (" Full stack: registration, login, per-user notes stored in SQLite (create, list, delete), logout; "
-                 "the session survives a page reload. Provide start.json that serves on 127.0.0.1:{port}.")
-    return base + "\n"
+        lines.append("- ui text: Create an account | Log in | user | password | Register | new note | Add note | "
+                     "Delete | Log out | Welcome, <user>")
+    if spec["level"] == "L2":
+        lines += [f"- about title: {spec['about_title']}", f"- about text: {spec['about_text']}"]
+    lines.append(f"- footer: {spec['footer']}")
+    if spec["level"] == "L2":
+        lines += ["", "Pages: home (hero + item cards with an 'Add to cart' button each), #/about, #/cart (rows with "
+                  "name, price and a Remove button, then the total); the header shows the number of items in the cart."]
+    if spec["level"] == "L3":
+        lines += ["", "Full stack: registration, login, per-user notes stored in SQLite (create, list, delete), logout; "
+                  "the session survives a page reload. Provide start.json that serves on 127.0.0.1:{port}."]
+    return "\n".join(lines) + "\n"

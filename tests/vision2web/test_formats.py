@@ -98,7 +98,44 @@ def test_cli_bad_inputs_exit_2_nothing_written(tmp_path):
     assert r.returncode == 2 and "must not be inside" in r.stderr and not (site / "R.json").exists()
 
 
+def test_cli_malformed_prototype_and_bad_deadline_exit_2(tmp_path):
+    d = _task(tmp_path, [{"summary": "s", "prototype": {"home_mobile": {"idx": 0}}}])
+    (d / "prototypes" / "home_mobile.png").write_bytes(b"\x89PNG\r\n\x1a\n not really a png")
+    site = tmp_path / "site"
+    site.mkdir()
+    (site / "index.html").write_text("<p>hi</p>")
+    out = tmp_path / "R.json"
+    r = _cli("--task", d, "--site", site, "--out", out)
+    assert r.returncode == 2 and "home_mobile.png: not a readable PNG/JPEG image" in r.stderr
+    assert len(r.stderr.strip().splitlines()) == 1 and "Traceback" not in r.stderr and not out.exists()
+    Image.fromarray(np.zeros((20, 30, 3), np.uint8)).save(d / "prototypes" / "home_mobile.png")
+    r = _cli("--task", d, "--site", site, "--out", out, "--deadline-s", "0.5")
+    assert r.returncode == 2 and "--deadline-s" in r.stderr and not out.exists()
+
+
+def test_prose_steps_and_jpeg_prototypes_are_accepted(tmp_path):
+    d = tmp_path / "task"
+    (d / "prototypes").mkdir(parents=True)
+    Image.fromarray(np.full((12, 16, 3), 200, np.uint8)).save(d / "prototypes" / "desktop.jpg")
+    (d / "workflow.json").write_text(json.dumps([{"summary": "s", "prototype": {"desktop": {"idx": 1}}, "content": [
+        {"objective": "o", "actions": [{"op": "nl", "text": "click the buy button"}],
+         "validations": [{"op": "nl", "text": "the cart shows one item"}]}]}]))
+    t = load_task(d)
+    assert t.prototypes["desktop"].suffix == ".jpg" and t.n_counted_cases() == 1
+    assert t.workflows[0].content[0].actions[0].text == "click the buy button"
+
+
+def test_oversized_or_deep_json_is_one_line_error(tmp_path):
+    d = _task(tmp_path, [])
+    (d / "workflow.json").write_text("[" * 100_000 + "]" * 100_000)
+    with pytest.raises(TaskFormatError) as err:
+        load_task(d)
+    assert "\n" not in str(err.value) and "workflow.json" in str(err.value)
+
+
 def test_generator_deterministic_and_valid(tmp_path):
+    from stages.vision2web.sitegen import VISUAL_BUGS, bug_viewports
+
     for level in ("L1", "L2", "L3"):
         a, b = make_spec(level, 3, 1), make_spec(level, 3, 1)
         assert a == b and make_spec(level, 4, 1) != a
@@ -113,5 +150,22 @@ def test_generator_deterministic_and_valid(tmp_path):
         html = (tmp_path / level / "index.html").read_text()
         assert "<html>" in html and ("@media" in html)
         assert (tmp_path / level / "start.json").exists() == (level == "L3")
-    render_site(make_spec("L2", 0, 0), tmp_path / "t", template=True)
-    assert "@media" not in (tmp_path / "t" / "index.html").read_text()
+        with pytest.raises(ValueError, match="do not apply"):
+            render_site(a, tmp_path / f"x{level}", {"no_such_bug"})
+    # equal exposure: every visual bug at every viewport, layout bugs at exactly one each
+    assert sorted(v for b in VISUAL_BUGS if b.startswith("layout_") for v in bug_viewports(b)) == sorted(
+        ["desktop", "tablet", "mobile"])
+    assert all(len(bug_viewports(b)) == 3 for b in VISUAL_BUGS if not b.startswith("layout_"))
+
+
+@pytest.mark.parametrize("seed", range(12))
+def test_tested_totals_keep_their_cents_and_the_remaining_item_is_checked(seed):
+    spec = make_spec("L2", seed, seed % 3)
+    a, b = spec["items"][0]["price"], spec["items"][1]["price"]
+    assert round(100 * (a + b)) % 100 != 0 and round(100 * b) % 100 != 0
+    case = workflows(spec)[0]["content"][4]
+    vals = {(v["op"], v.get("value")) for v in case["validations"]}
+    assert ("text_contains", spec["items"][1]["name"]) in vals and ("text_contains", f"${b:.2f}") in vals
+    assert any(v["op"] == "hidden" and spec["items"][0]["name"] in v["selector"] for v in case["validations"])
+    cart = workflows(spec)[0]["content"][3]["validations"]
+    assert {"op": "text_contains", "selector": "[data-testid=cart-total]", "value": f"${a + b:.2f}"} in cart

@@ -2,21 +2,21 @@
 
 Component maps, the crop/pad fit and the area pooling by plain pixel loops; MAD and the global SSIM of a
 component's samples by numpy from the raw pixels (Wang et al. 2004, C1 = (0.01·255)², C2 = (0.03·255)²,
-population variances); the rubric pinned on both sides of every threshold; judge_batch rebuilt whole."""
+population variances); the two-scale features, the fitted linear map and its rounding to the rubric
+pinned by hand; judge_batch rebuilt whole."""
 from __future__ import annotations
 
 import numpy as np
 import pytest
 import torch
 
-from stages.vision2web.judge import (RUBRIC, Thresholds, _pool, component_map, fit, judge_batch, rubric,
-                                     stats_to_mad_ssim)
+from stages.vision2web.judge import (FEATURES, RUBRIC, Mapping, ProtoCache, _pool, component_features,
+                                     component_map, fit, judge_batch, quantize, raw_score, stats_to_mad_ssim)
 from stages.vision2web.schema import Component
 
 C1, C2 = (0.01 * 255) ** 2, (0.03 * 255) ** 2
 CPU = torch.device("cpu")
-DEFAULT_MAD = (0.005, 0.03, 0.08, 0.20)       # the module docstring's rubric table
-DEFAULT_SSIM = (0.98, 0.90, 0.60, 0.25)
+W7 = (0.9, -0.2, -0.3, -0.25, -1.1, 0.7, -0.4)   # non-unit weights (bias + 6 features)
 
 
 def ref_mad_ssim(p: np.ndarray, a: np.ndarray) -> tuple[float, float]:
@@ -27,18 +27,6 @@ def ref_mad_ssim(p: np.ndarray, a: np.ndarray) -> tuple[float, float]:
     vp, va, cov = p.var(), a.var(), ((p - mp) * (a - ma)).mean()
     ssim = ((2 * mp * ma + C1) * (2 * cov + C2)) / ((mp ** 2 + ma ** 2 + C1) * (vp + va + C2))
     return float(mad), float(ssim)
-
-
-def ref_rubric(mad: float, ssim: float, mads=DEFAULT_MAD, ssims=DEFAULT_SSIM) -> float:
-    if mad <= mads[0] and ssim >= ssims[0]:
-        return 1.0
-    if mad <= mads[1] and ssim >= ssims[1]:
-        return 0.75
-    if mad <= mads[2] and ssim >= ssims[2]:
-        return 0.5
-    if mad <= mads[3] and ssim >= ssims[3]:
-        return 0.25
-    return 0.0
 
 
 def ref_map(h, w, comps):
@@ -172,41 +160,32 @@ def test_stats_to_mad_ssim_matches_numpy_on_pixels():
     assert len({round(float(s), 3) for s in ssim.ravel()}) == 6     # the cases are distinct
 
 
-# ---------------------------------------------------------------- rubric
+# ---------------------------------------------------------------- mapping to the rubric
 
 
-def test_default_thresholds_are_the_documented_table():
-    assert Thresholds().mad == DEFAULT_MAD and Thresholds().ssim == DEFAULT_SSIM
-    assert RUBRIC == (1.0, 0.75, 0.5, 0.25)
+def test_quantize_rounds_to_quarter_steps_and_clips():
+    assert RUBRIC == (0.0, 0.25, 0.5, 0.75, 1.0)
+    raw = np.array([-0.3, 0.0, 0.12, 0.13, 0.374, 0.376, 0.62, 0.88, 1.0, 1.4])
+    assert quantize(raw).tolist() == [0.0, 0.0, 0.0, 0.25, 0.25, 0.5, 0.5, 1.0, 1.0, 1.0]
+    assert quantize(0.125).tolist() == 0.0 and quantize(0.375).tolist() == 0.5     # half to even (x4: .5 -> 0, 1.5 -> 2)
 
 
-@pytest.mark.parametrize("level", range(4))
-def test_rubric_boundaries_non_strict_on_both_sides(level):
-    m, s = DEFAULT_MAD[level], DEFAULT_SSIM[level]
-    lower = (0.75, 0.5, 0.25, 0.0)[level]
-    assert rubric(m, s) == RUBRIC[level]                           # mad <= m and ssim >= s: inclusive
-    assert rubric(m, s, Thresholds()) == RUBRIC[level]
-    assert rubric(np.nextafter(m, 1.0), s) == lower                # just above the MAD threshold
-    assert rubric(m, np.nextafter(s, -1.0)) == lower               # just below the SSIM threshold
-    assert rubric(np.nextafter(m, 1.0), np.nextafter(s, -1.0)) == lower
+def test_raw_score_is_bias_plus_dot():
+    m = Mapping(W7)
+    f = np.array([[1, 0.1, 0.2, 0.3, 0.4, 0.5], [0, 0, 0, 0, 0, 0]])
+    want = [0.9 - 0.2 - 0.03 - 0.05 - 0.33 + 0.28 - 0.2, 0.9]
+    np.testing.assert_allclose(raw_score(f, m), want, atol=1e-12)
 
 
-def test_rubric_extremes_and_each_condition_alone():
-    assert rubric(0.0, 1.0) == 1.0
-    assert rubric(1.0, 1.0) == 0.0 and rubric(0.0, -1.0) == 0.0 and rubric(0.21, 0.99) == 0.0
-    assert rubric(0.001, 0.97) == 0.75 and rubric(0.02, 0.999) == 0.75    # one condition fails -> next level
-    assert rubric(0.001, 0.5) == 0.25 and rubric(0.19, 0.999) == 0.25
+def test_mapping_validates_its_shape():
+    with pytest.raises(ValueError, match="weights"):
+        Mapping((1.0, 2.0))
+    with pytest.raises(ValueError, match="multiple"):
+        Mapping(W7, fine=2, coarse=5)
+    assert len(FEATURES) == 6
 
 
-def test_rubric_uses_the_given_thresholds_in_order():
-    th = Thresholds(mad=(0.1, 0.2, 0.3, 0.4), ssim=(0.5, 0.4, 0.3, 0.2))
-    for (m, s), want in {(0.1, 0.5): 1.0, (0.15, 0.5): 0.75, (0.2, 0.4): 0.75, (0.1, 0.45): 0.75,
-                         (0.3, 0.3): 0.5, (0.25, 0.35): 0.5, (0.4, 0.2): 0.25, (0.05, 0.25): 0.25,
-                         (0.41, 0.9): 0.0, (0.0, 0.19): 0.0}.items():
-        assert rubric(m, s, th) == want == ref_rubric(m, s, th.mad, th.ssim), (m, s)
-
-
-# ---------------------------------------------------------------- judge_batch, whole
+# ---------------------------------------------------------------- features and judge_batch, whole
 
 
 def _scene(rng, h, w, comps, sigmas):
@@ -220,33 +199,41 @@ def _scene(rng, h, w, comps, sigmas):
     return proto, np.clip(np.rint(act), 0, 255).astype(np.uint8)
 
 
-def ref_judge(proto, actual, comps, scale=1, mads=DEFAULT_MAD, ssims=DEFAULT_SSIM):
+def ref_features(proto, actual, comps, fine, coarse):
+    """Brute force: pool fine, pool coarse from the fine images, ids at block top-left corners."""
     h, w = proto.shape[:2]
     seg = ref_map(h, w, comps) if comps is not None else np.zeros((h, w), np.int64)
     names = [c.name for c in comps] if comps is not None else ["page"]
     pa = ref_fit(actual, h, w)
-    p = proto
-    if scale > 1:
-        p, pa = ref_pool(proto, scale), ref_pool(pa, scale)
-        seg = np.array([[seg[i * scale, j * scale] for j in range(w // scale)] for i in range(h // scale)])
+    pf, af = (ref_pool(x, fine) if fine > 1 else x for x in (proto, pa))
+    sf = seg[: h // fine * fine: fine, : w // fine * fine: fine]
+    k = coarse // fine
+    pc, ac = (ref_pool(x, k) if k > 1 else x for x in (pf, af))
+    sc = sf[: pf.shape[0] // k * k: k, : pf.shape[1] // k * k: k]
     out = []
-    for k, name in enumerate(names):
-        m = seg == k
+    for i, name in enumerate(names):
+        m = sf == i
         if not m.any():
             continue
-        mad, ssim = ref_mad_ssim(p[m], pa[m])
-        score = 0.0 if actual is None else ref_rubric(mad, ssim, mads, ssims)
-        out.append({"name": name, "score": score, "mad": mad, "ssim": ssim})
+        mad_f, ssim_f = ref_mad_ssim(pf[m], af[m])
+        mc = sc == i
+        mad_c, ssim_c = ref_mad_ssim(pc[mc], ac[mc]) if mc.any() else (mad_f, ssim_f)
+        dlum = abs(pf[m].astype(np.float64).mean() - af[m].astype(np.float64).mean()) / 255
+        changed = float(np.abs(pf[m].astype(int) - af[m].astype(int)).sum() > 0)
+        f = [changed, np.sqrt(np.clip(1 - ssim_f, 0, 1)), np.sqrt(np.clip(1 - ssim_c, 0, 1)), np.sqrt(mad_f),
+             np.sqrt(mad_c), np.sqrt(dlum)]
+        out.append({"name": name, "features": f, "ssim": ssim_f, "mad": mad_f})
+    return out
+
+
+def ref_judge(proto, actual, comps, mapping):
+    comps_f = ref_features(proto, actual, comps, mapping.fine, mapping.coarse)
+    out = []
+    for c in comps_f:
+        raw = mapping.weights[0] + float(np.dot(mapping.weights[1:], c["features"]))
+        score = 0.0 if actual is None else min(1.0, max(0.0, round(raw * 4) / 4))
+        out.append({**c, "score": score, "raw": raw})
     return {"score": float(np.mean([c["score"] for c in out])) if out else 0.0, "components": out}
-
-
-def _assert_same(got, want):
-    assert got["score"] == pytest.approx(want["score"], abs=1e-12)
-    assert [c["name"] for c in got["components"]] == [c["name"] for c in want["components"]]
-    for g, w in zip(got["components"], want["components"]):
-        assert g["score"] == w["score"], g["name"]
-        assert g["mad"] == pytest.approx(round(w["mad"], 6), abs=1e-12), g["name"]
-        assert g["ssim"] == pytest.approx(round(w["ssim"], 6), abs=1e-12), g["name"]
 
 
 def _items(seed=0):
@@ -265,36 +252,42 @@ def _items(seed=0):
             (p1, None, c1)]                     # no screenshot: every component scores 0
 
 
-@pytest.mark.parametrize("scale", [1, 2, 3])
-def test_judge_batch_matches_brute_force(scale):
+@pytest.mark.parametrize("fine,coarse", [(1, 1), (1, 3), (2, 4), (2, 2)])
+def test_features_match_brute_force(fine, coarse):
     items = _items()
-    got = judge_batch(items, CPU, scale=scale)
-    assert len(got) == len(items)
+    m = Mapping(W7, fine, coarse)
+    got = component_features(items, CPU, m)
     for g, (p, a, c) in zip(got, items):
-        _assert_same(g, ref_judge(p, a, c, scale))
-        assert judge_batch([(p, a, c)], CPU, scale=scale) == [g]      # batch padding changes nothing
-    if scale == 1:     # the scene reaches several rubric levels, and the covered/off-page ones are skipped
-        scores = [c["score"] for r in got for c in r["components"]]
-        assert {1.0, 0.75, 0.0} <= set(scores) and len(set(scores)) >= 4
-        assert "hidden" not in [c["name"] for c in got[0]["components"]]
-        assert "gone" not in [c["name"] for c in got[0]["components"]]
-        assert got[3]["score"] == 0.0 and got[3]["components"][0]["mad"] > 0
+        want = ref_features(p, a, c, fine, coarse)
+        assert [x["name"] for x in g] == [x["name"] for x in want]
+        for gx, wx in zip(g, want):
+            np.testing.assert_allclose(gx["features"], wx["features"], rtol=1e-9, atol=1e-9)
+    names = [x["name"] for x in got[0]]
+    assert "hidden" not in names and "gone" not in names       # painted over / off the page: skipped
 
 
-def test_judge_batch_missing_screenshot_scores_zero_even_on_black():
-    proto = np.zeros((6, 5, 3), np.uint8)
-    out = judge_batch([(proto, None, None), (proto, proto.copy(), None)], CPU)
-    assert out[0] == {"score": 0.0, "components": [{"name": "page", "score": 0.0, "mad": 0.0, "ssim": 1.0}]}
-    assert out[1]["score"] == 1.0
-
-
-def test_judge_batch_thresholds_are_passed_through():
-    items = _items(1)[:2]
-    th = Thresholds(mad=(0.001, 0.01, 0.02, 0.5), ssim=(0.999, 0.99, 0.9, 0.0))
-    got = judge_batch(items, CPU, th)
+def test_judge_batch_matches_brute_force_and_reaches_several_steps():
+    items = _items()
+    m = Mapping(W7, 1, 2)
+    got = judge_batch(items, CPU, m)
     for g, (p, a, c) in zip(got, items):
-        _assert_same(g, ref_judge(p, a, c, 1, th.mad, th.ssim))
-    assert [c["score"] for c in got[0]["components"]] != [c["score"] for c in judge_batch(items, CPU)[0]["components"]]
+        want = ref_judge(p, a, c, m)
+        assert g["score"] == pytest.approx(want["score"], abs=1e-12)
+        for gx, wx in zip(g["components"], want["components"]):
+            assert gx["score"] == wx["score"] and gx["raw"] == pytest.approx(wx["raw"], abs=1e-5), gx["name"]
+            assert gx["ssim"] == pytest.approx(round(wx["ssim"], 6), abs=1e-12)
+        assert judge_batch([(p, a, c)], CPU, m) == [g]      # batch padding changes nothing
+    scores = [c["score"] for r in got[:3] for c in r["components"]]
+    assert len(set(scores)) >= 3
+    assert got[3]["score"] == 0.0 and all(c["score"] == 0.0 for c in got[3]["components"])
+
+
+def test_identical_scores_one_and_missing_content_scores_zero_under_a_sane_mapping():
+    m = Mapping((1.0, -0.3, 0.0, 0.0, -2.0, 0.0, 0.0), 1, 2)      # changed costs .3, sqrt(MAD) costs 2
+    rng = np.random.default_rng(4)
+    proto = rng.integers(0, 255, (8, 10, 3)).astype(np.uint8)
+    out = judge_batch([(proto, proto.copy(), None), (proto, np.zeros_like(proto), None), (proto, None, None)], CPU, m)
+    assert [o["score"] for o in out] == [1.0, 0.0, 0.0]
 
 
 def test_judge_batch_empty_and_no_scorable_components():
@@ -313,23 +306,20 @@ class _Rec:
         return fn(*args, backend="torch")
 
 
-def test_judge_batch_goes_through_the_kernel_record():
+def test_judge_batch_two_kernel_calls_through_the_record_and_the_cache_changes_nothing():
     items = _items(2)
     rec = _Rec()
-    got = judge_batch(items, CPU, Thresholds(), rec, 2)
-    assert len(rec.calls) == 1
-    name, (tp, ta, ts, K) = rec.calls[0]
-    assert name == "segmented_compare" and K == 6
-    # H = max(13, 16, 9) // 2 = 8 rows, W = max(17, 11, 21) // 2 = 10 columns
+    m = Mapping(W7, 2, 4)
+    got = judge_batch(items, CPU, m, rec)
+    assert [c[0] for c in rec.calls] == ["segmented_compare"] * 2
+    (_, (tp, ta, ts, K)), (_, (cp, ca, cs, K2)) = rec.calls
+    assert K == K2 == 6
+    # fine: H = max(13, 16, 9) // 2 = 8 rows, W = max(17, 11, 21) // 2 = 10; coarse: 4 x 5
     assert tp.shape == ta.shape == (len(items), 8, 10, 3) and ts.shape == (len(items), 8, 10)
-    assert tp.dtype == ta.dtype == torch.uint8 and ts.dtype == torch.int32
-    assert int(ts.min()) == -1                      # padding (and uncovered pixels) ignored
-    for g, (p, a, c) in zip(got, items):
-        _assert_same(g, ref_judge(p, a, c, 2))
-    assert got == judge_batch(items, CPU, scale=2)
-
-
-def test_judge_batch_default_scale_is_full_resolution():
-    items = _items(3)[:2]
-    for g, (p, a, c) in zip(judge_batch(items, CPU), items):
-        _assert_same(g, ref_judge(p, a, c, 1))
+    assert cp.shape == (len(items), 4, 5, 3) and cs.shape == (len(items), 4, 5)
+    assert tp.dtype == ta.dtype == torch.uint8 and ts.dtype == torch.int32 and int(ts.min()) == -1
+    cache = ProtoCache(8)
+    keys = [("t", i) for i in range(len(items))]
+    assert judge_batch(items, CPU, m, None, keys, cache) == got
+    assert len(cache.data) == len(items)
+    assert judge_batch(items, CPU, m, None, keys, cache) == got      # served from the cache
