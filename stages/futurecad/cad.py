@@ -142,15 +142,29 @@ class RunResult:
     selections: list[dict] = field(default_factory=list)   # per fillet/chamfer: before-solid, ids, query
 
 
-def run_script(text: str, grounder: Grounder | None = None, record: bool = False) -> RunResult:
-    """Execute a whitelisted script on CadQuery; ScriptError on any failure."""
+def run_script(text: str, grounder: Grounder | None = None, record: bool = False,
+               cache: dict | None = None) -> RunResult:
+    """Execute a whitelisted script on CadQuery; ScriptError on any failure.
+
+    ``cache`` (a dict the caller keeps, e.g. an LRU in the sandbox worker) memoises the workplane after the
+    calls before the first ``edges(...)`` and each grounded selection on it: scripts that share their part
+    (the usual case in RL rollouts) build the part and ground a query once. Results are identical."""
     import cadquery as cq
 
     calls = parse_script(text)
     wp = None
     sels: list[dict] = []
     pending = None
-    for c in calls:
+    first_sel = next((i for i, c in enumerate(calls) if c.name == "edges"), len(calls))
+    prefix = tuple(calls[:first_sel])
+    start = 0
+    if cache is not None and ("wp", prefix) in cache:
+        wp, start = cache[("wp", prefix)], first_sel
+    for k, c in enumerate(calls):
+        if k < start:
+            continue
+        if cache is not None and k == first_sel and k > 0 and ("wp", prefix) not in cache:
+            cache[("wp", prefix)] = wp
         try:
             if c.name == "Workplane":
                 wp = cq.Workplane("XY")
@@ -161,7 +175,13 @@ def run_script(text: str, grounder: Grounder | None = None, record: bool = False
                 if kind == "query":
                     if grounder is None:
                         raise ScriptError("Query(...) needs a grounder")
-                    ids = sorted(set(int(i) for i in grounder(solid, val)))
+                    gkey = ("ground", tuple(calls[:k]), val)
+                    if cache is not None and gkey in cache:
+                        ids = cache[gkey]
+                    else:
+                        ids = sorted(set(int(i) for i in grounder(solid, val)))
+                        if cache is not None:
+                            cache[gkey] = ids
                 else:
                     ids = sorted(set(val))
                 if not ids:
@@ -337,6 +357,12 @@ class Primitives:
     edge_type: list[str]
     face_attr: list[dict]
     edge_attr: list[dict]
+    center: np.ndarray | None = None   # the frame the points are normalised with (part units)
+    scale: np.ndarray | None = None
+
+    def edge_points(self) -> np.ndarray:
+        """(E, CURVE, 3) edge samples back in part units."""
+        return self.edges[..., :3] * self.scale + self.center
 
 
 def _type(name: str, allowed: tuple[str, ...]) -> str:
@@ -371,7 +397,8 @@ def export_primitives(solid) -> Primitives:
         outer = bool(np.all((np.abs(pts[:, 0] - bb.xmin) < tol) | (np.abs(pts[:, 0] - bb.xmax) < tol)
                             | (np.abs(pts[:, 1] - bb.ymin) < tol) | (np.abs(pts[:, 1] - bb.ymax) < tol)))
         radius = e.radius() if t == "CIRCLE" else 0.0
-        eattr.append({"type": t, "level": zl, "vertical": vertical, "outer": outer, "radius": round(radius, 4)})
+        eattr.append({"type": t, "level": zl, "vertical": vertical, "outer": outer, "radius": round(radius, 4),
+                      "length": round(float(e.Length()), 4)})
     fattr = []
     for f, t, g in zip(fs, ftype, fg):
         inside = g[:, 6] > 0.5
@@ -379,8 +406,17 @@ def export_primitives(solid) -> Primitives:
         nz = float(np.mean(g[inside if inside.any() else slice(None), 5]))
         zl = level(pts[:, 2].min(), pts[:, 2].max())
         facing = "up" if nz > 0.99 else "down" if nz < -0.99 else "side"
-        fattr.append({"type": t, "level": zl, "facing": facing})
-    return Primitives(fg, ec, ftype, etype, fattr, eattr)
+        fattr.append({"type": t, "level": zl, "facing": facing, "radius": round(_face_radius(f, t), 4),
+                      "area": round(float(f.Area()), 4)})
+    return Primitives(fg, ec, ftype, etype, fattr, eattr, center, scale)
+
+
+def _face_radius(face, ftype: str) -> float:
+    if ftype != "CYLINDER":
+        return 0.0
+    from OCP.BRepAdaptor import BRepAdaptor_Surface
+
+    return float(BRepAdaptor_Surface(face.wrapped).Cylinder().Radius())
 
 
 # ----------------------------------------------------------------------------------------------
@@ -396,6 +432,10 @@ EDGE_SPECS = [
     ("edges", "circular", "bottom", ""),
     ("edges", "circular", "top", "largest"),
     ("edges", "circular", "top", "smallest"),
+    ("edges", "circular", "bottom", "largest"),
+    ("edges", "circular", "bottom", "smallest"),
+    ("edges", "straight", "top", "longest"),
+    ("edges", "straight", "top", "shortest"),
     ("edges", "straight", "step level", ""),
     ("edges", "circular", "step level", ""),
 ]
@@ -404,13 +444,30 @@ FACE_SPECS = [
     ("faces", "planar", "bottom", ""),
     ("faces", "planar", "step level", ""),
     ("faces", "cylindrical", "sides", ""),
+    ("faces", "cylindrical", "sides", "largest"),
+    ("faces", "cylindrical", "sides", "smallest"),
 ]
 SPECS = EDGE_SPECS + FACE_SPECS
 PLACE_LEVEL = {"top": "top", "bottom": "bottom", "step level": "middle"}
+SIZE_WORDS = ("largest", "smallest", "longest", "shortest")   # superlatives: extreme radius (circles,
+#   cylinders) or length (straight edges) among the members of the unqualified set; ties keep all
+
+
+def size_matters(prims: Primitives, spec) -> bool:
+    """A superlative spec whose set is a proper subset of the unqualified one (≥ 2 distinct sizes)."""
+    if not spec[3]:
+        return False
+    ids = target_ids(prims, spec)
+    return bool(ids) and len(ids) < len(target_ids(prims, spec[:3] + ("",)))
+
+
+def spec_name(spec) -> str:
+    return " ".join(w for w in spec if w)
 
 
 def target_ids(prims: Primitives, spec: tuple[str, str, str, str]) -> list[int]:
-    """Ground-truth member ids (within faces or within edges) of a spec on these primitives."""
+    """Ground-truth member ids (within faces or within edges) of a spec on these primitives. A size word keeps
+    the members of extreme size (ties keep all: with a single size it keeps the whole set)."""
     prim, tword, place, size = spec
     if prim == "edges":
         ids = []
@@ -422,22 +479,23 @@ def target_ids(prims: Primitives, spec: tuple[str, str, str, str]) -> list[int]:
                 ok = a["type"] == want and a["level"] == PLACE_LEVEL[place]
             if ok:
                 ids.append(i)
-        if size and ids:
-            radii = sorted({prims.edge_attr[i]["radius"] for i in ids})
-            if len(radii) < 2:
-                return []
-            pick = radii[-1] if size == "largest" else radii[0]
-            ids = [i for i in ids if prims.edge_attr[i]["radius"] == pick]
-        return ids
-    ids = []
-    for i, a in enumerate(prims.face_attr):
-        if tword == "cylindrical":
-            ok = a["type"] == "CYLINDER"
-        else:
-            facing = "down" if place == "bottom" else "up"
-            ok = a["type"] == "PLANE" and a["facing"] == facing and a["level"] == PLACE_LEVEL[place]
-        if ok:
-            ids.append(i)
+        attrs = prims.edge_attr
+    else:
+        ids = []
+        for i, a in enumerate(prims.face_attr):
+            if tword == "cylindrical":
+                ok = a["type"] == "CYLINDER"
+            else:
+                facing = "down" if place == "bottom" else "up"
+                ok = a["type"] == "PLANE" and a["facing"] == facing and a["level"] == PLACE_LEVEL[place]
+            if ok:
+                ids.append(i)
+        attrs = prims.face_attr
+    if size and ids:
+        key = "length" if size in ("longest", "shortest") else "radius"
+        vals = sorted({attrs[i][key] for i in ids})
+        pick = vals[-1] if size in ("largest", "longest") else vals[0]
+        ids = [i for i in ids if attrs[i][key] == pick]
     return ids
 
 
@@ -447,6 +505,8 @@ SEEN_TEMPLATES = (
     "{op} every {size} {type} {prim} located at the {place}",
     "on the {place} , {op} the {size} {type} {prim}",
     "{type} {prim} on the {place} that are {size} : {op} them",
+    "please {op} all {size} {type} {prim} at the {place}",
+    "at the {place} there are {size} {type} {prim} ; {op} them",
 )
 HELDOUT_TEMPLATES = (
     "{op} {size} {type} {prim} found at the {place} of the model",
@@ -462,6 +522,7 @@ SYNONYMS = {
     "straight": ("straight", "linear"), "vertical straight": ("vertical straight", "upright"),
     "circular": ("circular", "round", "curved"), "planar": ("planar", "flat"), "cylindrical": ("cylindrical", "curved"),
     "largest": ("largest", "biggest", "widest"), "smallest": ("smallest", "tiniest", "narrowest"),
+    "longest": ("longest", "long"), "shortest": ("shortest", "short"),
     "edges": ("edges",), "faces": ("faces", "surfaces"), "": ("",),
 }
 
@@ -586,3 +647,89 @@ def write_step(solid, path) -> None:
     text = re.sub(r"(FILE_NAME\('[^']*',)'[^']*'", r"\1'1970-01-01T00:00:00'", text, count=1)
     with open(path, "w", encoding="utf-8") as fh:
         fh.write(text)
+
+
+# ----------------------------------------------------------------------------------------------
+# STEP directory with labelled queries (the BRepGround row schema)
+# ----------------------------------------------------------------------------------------------
+STEP_QUERIES = "queries.jsonl"
+MAX_STEP_BYTES = 50_000_000
+MAX_QUERY_LINES = 1_000_000
+
+
+def load_step_dir(path) -> list[dict]:
+    """A directory of STEP files plus ``queries.jsonl``, one grounding row per line in the schema of the
+    paper's BRepGround data (HF jhlee11/BRepGround): ``{"id": str, "step": "<file>.step", "queries": [str, ...],
+    "face_labels": [0/1, ...], "edge_labels": [0/1, ...]}`` — multi-hot labels over the faces / edges of the
+    STEP's solid in CadQuery's enumeration order (``Shape.Faces()``, ``Shape.Edges()``); all-zero labels mean
+    "no such feature". Returns one dict per row with the loaded solid and its exported primitives
+    (faces on UV grids, edges as sampled curves). StepError with a one-line reason on any schema problem."""
+    import json as _json
+    from pathlib import Path
+
+    root = Path(path)
+    qfile = root / STEP_QUERIES
+    if not root.is_dir():
+        raise StepError(f"{root}: not a directory")
+    if not qfile.is_file():
+        raise StepError(f"{root}: no {STEP_QUERIES}")
+    if qfile.stat().st_size > MAX_STEP_BYTES:
+        raise StepError(f"{qfile}: larger than {MAX_STEP_BYTES} bytes")
+    cache: dict[str, tuple] = {}
+    rows = []
+    with open(qfile, encoding="utf-8") as fh:
+        for n, line in enumerate(fh, 1):
+            if n > MAX_QUERY_LINES:
+                raise StepError(f"{qfile}: more than {MAX_QUERY_LINES} rows")
+            if not line.strip():
+                continue
+            where = f"{qfile}:{n}"
+            try:
+                row = _json.loads(line)
+            except ValueError:
+                raise StepError(f"{where}: not a JSON object") from None
+            if not isinstance(row, dict):
+                raise StepError(f"{where}: not a JSON object")
+            for key, kind in (("id", str), ("step", str), ("queries", list), ("face_labels", list),
+                              ("edge_labels", list)):
+                if not isinstance(row.get(key), kind):
+                    raise StepError(f"{where}: field {key!r} missing or not a {kind.__name__}")
+            if not row["queries"] or not all(isinstance(q, str) and q.strip() for q in row["queries"]):
+                raise StepError(f"{where}: 'queries' must be non-empty strings")
+            name = row["step"]
+            step = (root / name).resolve()
+            if step.parent != root.resolve() or not step.is_file():
+                raise StepError(f"{where}: step {name!r} is not a file in {root}")
+            if name not in cache:
+                if step.stat().st_size > MAX_STEP_BYTES:
+                    raise StepError(f"{step}: larger than {MAX_STEP_BYTES} bytes")
+                solid = load_step(step)
+                cache[name] = (solid, export_primitives(solid))
+            solid, prims = cache[name]
+            for key, count in (("face_labels", len(prims.face_attr)), ("edge_labels", len(prims.edge_attr))):
+                lab = row[key]
+                if len(lab) != count or any(v not in (0, 1) or isinstance(v, bool) for v in lab):
+                    raise StepError(f"{where}: {key} must be {count} values of 0/1 for {name} "
+                                    f"(got {len(lab)})")
+            rows.append({"id": row["id"], "step": name, "queries": [" ".join(q.split()) for q in row["queries"]],
+                         "face_labels": row["face_labels"], "edge_labels": row["edge_labels"],
+                         "solid": solid, "prims": prims})
+    if not rows:
+        raise StepError(f"{qfile}: no rows")
+    return rows
+
+
+def match_edges(a: Primitives, b: Primitives, ids_a: list[int], ids_b: list[int], tol: float = 1e-4) -> bool:
+    """Do two id sets name the same geometric edges (same curves in part units, as sets)?"""
+    if len(ids_a) != len(ids_b):
+        return False
+    pa, pb = a.edge_points(), b.edge_points()
+    tol = tol * max(float(np.max(np.abs(pa))) if len(pa) else 1.0, 1.0)
+    free = set(ids_b)
+    for i in ids_a:
+        hit = next((j for j in free if np.allclose(pa[i], pb[j], atol=tol)
+                    or np.allclose(pa[i], pb[j][::-1], atol=tol)), None)
+        if hit is None:
+            return False
+        free.discard(hit)
+    return True

@@ -215,6 +215,58 @@ def type_only(query: str, prims: cad.Primitives) -> tuple[str, list[int]]:
     return prim, [i for i, a in enumerate(prims.face_attr) if a["type"] == t]
 
 
+def _first_words(*keys: str) -> set[str]:
+    return {phrase.split()[0] for k in keys for phrase in cad.SYNONYMS[k]}
+
+
+PLACE_WORDS = {k: _first_words(k) for k in ("top", "bottom", "step level", "sides")}
+EDGE_TYPE_WORDS = {"vertical straight": _first_words("vertical straight") | {"vertical"},
+                   "circular": _first_words("circular"), "straight": _first_words("straight")}
+FACE_TYPE_WORDS = {"cylindrical": _first_words("cylindrical"), "planar": _first_words("planar")}
+SIZE_WORD_TABLE = {k: _first_words(k) for k in cad.SIZE_WORDS}
+FACE_WORDS = {"face", "faces", "surface", "surfaces"}
+
+
+def synonym_rule(query: str, prims: cad.Primitives) -> tuple[str, list[int]]:
+    """The keyword rule at full strength: every attribute word and paraphrase of the training queries
+    (``cad.SYNONYMS``, the grounder's own training vocabulary) mapped to its predicate, size words included.
+    A query naming no type word (or no place for a type that needs one) selects nothing (abstains)."""
+    w = cad.tokenize_query(query)
+    ws = set(w)
+    prim = "faces" if ws & FACE_WORDS else "edges"
+    size = next((k for k, words in SIZE_WORD_TABLE.items() if ws & words), "")
+    table = EDGE_TYPE_WORDS if prim == "edges" else FACE_TYPE_WORDS
+    tword = next((k for k, words in table.items() if ws & words), None)
+    place = next((k for k, words in PLACE_WORDS.items() if ws & words), None)
+    if tword in ("vertical straight", "cylindrical"):
+        place = "sides"
+    if tword is None or place is None or (place == "sides" and tword not in ("vertical straight", "cylindrical")):
+        return prim, []
+    if size and cad.SIZE_WORDS.index(size) >= 2 and (prim, tword) != ("edges", "straight"):
+        size = ""                                   # longest/shortest only qualify straight edges
+    if size and cad.SIZE_WORDS.index(size) < 2 and (prim, tword) == ("edges", "straight"):
+        size = ""
+    return prim, cad.target_ids(prims, (prim, tword, place, size))
+
+
+def ranking_metrics(scores: np.ndarray, truth: set[int], ks=(3, 5, 10)) -> dict[str, float]:
+    """Recall@k and average precision of one query: the primitives of the target's kind ranked by score
+    (ties in id order). Needs a non-empty truth."""
+    if not truth:
+        raise ValueError("ranking_metrics: empty truth")
+    order = np.argsort(-np.asarray(scores, dtype=np.float64), kind="stable")
+    hits = np.array([int(i) in truth for i in order], dtype=np.float64)
+    out = {f"recall@{k}": float(hits[:k].sum() / len(truth)) for k in ks}
+    prec = np.cumsum(hits) / np.arange(1, len(hits) + 1)
+    out["ap"] = float((prec * hits).sum() / len(truth))
+    return out
+
+
+def known_words(query: str, vocab: dict[str, int]) -> int:
+    """Alphabetic query words in the grounder's vocabulary (an all-unknown query abstains)."""
+    return sum(1 for t in cad.tokenize_query(query) if t.isalpha() and t in vocab)
+
+
 def set_metrics(pred: set, truth: set) -> tuple[float, float]:
     """Exact-set accuracy and F1 of one selection."""
     exact = float(pred == truth)
@@ -261,6 +313,14 @@ def decode_script(ids, itos: list[str]) -> str:
     return cad.detokenize_script(out)
 
 
+def crop_trailing(x: torch.Tensor, prompt_len: int) -> torch.Tensor:
+    """Drop script columns that are padding in every row (a causal model's earlier outputs do not depend on
+    them and the loss ignores them): the same numbers on the kept positions, less compute."""
+    nonpad = (x[:, prompt_len:] != TPAD).any(0)
+    keep = int(torch.nonzero(nonpad).max()) + 1 if bool(nonpad.any()) else 1
+    return x[:, : prompt_len + keep]
+
+
 class SFTModule(L.LightningModule):
     """Supervised fine-tuning: cross-entropy on the script tokens given the description prefix."""
 
@@ -270,7 +330,7 @@ class SFTModule(L.LightningModule):
         self.history: list[dict] = []
 
     def training_step(self, batch, idx):
-        x = batch                                                              # (B, Lp + Ls)
+        x = crop_trailing(batch, self.prompt_len)                              # (B, Lp + Ls'), Ls' ≤ Ls
         logits = self.model(x[:, :-1])[:, self.prompt_len - 1:]                # predicts x[:, Lp:]
         tgt = x[:, self.prompt_len:]
         loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), tgt.reshape(-1), ignore_index=TPAD)
@@ -338,9 +398,12 @@ class ScriptPolicy(nn.Module):
         return {"tokens": torch.cat([p, comp], 1), "mask": mask, "rid": rid}
 
     def token_logprobs(self, roll):
-        x = roll["tokens"]
-        logits = self.model(x[:, :-1])[:, self.prompt_len - 1:]                 # (B, Ls, V)
-        return self.logprob_fn(logits, x[:, self.prompt_len:])
+        full = roll["tokens"]
+        x = crop_trailing(full, self.prompt_len)
+        logits = self.model(x[:, :-1])[:, self.prompt_len - 1:]                 # (B, Ls', V)
+        lp = self.logprob_fn(logits, x[:, self.prompt_len:])
+        pad = full.shape[1] - x.shape[1]                                        # all-pad tail: log-prob 0, mask 0
+        return F.pad(lp, (0, pad)) if pad else lp
 
 
 def np_seed(seed: int) -> np.random.Generator:
