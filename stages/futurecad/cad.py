@@ -142,6 +142,44 @@ class RunResult:
     selections: list[dict] = field(default_factory=list)   # per fillet/chamfer: before-solid, ids, query
 
 
+_WP_CLASS = None
+
+
+def _workplane_class():
+    """cq.Workplane whose ``newObject`` copies the plane without first building a default one (CadQuery's
+    builds ``Plane.named("XY")`` for every call of the chain and throws it away): the same state, less time."""
+    global _WP_CLASS
+    if _WP_CLASS is None:
+        from copy import copy
+
+        import cadquery as cq
+
+        class FastWorkplane(cq.Workplane):
+            def newObject(self, objlist):
+                ns = object.__new__(type(self))
+                ns.plane = copy(self.plane)
+                ns.parent = self
+                ns.objects = list(objlist)
+                ns.ctx = self.ctx
+                ns._tag = None
+                return ns
+
+        _WP_CLASS = FastWorkplane
+    return _WP_CLASS
+
+
+def _fork(wp):
+    """A workplane with wp's state and its own copy of the chain context (pending wires/edges, tags), so
+    that later calls of one script cannot leak into another script that reuses the cached prefix."""
+    from copy import copy
+
+    ns = wp.newObject(wp.objects)
+    ctx = copy(wp.ctx)
+    ctx.pendingWires, ctx.pendingEdges, ctx.tags = list(wp.ctx.pendingWires), list(wp.ctx.pendingEdges), dict(wp.ctx.tags)
+    ns.ctx = ctx
+    return ns
+
+
 def run_script(text: str, grounder: Grounder | None = None, record: bool = False,
                cache: dict | None = None) -> RunResult:
     """Execute a whitelisted script on CadQuery; ScriptError on any failure.
@@ -149,8 +187,6 @@ def run_script(text: str, grounder: Grounder | None = None, record: bool = False
     ``cache`` (a dict the caller keeps, e.g. an LRU in the sandbox worker) memoises the workplane after the
     calls before the first ``edges(...)`` and each grounded selection on it: scripts that share their part
     (the usual case in RL rollouts) build the part and ground a query once. Results are identical."""
-    import cadquery as cq
-
     calls = parse_script(text)
     wp = None
     sels: list[dict] = []
@@ -159,15 +195,15 @@ def run_script(text: str, grounder: Grounder | None = None, record: bool = False
     prefix = tuple(calls[:first_sel])
     start = 0
     if cache is not None and ("wp", prefix) in cache:
-        wp, start = cache[("wp", prefix)], first_sel
+        wp, start = _fork(cache[("wp", prefix)]), first_sel
     for k, c in enumerate(calls):
         if k < start:
             continue
         if cache is not None and k == first_sel and k > 0 and ("wp", prefix) not in cache:
-            cache[("wp", prefix)] = wp
+            cache[("wp", prefix)] = _fork(wp)
         try:
             if c.name == "Workplane":
-                wp = cq.Workplane("XY")
+                wp = _workplane_class()("XY")
             elif c.name == "edges":
                 solid = wp.findSolid()
                 edges = solid.Edges()
@@ -204,6 +240,8 @@ def run_script(text: str, grounder: Grounder | None = None, record: bool = False
             raise
         except Exception as err:  # the kernel refused (bad fillet radius, nothing to cut, ...)
             raise ScriptError(f"{c.name}() failed in the CAD kernel: {type(err).__name__}") from None
+    if cache is not None and first_sel == len(calls) and ("wp", prefix) not in cache:
+        cache[("wp", prefix)] = _fork(wp)                 # a script without selections is itself a prefix
     try:
         solid = wp.findSolid()
     except Exception:
@@ -287,33 +325,43 @@ def random_part(rng: np.random.Generator) -> dict:
 # ----------------------------------------------------------------------------------------------
 # primitive export (UV grids, curves) and attributes
 # ----------------------------------------------------------------------------------------------
+def bbox_of(solid) -> tuple[np.ndarray, np.ndarray]:
+    """Exact bounding box from the B-Rep geometry only (never from a triangulation the solid may carry:
+    meshing a solid for surface points must not change its later export)."""
+    from OCP.Bnd import Bnd_Box
+    from OCP.BRepBndLib import BRepBndLib
+
+    box = Bnd_Box()
+    BRepBndLib.AddOptimal_s(solid.wrapped, box, False, False)
+    x0, y0, z0, x1, y1, z1 = box.Get()
+    return np.array([x0, y0, z0]), np.array([x1, y1, z1])
+
+
 def frame_of(solid) -> tuple[np.ndarray, np.ndarray]:
     """Centre and per-axis half extents: points are mapped to [-1, 1]^3 (the part's bounding box)."""
-    bb = solid.BoundingBox()
-    lo, hi = np.array([bb.xmin, bb.ymin, bb.zmin]), np.array([bb.xmax, bb.ymax, bb.zmax])
+    lo, hi = bbox_of(solid)
     return (lo + hi) / 2, np.maximum((hi - lo) / 2, 1e-9)
 
 
 def diag_of(solid) -> float:
-    bb = solid.BoundingBox()
-    return float(np.linalg.norm([bb.xlen, bb.ylen, bb.zlen]))
+    lo, hi = bbox_of(solid)
+    return float(np.linalg.norm(hi - lo))
 
 
 def face_grid(face, center: np.ndarray, scale: np.ndarray) -> np.ndarray:
     """(UV·UV, 7) points, unit normals (outward, orientation-aware) and trim mask on a UV grid."""
     from OCP.BRepAdaptor import BRepAdaptor_Surface
-    from OCP.BRepClass import BRepClass_FaceClassifier
     from OCP.BRepTools import BRepTools
+    from OCP.BRepTopAdaptor import BRepTopAdaptor_FClass2d
     from OCP.gp import gp_Pnt, gp_Pnt2d, gp_Vec
     from OCP.TopAbs import TopAbs_IN, TopAbs_ON, TopAbs_REVERSED
 
     ad = BRepAdaptor_Surface(face.wrapped)
     umin, umax, vmin, vmax = BRepTools.UVBounds_s(face.wrapped)
     flip = -1.0 if face.wrapped.Orientation() == TopAbs_REVERSED else 1.0
-    cls = BRepClass_FaceClassifier()
+    cls = BRepTopAdaptor_FClass2d(face.wrapped, 1e-7)      # same states as BRepClass_FaceClassifier, faster
     P, DU, DV = gp_Pnt(), gp_Vec(), gp_Vec()
-    out = np.zeros((UV * UV, FACE_CH), dtype=np.float32)
-    k = 0
+    raw = []
     for i in range(UV):
         for j in range(UV):
             u = umin + (umax - umin) * (i + 0.5) / UV
@@ -321,14 +369,12 @@ def face_grid(face, center: np.ndarray, scale: np.ndarray) -> np.ndarray:
             ad.D1(u, v, P, DU, DV)
             n = DU.Crossed(DV)
             nn = n.Magnitude()
-            nv = np.array([n.X(), n.Y(), n.Z()]) * flip / nn if nn > 1e-12 else np.zeros(3)
-            cls.Perform(face.wrapped, gp_Pnt2d(u, v), 1e-7)
-            inside = cls.State() in (TopAbs_IN, TopAbs_ON)
-            out[k, :3] = (np.array([P.X(), P.Y(), P.Z()]) - center) / scale
-            out[k, 3:6] = nv
-            out[k, 6] = 1.0 if inside else 0.0
-            k += 1
-    return out
+            inside = cls.Perform(gp_Pnt2d(u, v)) in (TopAbs_IN, TopAbs_ON)
+            k = flip / nn if nn > 1e-12 else 0.0
+            raw.append((P.X(), P.Y(), P.Z(), n.X() * k, n.Y() * k, n.Z() * k, 1.0 if inside else 0.0))
+    out = np.array(raw, dtype=np.float64)
+    out[:, :3] = (out[:, :3] - center) / scale
+    return out.astype(np.float32)
 
 
 def edge_curve(edge, center: np.ndarray, scale: np.ndarray) -> np.ndarray:
@@ -372,8 +418,8 @@ def _type(name: str, allowed: tuple[str, ...]) -> str:
 def export_primitives(solid) -> Primitives:
     from OCP.BRep import BRep_Tool
 
-    center, scale = frame_of(solid)
-    bb = solid.BoundingBox()
+    lo, hi = bbox_of(solid)
+    center, scale = (lo + hi) / 2, np.maximum((hi - lo) / 2, 1e-9)      # = frame_of(solid)
     tol = 1e-4 * float(scale.max())
     fs, es = solid.Faces(), solid.Edges()
     fg = np.stack([face_grid(f, center, scale) for f in fs]) if fs else np.zeros((0, UV * UV, FACE_CH), np.float32)
@@ -385,7 +431,7 @@ def export_primitives(solid) -> Primitives:
         if abs(zhi - zlo) > tol:
             return "span"
         z = (zlo + zhi) / 2
-        return "top" if abs(z - bb.zmax) < tol else "bottom" if abs(z - bb.zmin) < tol else "middle"
+        return "top" if abs(z - hi[2]) < tol else "bottom" if abs(z - lo[2]) < tol else "middle"
 
     eattr = []
     for e, t, c in zip(es, etype, ec):
@@ -394,8 +440,8 @@ def export_primitives(solid) -> Primitives:
         vertical = t == "LINE" and abs(float(c[0, 5])) > 0.999
         if vertical:   # a cylinder's seam line is not a real edge of the part (nothing to fillet)
             vertical = not any(BRep_Tool.IsClosed_s(e.wrapped, f.wrapped) for f in fs)
-        outer = bool(np.all((np.abs(pts[:, 0] - bb.xmin) < tol) | (np.abs(pts[:, 0] - bb.xmax) < tol)
-                            | (np.abs(pts[:, 1] - bb.ymin) < tol) | (np.abs(pts[:, 1] - bb.ymax) < tol)))
+        outer = bool(np.all((np.abs(pts[:, 0] - lo[0]) < tol) | (np.abs(pts[:, 0] - hi[0]) < tol)
+                            | (np.abs(pts[:, 1] - lo[1]) < tol) | (np.abs(pts[:, 1] - hi[1]) < tol)))
         radius = e.radius() if t == "CIRCLE" else 0.0
         eattr.append({"type": t, "level": zl, "vertical": vertical, "outer": outer, "radius": round(radius, 4),
                       "length": round(float(e.Length()), 4)})
@@ -580,11 +626,37 @@ def detokenize_script(tokens: list[str]) -> str:
 # ----------------------------------------------------------------------------------------------
 # point clouds, volume IoU, STEP
 # ----------------------------------------------------------------------------------------------
-def surface_points(solid, n: int, seed: int = 0) -> np.ndarray:
+def tessellate(solid, tolerance: float, angular: float) -> tuple[np.ndarray, np.ndarray]:
+    """(V, 3) vertices and (T, 3) triangles: CadQuery's ``Shape.tessellate`` (same mesh, same order) without
+    building a Vector per vertex."""
+    from OCP.BRep import BRep_Tool
+    from OCP.TopAbs import TopAbs_REVERSED
+    from OCP.TopLoc import TopLoc_Location
+
+    solid.mesh(tolerance, angular)
+    verts, tris, offset = [], [], 0
+    for f in solid.Faces():
+        loc = TopLoc_Location()
+        poly = BRep_Tool.Triangulation_s(f.wrapped, loc)
+        if poly is None:
+            continue
+        trsf = loc.Transformation()
+        for i in range(1, poly.NbNodes() + 1):
+            v = poly.Node(i).Transformed(trsf)
+            verts.append((v.X(), v.Y(), v.Z()))
+        rev = f.wrapped.Orientation() == TopAbs_REVERSED
+        for i in range(1, poly.NbTriangles() + 1):
+            t = poly.Triangle(i)
+            a, b, c = t.Value(1), t.Value(2), t.Value(3)
+            tris.append((a + offset - 1, c + offset - 1, b + offset - 1) if rev else
+                        (a + offset - 1, b + offset - 1, c + offset - 1))
+        offset += poly.NbNodes()
+    return np.array(verts, dtype=np.float64).reshape(-1, 3), np.array(tris, dtype=np.int64).reshape(-1, 3)
+
+
+def surface_points(solid, n: int, seed: int = 0, diag: float | None = None) -> np.ndarray:
     """n points sampled area-weighted on the tessellated surface (fixed seed: same solid, same points)."""
-    verts, tris = solid.tessellate(5e-3 * diag_of(solid), 0.3)
-    V = np.array([[v.x, v.y, v.z] for v in verts], dtype=np.float64)
-    T = np.array(tris, dtype=np.int64)
+    V, T = tessellate(solid, 5e-3 * (diag_of(solid) if diag is None else diag), 0.3)
     a, b, c = V[T[:, 0]], V[T[:, 1]], V[T[:, 2]]
     area = 0.5 * np.linalg.norm(np.cross(b - a, c - a), axis=1)
     rng = np.random.default_rng(seed)
@@ -603,6 +675,22 @@ def volume_iou(a, b) -> float:
     except Exception:
         return 0.0
     return float(inter / union) if union > 1e-9 else 0.0
+
+
+_EXPORT_MEMO: list[tuple[list, "Primitives"]] = []
+
+
+def export_cached(solid) -> "Primitives":
+    """export_primitives with a small memo over the last solids (matched by their sub-solids, isSame): a
+    chain's ``findSolid`` wraps the same solid in a fresh compound on every call."""
+    subs = solid.Solids()
+    for key, prims in _EXPORT_MEMO:
+        if len(key) == len(subs) and all(a.isSame(b) for a, b in zip(key, subs)):
+            return prims
+    prims = export_primitives(solid)
+    _EXPORT_MEMO.insert(0, (subs, prims))
+    del _EXPORT_MEMO[8:]
+    return prims
 
 
 class StepError(ValueError):

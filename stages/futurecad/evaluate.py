@@ -34,7 +34,7 @@ from stages.common.device import DeviceName, pick_device
 from stages.common.paths import read_json, write_json
 from stages.common.runner import StageContext
 from stages.common.tiny_transformer import TinyTransformer, TinyTransformerConfig
-from stages.futurecad import cad, ground
+from stages.futurecad import cad, cputime, ground
 from stages.futurecad.model import (decode_script, encode_prompt, keyword_rule, known_words, pad_parts, predict,
                                     ranking_metrics, sample_scripts, set_metrics, synonym_rule, type_only)
 from stages.futurecad.sandbox import CadSandbox
@@ -111,6 +111,8 @@ def run(cfg: Config, ctx: StageContext) -> None:
     models = read_json(tr / "models.json")
     with CadSandbox(meta["n_points"], cfg.sandbox_workers) as sb:   # workers import CadQuery meanwhile
         _run(cfg, ctx, prep, tr, meta, models, device, sb)
+    cputime.record(ctx, {"sandbox_wait_wall": sb.wall_s, "scripts_requested": sb.requested,
+                         "scripts_executed": sb.executed})
 
 
 def _run(cfg, ctx, prep, tr, meta, models, device, sandbox) -> None:
@@ -144,15 +146,16 @@ def _run(cfg, ctx, prep, tr, meta, models, device, sandbox) -> None:
                                  else {"abstained": 1.0} for r in all_rows]] * len(seeds), all_rows, fam)
 
     # ---- 1. BRepGround-mini per seed (batch scoring)
-    padded = pad_parts([parts[r["part"]] for r in rows] + [ext_parts[r["ext_part"]] for r in ext],
-                       g["max_faces"], g["max_edges"])
+    padded = pad_parts(parts + ext_parts, g["max_faces"], g["max_edges"])       # each part once
+    part_rows = torch.tensor([r["part"] for r in rows] + [len(parts) + r["ext_part"] for r in ext],
+                             dtype=torch.long, device=device)
     per_seed, grounders, answers0 = [], {}, None
     for seed in seeds:
         net, gmeta = load_ground(tr / f"ground_s{seed}.pt", device)
         grounders[seed] = ModelGrounder(net, gmeta)
         vocab = grounders[seed].vocab
         words = query_tensors(all_rows, vocab, g["max_words"]).to(device)
-        scores, _ = predict(net, words, {k: v.to(device) for k, v in padded.items()})
+        scores, _ = predict(net, words, {k: v.to(device) for k, v in padded.items()}, rows=part_rows)
         ans = answer_rows(scores.cpu().numpy(), all_rows, gmeta, vocab)
         per_seed.append([item_scores(a, r) for a, r in zip(ans, all_rows)])
         if seed == seeds[0]:

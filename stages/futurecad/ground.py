@@ -56,8 +56,8 @@ def ground_solid(grounder, solid, query: str, threshold: float | None = None,
     if len(prims.face_attr) > g["max_faces"] or len(prims.edge_attr) > g["max_edges"]:
         raise UsageError(f"part has {len(prims.face_attr)} faces / {len(prims.edge_attr)} edges; the model "
                          f"takes at most {g['max_faces']} / {g['max_edges']}")
-    threshold = g["threshold"] if threshold is None else threshold
-    abstain_threshold = g["abstain_threshold"] if abstain_threshold is None else abstain_threshold
+    threshold = g.get("threshold", 0.5) if threshold is None else threshold
+    abstain_threshold = g.get("abstain_threshold", 0.5) if abstain_threshold is None else abstain_threshold
     fs, es = grounder.scores(prims, query)
     d = decide(fs, es, known_words(query, grounder.vocab), threshold, abstain_threshold)
     return {"n_faces": len(fs), "n_edges": len(es), "threshold": threshold, "abstain_threshold": abstain_threshold,

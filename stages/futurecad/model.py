@@ -90,17 +90,21 @@ class BRepGround(nn.Module):
         self.fusion = _encoder(d, heads, fusion_layers)
         self.head = nn.Linear(d, 1)
 
-    def forward(self, words, faces, edges, face_type, edge_type, fmask, emask):
+    def forward(self, words, faces, edges, face_type, edge_type, fmask, emask, rows=None):
+        """``rows`` (B,): the part of each query when faces/edges/types/masks are given once per part (P, ...);
+        each part's primitives are then encoded once for all its queries (same numbers, less work)."""
         B, W = words.shape
-        _, Fn, G, Cf = faces.shape
+        P, Fn, G, Cf = faces.shape
         En = edges.shape[1]
         wmask = words != PAD
         t = self.word(words) + self.wpos(torch.arange(W, device=words.device))           # (B, W, C)
         t = self.text(t, src_key_padding_mask=~wmask)
-        g = faces.reshape(B * Fn, cad.UV, cad.UV, Cf).permute(0, 3, 1, 2)                 # (B·F, 7, UV, UV)
-        f = self.face_enc(g).reshape(B, Fn, -1) + self.ftype(face_type) + self.kind.weight[1]
-        c = edges.reshape(B * En, cad.CURVE, -1).permute(0, 2, 1)                         # (B·E, 6, CURVE)
-        e = self.edge_enc(c).reshape(B, En, -1) + self.etype(edge_type) + self.kind.weight[2]
+        g = faces.reshape(P * Fn, cad.UV, cad.UV, Cf).permute(0, 3, 1, 2)                 # (P·F, 7, UV, UV)
+        f = self.face_enc(g).reshape(P, Fn, -1) + self.ftype(face_type) + self.kind.weight[1]
+        c = edges.reshape(P * En, cad.CURVE, -1).permute(0, 2, 1)                         # (P·E, 6, CURVE)
+        e = self.edge_enc(c).reshape(P, En, -1) + self.etype(edge_type) + self.kind.weight[2]
+        if rows is not None:                                                              # (P, ...) -> (B, ...)
+            f, e, fmask, emask = f[rows], e[rows], fmask[rows], emask[rows]
         x = torch.cat([t + self.kind.weight[0], f, e], 1)                                 # (B, W+F+E, C)
         mask = torch.cat([wmask, fmask, emask], 1)
         h = self.fusion(x, src_key_padding_mask=~mask)
@@ -116,9 +120,11 @@ class GroundModule(L.LightningModule):
         self.history: list[dict] = []
 
     def training_step(self, batch, idx):
+        rows = batch.get("rows")
         logits = self.net(batch["words"], batch["faces"], batch["edges"], batch["face_type"],
-                          batch["edge_type"], batch["fmask"], batch["emask"])
-        mask = torch.cat([batch["fmask"], batch["emask"]], 1).float()
+                          batch["edge_type"], batch["fmask"], batch["emask"], rows)
+        mask = torch.cat([batch["fmask"], batch["emask"]], 1)
+        mask = (mask if rows is None else mask[rows]).float()
         bce = F.binary_cross_entropy_with_logits(logits, batch["y"], reduction="none")  # ALGO: per-primitive BCE
         loss = (bce * mask).sum() / mask.sum()
         self.history.append({"step": int(self.global_step), "loss": float(loss.detach())})
@@ -130,11 +136,15 @@ class GroundModule(L.LightningModule):
 
 
 class GroundLoader:
-    """``steps`` random batches of (query, part) rows, seeded."""
+    """``steps`` seeded batches of (query, part) rows. per_part > 1: batch // per_part parts drawn uniformly,
+    per_part queries drawn from each, the parts' primitives given once (``rows`` maps queries to parts)."""
 
-    def __init__(self, words, part_idx, y, parts, batch: int, steps: int, seed: int):
+    def __init__(self, words, part_idx, y, parts, batch: int, steps: int, seed: int, per_part: int = 1):
         self.words, self.part_idx, self.y, self.parts = words, part_idx, y, parts
-        self.batch, self.steps, self.seed = batch, steps, seed
+        self.batch, self.steps, self.seed, self.per_part = batch, steps, seed, per_part
+        if per_part > 1:
+            self.pids = torch.unique(part_idx)
+            self.by_part = [torch.nonzero(part_idx == p).flatten() for p in self.pids.tolist()]
 
     def __len__(self):
         return self.steps
@@ -142,9 +152,18 @@ class GroundLoader:
     def __iter__(self):
         g = torch.Generator().manual_seed(self.seed)
         for _ in range(self.steps):
-            i = torch.randint(0, self.words.shape[0], (self.batch,), generator=g)
-            p = self.part_idx[i]
-            yield crop_batch({"words": self.words[i], "y": self.y[i], **{k: v[p] for k, v in self.parts.items()}})
+            if self.per_part == 1:
+                i = torch.randint(0, self.words.shape[0], (self.batch,), generator=g)
+                p = self.part_idx[i]
+                yield crop_batch({"words": self.words[i], "y": self.y[i], **{k: v[p] for k, v in self.parts.items()}})
+                continue
+            n = max(1, self.batch // self.per_part)
+            picks = torch.randint(0, len(self.by_part), (n,), generator=g)
+            i = torch.cat([self.by_part[k][torch.randint(0, len(self.by_part[k]), (self.per_part,), generator=g)]
+                           for k in picks.tolist()])
+            uniq, rows = torch.unique(self.part_idx[i], return_inverse=True)
+            yield crop_batch({"words": self.words[i], "y": self.y[i], "rows": rows,
+                              **{k: v[uniq] for k, v in self.parts.items()}})
 
 
 def crop_batch(b: dict) -> dict:
@@ -162,16 +181,23 @@ def crop_batch(b: dict) -> dict:
 
 
 @torch.no_grad()
-def predict(net: BRepGround, words, parts_batch: dict, threshold: float = 0.5, chunk: int = 256):
-    """Sigmoid scores (Q, F+E) with padding at −1, and the selected sets (score > threshold)."""
+def predict(net: BRepGround, words, parts_batch: dict, threshold: float = 0.5, chunk: int = 256, rows=None):
+    """Sigmoid scores (Q, F+E) with padding at −1, and the selected sets (score > threshold). ``rows`` (Q,):
+    parts_batch holds each part once and rows[q] is query q's part (each part encoded once per chunk)."""
     net.eval()
     out = []
     mf, me = parts_batch["fmask"].shape[1], parts_batch["emask"].shape[1]
     for s in range(0, words.shape[0], chunk):
         sl = slice(s, s + chunk)
-        b = crop_batch({"words": words[sl], **{k: v[sl] for k, v in parts_batch.items()}})
-        logits = net(b["words"], b["faces"], b["edges"], b["face_type"], b["edge_type"], b["fmask"], b["emask"])
+        if rows is None:
+            b = crop_batch({"words": words[sl], **{k: v[sl] for k, v in parts_batch.items()}})
+            r = None
+        else:
+            uniq, r = torch.unique(rows[sl], return_inverse=True)
+            b = crop_batch({"words": words[sl], **{k: v[uniq] for k, v in parts_batch.items()}})
+        logits = net(b["words"], b["faces"], b["edges"], b["face_type"], b["edge_type"], b["fmask"], b["emask"], r)
         mask = torch.cat([b["fmask"], b["emask"]], 1)
+        mask = mask if r is None else mask[r]
         sc = torch.where(mask, torch.sigmoid(logits), torch.full_like(logits, -1.0))
         nf, ne = b["fmask"].shape[1], b["emask"].shape[1]
         full = torch.full((sc.shape[0], mf + me), -1.0, device=sc.device)

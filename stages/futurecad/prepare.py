@@ -30,7 +30,7 @@ from pydantic import Field, field_validator, model_validator
 from stages.common.config import Seed, Seeds, StageConfig, unique_items
 from stages.common.paths import ROOT, write_json
 from stages.common.runner import StageContext
-from stages.futurecad import cad, freetext
+from stages.futurecad import cad, cputime, freetext
 
 FILLET_SIZES = (0.5, 1.0)
 FRAME_WORDS = ("the", "every", "located", "at", "on", "that", "are", "them", "please", "all", "there", ",", ";", ":",
@@ -78,17 +78,17 @@ def oracle_grounder(solid, query: str) -> list[int]:
     spec = CANON.get(" ".join(query.split()))
     if spec is None:
         raise cad.ScriptError(f"oracle: not a canonical query {query!r}")
-    return cad.target_ids(cad.export_primitives(solid), spec)
+    return cad.target_ids(cad.export_cached(solid), spec)
 
 
 CANON = {cad.query_text(s, op): s for s in cad.EDGE_SPECS for op in ("fillet", "chamfer")}
 
 
-def _valid_fillet(base: str, spec, op: str, size: float):
+def _valid_fillet(base: str, spec, op: str, size: float, cache: dict | None = None):
     """(script, solid) of the query-carrying script when the oracle-grounded fillet/chamfer executes."""
     script = cad.fillet_script(base, spec, op, size, cad.query_selector(spec, op))
     try:
-        return script, cad.run_script(script, oracle_grounder).solid
+        return script, cad.run_script(script, oracle_grounder, cache=cache).solid
     except cad.ScriptError:
         return None, None
 
@@ -152,7 +152,7 @@ def nonsense_query(rng) -> str:
     return " ".join(words)
 
 
-def _programs(part: dict, split: str, role: str, rng, n_prog: int, n_points: int) -> tuple[list, list]:
+def _programs(part: dict, split: str, role: str, rng, n_prog: int, n_points: int, cache: dict) -> tuple[list, list]:
     progs, tgts = [], []
     for k in rng.permutation(len(cad.EDGE_SPECS)):
         if n_prog == 0:
@@ -160,34 +160,35 @@ def _programs(part: dict, split: str, role: str, rng, n_prog: int, n_points: int
         spec = cad.EDGE_SPECS[int(k)]
         op = ("fillet", "chamfer")[int(rng.integers(2))]
         size = FILLET_SIZES[int(rng.integers(len(FILLET_SIZES)))]
-        script, target = _valid_fillet(part["script"], spec, op, size)
+        script, target = _valid_fillet(part["script"], spec, op, size, cache)
         if script is None:
             continue
         desc = f"{part['description']} ; {cad.query_text(spec, op)} size {cad._fmt(size)}"
+        diag = cad.diag_of(target)
         progs.append({"part": part["part"], "split": split, "role": role, "description": desc, "script": script,
-                      "diag": cad.diag_of(target), "volume": float(target.Volume())})
+                      "diag": diag, "volume": float(target.Volume())})
         buf = io.BytesIO()
         target.exportBrep(buf)
         brep = buf.getvalue() if split == "test" else b""
-        tgts.append({"points": torch.from_numpy(cad.surface_points(target, n_points)),
+        tgts.append({"points": torch.from_numpy(cad.surface_points(target, n_points, diag=diag)),
                      "brep": torch.frombuffer(bytearray(brep), dtype=torch.uint8) if brep else torch.zeros(0, dtype=torch.uint8)})
         n_prog -= 1
     return progs, tgts
 
 
-def _topology(part: dict, rng, cap: int) -> list[dict]:
+def _topology(part: dict, rng, cap: int, cache: dict) -> list[dict]:
     """Operands recorded by index on the design before its last feature, replayed after it. same_set: the
     edited design's target edges are geometrically the recorded ones (only the numbering may change)."""
     original = part["base"] + "".join(part["segments"][:-1])
     before = cad.export_primitives(cad.run_script(original).solid)
-    after = cad.export_primitives(cad.run_script(part["script"]).solid)
+    after = cad.export_primitives(cad.run_script(part["script"], cache=cache).solid)
     out = []
     for k in rng.permutation(len(cad.EDGE_SPECS)):
         spec = cad.EDGE_SPECS[int(k)]
         ids_before, ids_after = cad.target_ids(before, spec), cad.target_ids(after, spec)
         if not ids_before or not ids_after:
             continue
-        if _valid_fillet(part["script"], spec, "fillet", 0.5)[0] is None:
+        if _valid_fillet(part["script"], spec, "fillet", 0.5, cache)[0] is None:
             continue
         out.append({"part": part["part"], "edited_script": part["script"], "original_script": original,
                     "spec": int(k), "ids_original": json.dumps(ids_before), "ids_edited": json.dumps(ids_after),
@@ -213,7 +214,8 @@ def external_rows(step_dir: Path) -> tuple[list[dict], list[dict], list[str]]:
         prim = "faces" if f else "edges"
         for q in r["queries"]:
             rows.append({"id": r["id"], "ext_part": names.index(r["step"]), "step": r["step"], "prim": prim,
-                         "query": q, "target": json.dumps(f or e), "templates": "external" if (f or e) else "absent"})
+                         "query": q, "target": json.dumps(f or e),
+                         "templates": "external" if (f or e) else "external_absent"})
     return rows, tensors, names
 
 
@@ -229,8 +231,9 @@ def run(cfg: Config, ctx: StageContext) -> None:
         pid = len(parts)
         split = "train" if pid < cfg.n_train_parts else "val" if pid < cfg.n_train_parts + cfg.n_val_parts else "test"
         role = {"train": "rl" if pid >= cfg.n_train_parts - n_rl else "sft", "val": "val", "test": "test"}[split]
+        cache: dict = {}                                     # this part's workplane and groundings
         try:
-            solid = cad.run_script(part["script"]).solid
+            solid = cad.run_script(part["script"], cache=cache).solid
         except cad.ScriptError:
             continue
         part["part"] = pid
@@ -264,11 +267,11 @@ def run(cfg: Config, ctx: StageContext) -> None:
                 rows.append(_row(-1, "edges", "foreign", q, []))
         queries += [dict(r, part=pid, split=split) for r in rows]
         n_prog = cfg.test_programs_per_part if split == "test" else cfg.programs_per_part
-        p, t = _programs(part, split, role, rng, n_prog, cfg.n_points)
+        p, t = _programs(part, split, role, rng, n_prog, cfg.n_points, cache)
         programs += p
         targets += t
         if split == "test":
-            topo += _topology(part, rng, cfg.topology_per_part)
+            topo += _topology(part, rng, cfg.topology_per_part, cache)
     # test nonsense: the hand list and generated strings, each on a random test part
     test_pids = [p["part"] for p in parts if p["split"] == "test"]
     nrng = np.random.default_rng([cfg.split_seed, 1])
@@ -305,3 +308,4 @@ def run(cfg: Config, ctx: StageContext) -> None:
         "families": {f: sum(p["family"] == f for p in parts) for f in cad.FAMILIES},
         "external": {"step_dir": cfg.step_dir, "parts": ext_names, "n_queries": len(ext_rows)},
         "seen_templates": list(cad.SEEN_TEMPLATES), "heldout_templates": list(cad.HELDOUT_TEMPLATES)})
+    cputime.record(ctx)

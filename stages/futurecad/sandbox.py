@@ -229,6 +229,8 @@ class CadSandbox:
         self.results: dict[tuple, dict] = {}
         self.crashes = 0
         self.executed = 0
+        self.requested = 0
+        self.wall_s = 0.0
         for i in range(workers):                      # start now: their imports overlap the stage's own work
             self._worker(i)
 
@@ -285,6 +287,7 @@ class CadSandbox:
     def run_many(self, texts: list[str], target_breps: list[bytes | None] | None = None) -> list[dict]:
         from stages.futurecad import cad
 
+        t0 = time.perf_counter()
         target_breps = target_breps or [None] * len(texts)
         keys = []
         todo: dict[int, list[tuple]] = {i: [] for i in range(self.n_workers)}
@@ -304,6 +307,8 @@ class CadSandbox:
             todo[route].append(key)
             queued.add(key)
         self._drain(todo)
+        self.wall_s += time.perf_counter() - t0
+        self.requested += len(texts)
         return [self.results[k] for k in keys]
 
     def _drain(self, todo: dict[int, list[tuple]]) -> None:

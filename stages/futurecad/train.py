@@ -41,14 +41,14 @@ from stages.common.paths import read_json, write_json
 from stages.common.runner import StageContext
 from stages.common.tiny_transformer import TinyTransformer, TinyTransformerConfig
 from stages.common.trainer import TrainerConfig, make_trainer
-from stages.futurecad import cad
+from stages.futurecad import cad, cputime
 from stages.futurecad.model import (BRepGround, GroundLoader, GroundModule, RowLoader, ScriptPolicy, SFTModule,
                                     build_program_vocab, build_vocab, decode_script, encode_prompt, encode_query,
                                     encode_script, known_words, label_matrix, pad_parts, predict, ranking_metrics,
                                     sample_scripts)
 from stages.futurecad.sandbox import CadSandbox
 
-EMPTY_KINDS = ("absent", "foreign", "nonsense", "absent_freetext")
+EMPTY_KINDS = ("absent", "foreign", "nonsense", "absent_freetext", "external_absent")
 CALIBRATION_GRID = tuple(round(x, 2) for x in np.arange(0.05, 1.0, 0.05))
 
 
@@ -62,6 +62,7 @@ class GroundConfig(StageConfig):
     max_edges: int = Field(80, ge=8, le=8192)
     steps: PositiveInt = Field(300, le=100_000)
     batch: PositiveInt = Field(32, le=4096)
+    per_part: PositiveInt = Field(4, le=256, description="queries per part in a batch (its primitives encoded once)")
     lr: float = Field(2e-3, gt=0, le=1.0)
     eval_every: PositiveInt = Field(50, le=100_000, description="validation-curve interval (steps)")
     threshold: float = Field(0.5, gt=0, lt=1, description="select primitives with σ(score) above this")
@@ -174,11 +175,11 @@ class ModelGrounder:
     def answer(self, prims: cad.Primitives, query: str) -> dict:
         fs, es = self.scores(prims, query)
         g = self.meta["ground"]
-        return dict(decide(fs, es, known_words(query, self.vocab), g["threshold"], g["abstain_threshold"]),
+        return dict(decide(fs, es, known_words(query, self.vocab), g.get("threshold", 0.5), g.get("abstain_threshold", 0.5)),
                     face_scores=fs, edge_scores=es)
 
     def __call__(self, solid, query: str) -> list[int]:
-        return self.answer(cad.export_primitives(solid), query)["edges"]
+        return self.answer(cad.export_cached(solid), query)["edges"]
 
 
 def _prim_dict(prims: cad.Primitives) -> dict:
@@ -248,9 +249,9 @@ class EvalEvery(L.Callback):
 # ----------------------------------------------------------------------------------------------
 # grounding validation
 # ----------------------------------------------------------------------------------------------
-def ground_val_metrics(net, words, val_parts, rows, g: GroundConfig, vocab) -> tuple[dict, np.ndarray]:
+def ground_val_metrics(net, words, parts, part_rows, rows, g: GroundConfig, vocab) -> tuple[dict, np.ndarray]:
     """mAP / exact-set accuracy on present validation queries, abstention rate on empty-target ones."""
-    scores, _ = predict(net, words, val_parts)
+    scores, _ = predict(net, words, parts, rows=part_rows)
     scores = scores.cpu().numpy()
     net.train()
     aps, exact, abst = [], [], []
@@ -291,14 +292,25 @@ def run(cfg: Config, ctx: StageContext) -> None:
     pc = cfg.program
     # the sandbox starts first: its workers import CadQuery while the grounder trains
     sandbox = CadSandbox(meta["n_points"], cfg.sandbox_workers, timeout_s=cfg.script_timeout_s) if pc.rl_steps else None
+    phases: dict[str, float] = {}
     try:
-        _run(cfg, ctx, prep, meta, device, sandbox)
+        _run(cfg, ctx, prep, meta, device, sandbox, phases)
     finally:
         if sandbox is not None:
             sandbox.close()
+    if sandbox is not None:
+        phases.update(sandbox_wait_wall=sandbox.wall_s, scripts_requested=sandbox.requested,
+                      scripts_executed=sandbox.executed)
+    cputime.record(ctx, phases)
 
 
-def _run(cfg: Config, ctx: StageContext, prep, meta, device, sandbox) -> None:
+def _run(cfg: Config, ctx: StageContext, prep, meta, device, sandbox, phases: dict[str, float]) -> None:
+    import time
+
+    def tick(name, t0):
+        phases[name] = phases.get(name, 0.0) + time.process_time() - t0
+        return time.process_time()
+
     seeds = meta["seeds"]
     g, pc = cfg.ground, cfg.program
     parts = load_parts(prep)
@@ -312,26 +324,29 @@ def _run(cfg: Config, ctx: StageContext, prep, meta, device, sandbox) -> None:
     y = label_matrix(q, padded, g.max_faces, g.max_edges)
     part_idx = torch.tensor([r["part"] for r in q], dtype=torch.long)
     vwords = query_tensors(vq, vocab, g.max_words).to(device)
-    vparts = {k: v[[r["part"] for r in vq]].to(device) for k, v in padded.items()}
+    dparts = {k: v.to(device) for k, v in padded.items()}
+    vrows = torch.tensor([r["part"] for r in vq], dtype=torch.long, device=device)
     tcfg = cfg.trainer.model_copy(update={"accelerator": "gpu" if device.type == "cuda" else cfg.trainer.accelerator})
     ground_meta = {"vocab": vocab_list, "ground": g.model_dump(mode="json")}
     rec = KernelRecord(device)
 
     # ---- 1. BRepGround-mini per seed, with its validation curve and calibration table
     ground_hist, ground_curve, calib = [], [], []
+    t0 = time.process_time()
     for seed in seeds:
         torch.manual_seed(seed)
         net = BRepGround(len(vocab_list), g.d_model, g.n_heads, g.text_layers, g.fusion_layers, g.max_words)
         module = GroundModule(net, g.lr)
-        cb = EvalEvery(lambda m: ground_val_metrics(m.net, vwords, vparts, vq, g, vocab)[0], g.eval_every)
+        cb = EvalEvery(lambda m: ground_val_metrics(m.net, vwords, dparts, vrows, vq, g, vocab)[0], g.eval_every)
         make_trainer(tcfg, ctx.tracker, callbacks=[cb], max_steps=g.steps).fit(
-            module, GroundLoader(words, part_idx, y, padded, g.batch, g.steps, seed))
+            module, GroundLoader(words, part_idx, y, padded, g.batch, g.steps, seed, g.per_part))
         net = net.to(device).eval()
         torch.save({"state": net.state_dict(), "meta": json.dumps(ground_meta)}, ctx.out / f"ground_s{seed}.pt")
         ground_hist += [dict(h, seed=seed) for h in module.history]
         ground_curve += [dict(r, seed=seed) for r in cb.rows]
-        _, tops = ground_val_metrics(net, vwords, vparts, vq, g, vocab)
+        _, tops = ground_val_metrics(net, vwords, dparts, vrows, vq, g, vocab)
         calib += calibration_rows(tops, vq, vocab, seed)
+        t0 = tick("ground", t0)
     pl.DataFrame(ground_hist).write_csv(ctx.out / "ground_history.csv")
     pl.DataFrame(ground_curve).write_csv(ctx.out / "ground_curve.csv")
     pl.DataFrame(calib).write_csv(ctx.out / "calibration.csv")
@@ -354,6 +369,7 @@ def _run(cfg: Config, ctx: StageContext, prep, meta, device, sandbox) -> None:
         return torch.tensor([encode_prompt(progs[i]["description"], pvocab, pc.prompt_len) for i in idx],
                             dtype=torch.long)
 
+    t0 = time.process_time()
     mcfg = TinyTransformerConfig(vocab_size=len(pvocab_list), d_model=pc.d_model, n_layers=pc.n_layers,
                                  n_heads=pc.n_heads, max_seq_len=pc.prompt_len + pc.script_len, causal=True)
     extra = equal_compute_sft_steps(pc) if pc.rl_steps else 0
@@ -372,6 +388,7 @@ def _run(cfg: Config, ctx: StageContext, prep, meta, device, sandbox) -> None:
         lm = lm.to(device).eval()
         torch.save(lm.state_dict(), ctx.out / f"sft_s{seed}.pt")
         sft_hist += [dict(h, seed=seed, phase="sft") for h in sft.history]
+        t0 = tick("sft", t0)
         if not pc.rl_steps:
             continue
 
@@ -389,6 +406,7 @@ def _run(cfg: Config, ctx: StageContext, prep, meta, device, sandbox) -> None:
         sft_hist += [dict(h, seed=seed, phase="sft_more") for h in sft2.history]
         curves += [{"seed": seed, "arm": "sft_more", "compute": r["step"], **{k: v for k, v in r.items() if k != "step"}}
                    for r in cb.rows]
+        t0 = tick("sft_more", t0)
 
         # --- SFT+RL arm: GSPO on RL prompts (never seen in SFT), reward through sandbox + Chamfer kernel
         def reward_fn(prompts, roll):
@@ -407,6 +425,7 @@ def _run(cfg: Config, ctx: StageContext, prep, meta, device, sandbox) -> None:
         make_trainer(tcfg, ctx.tracker, max_steps=pc.rl_steps).fit(
             grpo, PromptLoader(prompts, pc.prompts_per_step, pc.rl_steps, seed=seed))
         torch.save(policy.model.state_dict(), ctx.out / f"rl_s{seed}.pt")
+        t0 = tick("rl", t0)
         per_step = extra / pc.rl_steps
         for h in grpo.history:
             rl_hist.append(dict(h, seed=seed))
