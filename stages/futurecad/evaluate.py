@@ -37,7 +37,7 @@ from stages.common.tiny_transformer import TinyTransformer, TinyTransformerConfi
 from stages.futurecad import cad, cputime, ground
 from stages.futurecad.model import (decode_script, encode_prompt, keyword_rule, known_words, pad_parts, predict,
                                     ranking_metrics, sample_scripts, set_metrics, synonym_rule, type_only)
-from stages.futurecad.sandbox import CadSandbox
+from stages.futurecad.sandbox import CadSandbox, exit_fast_when_interrupted
 from stages.futurecad.train import (EMPTY_KINDS, ModelGrounder, ProgramScorer, decide, load_ground, load_parts,
                                     query_tensors)
 
@@ -110,7 +110,11 @@ def run(cfg: Config, ctx: StageContext) -> None:
     meta = read_json(prep / "meta.json")
     models = read_json(tr / "models.json")
     with CadSandbox(meta["n_points"], cfg.sandbox_workers) as sb:   # workers import CadQuery meanwhile
-        _run(cfg, ctx, prep, tr, meta, models, device, sb)
+        try:
+            _run(cfg, ctx, prep, tr, meta, models, device, sb)
+        except BaseException as err:
+            exit_fast_when_interrupted(err)
+            raise
     cputime.record(ctx, {"sandbox_wait_wall": sb.wall_s, "scripts_requested": sb.requested,
                          "scripts_executed": sb.executed})
 
@@ -130,7 +134,9 @@ def _run(cfg, ctx, prep, tr, meta, models, device, sandbox) -> None:
     prims = {p: cad.export_primitives(cad.load_step(step_of[p])) for p in test_pids}   # as the CLI reads them
     step_dir = Path(meta["external"]["step_dir"])
     ext_prims = {}
-    for r in cad.load_step_dir(step_dir if step_dir.is_absolute() else ctx.root / step_dir):
+    from stages.futurecad.prepare import REPO
+
+    for r in cad.load_step_dir(step_dir if step_dir.is_absolute() else REPO / step_dir):
         ext_prims.setdefault(meta["external"]["parts"].index(r["step"]), r["prims"])
     all_rows = rows + ext
     fam = _family(all_rows, "templates")
@@ -189,7 +195,8 @@ def _run(cfg, ctx, prep, tr, meta, models, device, sandbox) -> None:
         prompts = torch.tensor([encode_prompt(progs[i]["description"], pvocab, pc["prompt_len"]) for i in test_idx],
                                dtype=torch.long, device=device)
         mcfg = TinyTransformerConfig(**models["model"])
-        for seed in seeds:
+        pseeds = models["program_seeds"]
+        for seed in pseeds:
             for arm in arms:
                 lm = TinyTransformer(mcfg).to(device)
                 lm.load_state_dict(torch.load(tr / f"{arm}_s{seed}.pt", map_location=device, weights_only=True))
@@ -200,14 +207,15 @@ def _run(cfg, ctx, prep, tr, meta, models, device, sandbox) -> None:
                 s = scorer.score(texts, test_idx, iou=True)
                 for k in prog[arm]:
                     prog[arm][k].append([round(float(v), 6) for v in s[k]])
-                if seed == seeds[0]:
+                if seed == pseeds[0]:
                     samples += [{"arm": arm, "part": progs[i]["part"], "ok": not err, "error": err, "script": t,
                                  "target": progs[i]["script"]} for i, t, err in zip(test_idx, texts, s["errors"])]
         x = tg["points"][test_idx[:3]].to(device)
         rec.parity("chamfer", chamfer_distance, x[:, :61], x.roll(1, 0)[:, :37],
                    slice="surface points of 3 held-out target solids (61 vs 37 points)")
-    results["program"] = {"arms": prog, "n_test": len(test_idx), "equal_compute_sft_steps":
-                          models["equal_compute_sft_steps"]}
+    results["program"] = {"arms": prog, "n_test": len(test_idx), "seeds": models["program_seeds"],
+                          "equal_compute_sft_steps": models["equal_compute_sft_steps"],
+                          "selected_checkpoints": models["selected_checkpoints"]}
     results["sandbox"] = {"executed": sandbox.executed, "crashes": sandbox.crashes}
     rec.save(ctx.out)
     pl.DataFrame(samples, schema={"arm": pl.Utf8, "part": pl.Int64, "ok": pl.Boolean, "error": pl.Utf8,

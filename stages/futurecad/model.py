@@ -406,17 +406,19 @@ def sample_scripts(model, prompts: torch.Tensor, script_len: int, temperature: f
 
 
 class ScriptPolicy(nn.Module):
-    """GRPO policy over scripts: prompts are (P, Lp + 1) rows (last column: program row id)."""
+    """GRPO policy over scripts: prompts are (P, Lp + 1) rows (last column: program row id). The policy is the
+    model at ``temperature`` τ: rollouts sample from softmax(logits/τ) and token_logprobs score that same
+    distribution (so the importance ratios compare like with like)."""
 
-    def __init__(self, model, prompt_len: int, script_len: int, logprob_fn):
+    def __init__(self, model, prompt_len: int, script_len: int, logprob_fn, temperature: float = 1.0):
         super().__init__()
         self.model, self.prompt_len, self.script_len = model, prompt_len, script_len
-        self.logprob_fn = logprob_fn
+        self.logprob_fn, self.temperature = logprob_fn, temperature
 
     def rollout(self, prompts, group_size, generator):
         p = prompts[:, : self.prompt_len].repeat_interleave(group_size, 0)
         rid = prompts[:, -1].repeat_interleave(group_size, 0)
-        comp = sample_scripts(self.model, p, self.script_len, 1.0, generator)
+        comp = sample_scripts(self.model, p, self.script_len, self.temperature, generator)
         mask = torch.ones_like(comp, dtype=torch.float)
         ended = torch.cumsum((comp == EOS).long(), 1)
         mask = torch.where((ended - (comp == EOS).long()) > 0, torch.zeros_like(mask), mask)  # up to EOS inclusive
@@ -427,6 +429,8 @@ class ScriptPolicy(nn.Module):
         full = roll["tokens"]
         x = crop_trailing(full, self.prompt_len)
         logits = self.model(x[:, :-1])[:, self.prompt_len - 1:]                 # (B, Ls', V)
+        if self.temperature != 1.0:
+            logits = logits / self.temperature
         lp = self.logprob_fn(logits, x[:, self.prompt_len:])
         pad = full.shape[1] - x.shape[1]                                        # all-pad tail: log-prob 0, mask 0
         return F.pad(lp, (0, pad)) if pad else lp

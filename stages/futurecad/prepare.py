@@ -28,11 +28,12 @@ import torch
 from pydantic import Field, field_validator, model_validator
 
 from stages.common.config import Seed, Seeds, StageConfig, unique_items
-from stages.common.paths import ROOT, write_json
+from stages.common.paths import write_json
 from stages.common.runner import StageContext
 from stages.futurecad import cad, cputime, freetext
 
 FILLET_SIZES = (0.5, 1.0)
+REPO = Path(__file__).resolve().parents[2]          # step_dir is relative to the code (the fixture ships in it)
 FRAME_WORDS = ("the", "every", "located", "at", "on", "that", "are", "them", "please", "all", "there", ",", ";", ":",
                "fillet", "chamfer", "select", "shell")
 
@@ -279,7 +280,7 @@ def run(cfg: Config, ctx: StageContext) -> None:
         queries.append(dict(_row(-1, "edges", "nonsense", q, []), part=int(nrng.choice(test_pids)), split="test"))
 
     # external STEP parts (the real-format loader; the fixture set at default)
-    step_dir = Path(cfg.step_dir) if Path(cfg.step_dir).is_absolute() else ROOT / cfg.step_dir
+    step_dir = Path(cfg.step_dir) if Path(cfg.step_dir).is_absolute() else REPO / cfg.step_dir
     ext_rows, ext_tensors, ext_names = external_rows(step_dir)
 
     pl.DataFrame(parts).write_parquet(ctx.out / "parts.parquet")

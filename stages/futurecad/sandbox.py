@@ -33,6 +33,7 @@ from multiprocessing.connection import Connection, wait
 from pathlib import Path
 
 PR_SET_PDEATHSIG = 1
+REPO = Path(__file__).resolve().parents[2]          # the code (the data root may be elsewhere: PAPERS_ROOT)
 
 
 class LRU(OrderedDict):
@@ -85,8 +86,8 @@ def reap_stale(directory: Path | None = None) -> list[int]:
         except (OSError, ValueError, KeyError, TypeError):
             rec.unlink(missing_ok=True)
             continue
-        if parent != os.getpid() and _alive(parent, pticks):
-            continue                                          # another stage is running: leave it alone
+        if _alive(parent, pticks):
+            continue                                          # its stage still runs: leave it alone
         for pid, ticks in workers.items():
             if _alive(pid, ticks):
                 try:
@@ -189,13 +190,11 @@ class _Worker:
     def __init__(self, n_points: int, cache_size: int, registry: Path):
         parent_sock, child_sock = socket.socketpair()
         fd = child_sock.fileno()
-        from stages.common.paths import ROOT
-
-        env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])))
+        env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])))
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "stages.futurecad.sandbox", "--worker", "--fd", str(fd), "--parent",
              str(os.getpid()), "--points", str(n_points), "--cache", str(cache_size)],
-            pass_fds=(fd,), env=env, cwd=str(ROOT), stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL)
+            pass_fds=(fd,), env=env, cwd=str(REPO), stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL)
         child_sock.close()
         self.conn = Connection(parent_sock.detach())
         self.ticks = start_ticks(self.proc.pid)
@@ -218,11 +217,15 @@ class CadSandbox:
     operands are grounded in every worker.
     """
 
+    _count = 0                                            # sandboxes made by this process (record file names)
+
     def __init__(self, n_points: int, workers: int = 2, cache_size: int = 2048, timeout_s: float = 120.0):
         self.n_points, self.n_workers, self.cache_size, self.timeout_s = n_points, workers, cache_size, timeout_s
         self.registry = registry_dir()
         self.registry.mkdir(parents=True, exist_ok=True)
-        self.record = self.registry / f"{os.getpid()}.json"
+        CadSandbox._count += 1
+        self.record = self.registry / (f"{os.getpid()}.json" if CadSandbox._count == 1
+                                       else f"{os.getpid()}-{CadSandbox._count}.json")
         self.reaped = reap_stale(self.registry)
         self.workers: list[_Worker | None] = [None] * workers
         self.grounder = None
@@ -362,6 +365,28 @@ class CadSandbox:
 
     def __exit__(self, *exc):
         self.close()
+
+
+def exit_fast_when_interrupted(err: BaseException) -> None:
+    """After SIGTERM/SIGINT (the dispatcher's StageInterrupted) the stage has cleaned up (workers killed, temp
+    output removed by the runner); finalising an interpreter that holds torch, Lightning and OCC then takes
+    seconds (12 s measured on the shared machine). Skip it: the process exits with the dispatcher's code as
+    soon as the dispatcher returns."""
+    if type(err).__name__ != "StageInterrupted":
+        return
+    import atexit
+
+    code = 130 if "SIGINT" in str(err) else 143
+
+    def _exit():
+        for stream in (sys.stdout, sys.stderr):
+            try:
+                stream.flush()
+            except Exception:
+                pass
+        os._exit(code)
+
+    atexit.register(_exit)
 
 
 def _uses_query(text: str) -> bool:

@@ -8,7 +8,9 @@ the shared trainer ``stages.common.grpo`` on RL prompts that SFT never saw), wit
     # ALGO: reward r = executes(script) × (1 − min(1, CD(script solid, target solid) / diag(target)))
     # ALGO: GSPO sequence ratio s_i = (π_θ(y_i|x)/π_old(y_i|x))^(1/|y_i|), clipped, ≥ 2 updates per batch
 
-Equal compute counts transformer token passes (a backward pass = 2 forwards): an RL step costs
+The RL policy is the model at temperature τ (``rollout_temperature``: rollouts and the ratio's log-probs alike);
+both arms keep the checkpoint with the best greedy validation reward among ``curve_points`` points of their run
+(the shared SFT checkpoint included). Equal compute counts transformer token passes (a backward pass = 2 forwards): an RL step costs
 P·G·(Lp+Ls)·(1 rollout + 1 old-logp pass + 3·ppo_epochs), an SFT step B·(Lp+Ls)·3, so the SFT-only arm gets
 ⌈rl_steps·P·G·(2 + 3·ppo_epochs) / (3·B)⌉ more SFT steps (``equal_compute_sft_steps``). Both arms record a
 validation curve (greedy decoding of the validation prompts) at matched compute.
@@ -46,7 +48,7 @@ from stages.futurecad.model import (BRepGround, GroundLoader, GroundModule, RowL
                                     build_program_vocab, build_vocab, decode_script, encode_prompt, encode_query,
                                     encode_script, known_words, label_matrix, pad_parts, predict, ranking_metrics,
                                     sample_scripts)
-from stages.futurecad.sandbox import CadSandbox
+from stages.futurecad.sandbox import CadSandbox, exit_fast_when_interrupted
 
 EMPTY_KINDS = ("absent", "foreign", "nonsense", "absent_freetext", "external_absent")
 CALIBRATION_GRID = tuple(round(x, 2) for x in np.arange(0.05, 1.0, 0.05))
@@ -88,7 +90,10 @@ class ProgramConfig(StageConfig):
     sft_lr: float = Field(3e-3, gt=0, le=1.0)
     rl_steps: int = Field(40, ge=0, le=10_000, description="GSPO steps from the SFT checkpoint (0: no RL arms)")
     prompts_per_step: PositiveInt = Field(8, le=1024)
-    rl_lr: float = Field(1e-3, gt=0, le=1.0)
+    rl_lr: float = Field(3e-4, gt=0, le=1.0)
+    rollout_temperature: float = Field(0.7, gt=0, le=2.0, description="τ of the RL policy softmax(logits/τ) "
+                                       "(sampling and the log-probs of the ratio)")
+    n_seeds: int = Field(3, ge=1, le=10, description="program-model seeds (the first n of prepare's seeds)")
     grpo: GRPOConfig = GRPOConfig(group_size=8, clip_eps=0.2, kl_coef=0.0, loss_norm="samples", ppo_epochs=2,
                                   grad_clip=1.0, ratio_level="sequence")
     curve_points: int = Field(8, ge=1, le=1000, description="validation points along each arm's compute")
@@ -232,18 +237,28 @@ def greedy_eval(lm, prompts: torch.Tensor, rids: list[int], scorer: ProgramScore
 
 
 class EvalEvery(L.Callback):
-    """Calls fn(module) at step 0 and every ``every`` optimizer steps; rows in ``self.rows``."""
+    """Calls fn(module) at step 0 and every ``every`` optimizer steps; rows in ``self.rows``. With ``keep``
+    (a function of the module returning the nn.Module to keep), the state with the best ``best_key`` so far
+    is kept (early stopping on the validation prompts; ties keep the earlier)."""
 
-    def __init__(self, fn, every: int):
+    def __init__(self, fn, every: int, keep=None, best_key: str = "val_reward"):
         self.fn, self.every, self.rows = fn, every, []
+        self.keep, self.best_key, self.best, self.best_step, self.best_state = keep, best_key, -math.inf, 0, None
+
+    def _record(self, module, step):
+        row = {"step": step, **self.fn(module)}
+        self.rows.append(row)
+        if self.keep is not None and row[self.best_key] > self.best:
+            self.best, self.best_step = row[self.best_key], step
+            self.best_state = copy.deepcopy(self.keep(module).state_dict())
 
     def on_train_start(self, trainer, module):
-        self.rows.append({"step": 0, **self.fn(module)})
+        self._record(module, 0)
 
     def on_train_batch_end(self, trainer, module, outputs, batch, idx):
         step = int(trainer.global_step)
         if step % self.every == 0 and (not self.rows or self.rows[-1]["step"] != step):
-            self.rows.append({"step": step, **self.fn(module)})
+            self._record(module, step)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -295,6 +310,9 @@ def run(cfg: Config, ctx: StageContext) -> None:
     phases: dict[str, float] = {}
     try:
         _run(cfg, ctx, prep, meta, device, sandbox, phases)
+    except BaseException as err:
+        exit_fast_when_interrupted(err)
+        raise
     finally:
         if sandbox is not None:
             sandbox.close()
@@ -378,34 +396,42 @@ def _run(cfg: Config, ctx: StageContext, prep, meta, device, sandbox, phases: di
         sandbox.set_grounder(("model", str(ctx.out / f"ground_s{seeds[0]}.pt")))    # the environment grounder
         scorer = ProgramScorer(sandbox, tg["points"], [p["diag"] for p in progs], rec, device)
     val_prompts = prompts_of(by_role["val"]).to(device)
-    sft_hist, rl_hist, curves = [], [], []
+    sft_hist, rl_hist, curves, selected = [], [], [], {}
     lm = None
-    for seed in seeds:
+    pseeds = seeds[: pc.n_seeds]
+
+    def val_fn(model):
+        return greedy_eval(model, val_prompts, by_role["val"], scorer, pvocab_list, pc.script_len)
+
+    for seed in pseeds:
         torch.manual_seed(seed)
         lm = TinyTransformer(mcfg)
         sft = SFTModule(lm, pc.prompt_len, pc.sft_lr)
-        make_trainer(tcfg, ctx.tracker, max_steps=pc.sft_steps).fit(sft, RowLoader(rows, pc.sft_batch, pc.sft_steps, seed))
+        cbs = [EvalEvery(lambda m: val_fn(m.model), max(1, pc.sft_steps // pc.curve_points))] if scorer else []
+        make_trainer(tcfg, ctx.tracker, callbacks=cbs, max_steps=pc.sft_steps).fit(
+            sft, RowLoader(rows, pc.sft_batch, pc.sft_steps, seed))
         lm = lm.to(device).eval()
         torch.save(lm.state_dict(), ctx.out / f"sft_s{seed}.pt")
         sft_hist += [dict(h, seed=seed, phase="sft") for h in sft.history]
+        if cbs:
+            curves += [{"seed": seed, "arm": "sft", "compute": r["step"] - pc.sft_steps, "val_reward": r["val_reward"],
+                        "val_exec": r["val_exec"]} for r in cbs[0].rows]
         t0 = tick("sft", t0)
         if not pc.rl_steps:
             continue
 
-        def val_fn(model):
-            return greedy_eval(model, val_prompts, by_role["val"], scorer, pvocab_list, pc.script_len)
-
-        # --- SFT-only arm: SFT continued at the compute of the RL arm (its own loader stream)
+        # --- SFT-only arm: SFT continued at the compute of the RL arm (its own loader stream); the checkpoint
+        #     with the best validation reward along the way is kept (the same early stopping as the RL arm)
         more = copy.deepcopy(lm).train()
         sft2 = SFTModule(more, pc.prompt_len, pc.sft_lr)
         every = max(1, extra // pc.curve_points)
-        cb = EvalEvery(lambda m: val_fn(m.model), every)
+        cb = EvalEvery(lambda m: val_fn(m.model), every, keep=lambda m: m.model)
         make_trainer(tcfg, ctx.tracker, callbacks=[cb], max_steps=extra).fit(
             sft2, RowLoader(rows, pc.sft_batch, extra, seed + 7919))
-        torch.save(more.state_dict(), ctx.out / f"sft_more_s{seed}.pt")
+        torch.save(cb.best_state, ctx.out / f"sft_more_s{seed}.pt")
         sft_hist += [dict(h, seed=seed, phase="sft_more") for h in sft2.history]
-        curves += [{"seed": seed, "arm": "sft_more", "compute": r["step"], **{k: v for k, v in r.items() if k != "step"}}
-                   for r in cb.rows]
+        curves += [{"seed": seed, "arm": "sft_more", "compute": r["step"], "val_reward": r["val_reward"],
+                    "val_exec": r["val_exec"]} for r in cb.rows]
         t0 = tick("sft_more", t0)
 
         # --- SFT+RL arm: GSPO on RL prompts (never seen in SFT), reward through sandbox + Chamfer kernel
@@ -415,16 +441,24 @@ def _run(cfg: Config, ctx: StageContext, prep, meta, device, sandbox, phases: di
 
         def logprob_fn(logits, tgt):
             rec.count("token_logprob")
-            return token_logprob(logits, tgt, backend=rec.backend)
+            return token_logprob(logits.contiguous(), tgt, backend=rec.backend)
 
-        policy = ScriptPolicy(copy.deepcopy(lm), pc.prompt_len, pc.script_len, logprob_fn)
+        policy = ScriptPolicy(copy.deepcopy(lm), pc.prompt_len, pc.script_len, logprob_fn, pc.rollout_temperature)
         rl_every = max(1, pc.rl_steps // pc.curve_points)
-        grpo = GRPOModule(policy, reward_fn, pc.grpo, lr=pc.rl_lr, seed=seed,
-                          eval_fn=lambda m, step: val_fn(m.policy.model), eval_every=rl_every)
+        best = {"val": -math.inf, "step": 0, "state": None}
+
+        def rl_eval(m, step):
+            r = val_fn(m.policy.model)
+            if r["val_reward"] > best["val"]:
+                best.update(val=r["val_reward"], step=step, state=copy.deepcopy(m.policy.model.state_dict()))
+            return r
+
+        grpo = GRPOModule(policy, reward_fn, pc.grpo, lr=pc.rl_lr, seed=seed, eval_fn=rl_eval, eval_every=rl_every)
         prompts = torch.cat([prompts_of(by_role["rl"]), torch.tensor(by_role["rl"])[:, None]], 1)
         make_trainer(tcfg, ctx.tracker, max_steps=pc.rl_steps).fit(
             grpo, PromptLoader(prompts, pc.prompts_per_step, pc.rl_steps, seed=seed))
-        torch.save(policy.model.state_dict(), ctx.out / f"rl_s{seed}.pt")
+        torch.save(best["state"], ctx.out / f"rl_s{seed}.pt")
+        selected[str(seed)] = {"sft_more_step": cb.best_step, "rl_step": best["step"]}
         t0 = tick("rl", t0)
         per_step = extra / pc.rl_steps
         for h in grpo.history:
@@ -451,6 +485,7 @@ def _run(cfg: Config, ctx: StageContext, prep, meta, device, sandbox, phases: di
         "program_vocab": pvocab_list, "model": mcfg.__dict__, "n_train_queries": len(q),
         "n_val_queries": len(vq), "n_programs": {k: len(v) for k, v in by_role.items()},
         "equal_compute_sft_steps": extra, "env_grounder": f"ground_s{seeds[0]}.pt",
+        "program_seeds": pseeds, "selected_checkpoints": selected,
         "sandbox": {"workers": cfg.sandbox_workers, "executed": sandbox.executed if sandbox else 0,
                     "crashes": sandbox.crashes if sandbox else 0},
         "cli_checkpoint": f"ground_s{seeds[0]}.pt"})

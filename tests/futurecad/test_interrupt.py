@@ -60,7 +60,7 @@ def test_sigkilled_owner_leaves_no_worker(tmp_path):
         time.sleep(600)
     """))
     proc = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, text=True,
-                            env=dict(os.environ, PYTHONPATH=str(sandbox.Path(__file__).resolve().parents[2])))
+                            env=dict(os.environ, PYTHONPATH=str(sandbox.REPO)))
     pids = [int(p) for p in proc.stdout.readline().split()]
     assert len(pids) == 2 and all(sandbox.start_ticks(p) is not None for p in pids)
     family = _descendants(proc.pid)
@@ -115,9 +115,12 @@ def test_sigterm_ends_train_stage_quickly(smoke_run):
     """SIGTERM during `python -m stages train futurecad` ends it within 5 s: workers killed, no output."""
     smoke_run("futurecad", stages=("prepare",))
     root = smoke_run.root
-    env = dict(os.environ, PAPERS_ROOT=str(root), WANDB_MODE="disabled")
+    repo = sandbox.REPO
+    (root / "params.yaml").write_text((repo / "params.yaml").read_text())
+    env = dict(os.environ, PAPERS_ROOT=str(root), WANDB_MODE="disabled",
+               PYTHONPATH=os.pathsep.join(filter(None, [str(repo), os.environ.get("PYTHONPATH")])))
     proc = subprocess.Popen([sys.executable, "-m", "stages", "train", "futurecad", "--profile", "smoke"], env=env,
-                            cwd=str(sandbox.Path(__file__).resolve().parents[2]), stdout=subprocess.DEVNULL,
+                            cwd=str(repo), stdout=subprocess.DEVNULL,
                             stderr=subprocess.PIPE, text=True)
     record = sandbox.registry_dir() / f"{proc.pid}.json"
     end = time.monotonic() + 300
