@@ -71,7 +71,7 @@ def answer_rows(scores: np.ndarray, rows: list[dict], gmeta: dict, vocab: dict) 
     for i, r in enumerate(rows):
         fs, es = scores[i, : g["max_faces"]], scores[i, g["max_faces"]:]
         fs, es = fs[fs >= 0], es[es >= 0]
-        d = decide(fs, es, known_words(r["query"], vocab), g["threshold"], g["abstain_threshold"])
+        d = decide(fs, es, known_words(r["query"], vocab), g.get("threshold", 0.5), g.get("abstain_threshold", 0.5))
         out.append(dict(d, face_scores=fs, edge_scores=es))
     return out
 
@@ -313,12 +313,25 @@ def _topology(prep, seeds, grounders, sandbox, rec, device) -> dict:
     for c in topo:
         if c["edited_script"] not in edited:
             edited[c["edited_script"]] = cad.export_primitives(cad.run_script(c["edited_script"]).solid)
+    names = list(edited)
+    if topo:                                        # every seed's grounder on every case, in one batch per seed
+        from stages.futurecad.prepare import prim_tensors
+
+        g0 = grounders[seeds[0]].meta["ground"]
+        padded = pad_parts([prim_tensors(edited[n]) for n in names], g0["max_faces"], g0["max_edges"])
+        part_rows = torch.tensor([names.index(c["edited_script"]) for c in topo], dtype=torch.long)
+        for s in seeds:
+            gr = grounders[s]
+            dev = next(gr.net.parameters()).device
+            words = query_tensors(topo, gr.vocab, g0["max_words"]).to(dev)
+            scores, _ = predict(gr.net, words, {k: v.to(dev) for k, v in padded.items()}, rows=part_rows.to(dev))
+            for c, a in zip(topo, answer_rows(scores.cpu().numpy(), topo, gr.meta, gr.vocab)):
+                items["query"][s].append(float(a["edges"] == json.loads(c["ids_edited"])))
+    for c in topo:
         ed = edited[c["edited_script"]]
         truth = json.loads(c["ids_edited"])
         items["index"].append(float(json.loads(c["ids_original"]) == truth))
         items["rule"].append(float(synonym_rule(c["query"], ed)[1] == truth))
-        for s in seeds:
-            items["query"][s].append(float(grounders[s].answer(ed, c["query"])["edges"] == truth))
         base = c["edited_script"]
         scripts["oracle"].append(f"{base}.edges({cad.index_selector(truth)}).fillet(0.5)")
         scripts["index"].append(f"{base}.edges({cad.index_selector(json.loads(c['ids_original']))}).fillet(0.5)")
