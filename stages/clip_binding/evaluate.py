@@ -44,6 +44,8 @@ class Config(StageConfig):
     reg_steps: int = Field(400, ge=1, le=100_000)
     reg_lr: float = Field(1e-2, gt=0, le=1.0)
     max_train_scenes: int = Field(1024, ge=4, le=1_000_000, description="cap on regression training scenes")
+    reg_restarts: int = Field(3, ge=1, le=16, description="independent initialisations of every regressor; "
+                              "a seed's R² is their median (robust to one diverged fit), the spread is reported")
     additivity_test_fraction: Fraction = 0.2
     ridge_alpha: float = Field(1e-3, gt=0, le=1e3)
     trainer: TrainerConfig = TrainerConfig(enable_progress_bar=False)
@@ -169,23 +171,29 @@ def complexity_eval(cfg, ctx, world, models, meta, splits, rec, device, d_out) -
             tr = tr[torch.randperm(tr.numel(), generator=g, device=device)[: cfg.max_train_scenes]]
             tr_ids.append(ids_all[tr]); tr_y.append(Y[e, tr])
             te_ids.append(ids_all[te]); te_y.append(Y[e, te]); te_a.append(a[te]); te_b.append(b[te])
-        te_ids, te_y = torch.stack(te_ids), torch.stack(te_y)
-        bank = RegressorBank(E, world.v, d_out, cfg.hidden, cfg.mlp_hidden, cfg.reg_lr,
-                             torch.stack(tr_ids), torch.stack(tr_y), seed=cfg.seed + ci,
-                             test=(te_ids, te_y, mean_all), eval_every=max(1, cfg.reg_steps // 8)).to(device)
+        R = cfg.reg_restarts                      # slice r·E + e = restart r of encoder e (one bank)
+        rep = lambda xs: torch.stack(xs).repeat(R, *([1] * xs[0].dim()))   # noqa: E731
+        te_ids_r, te_y_r, mean_r = rep(te_ids), rep(te_y), mean_all.repeat(R, 1, 1)
+        bank = RegressorBank(E * R, world.v, d_out, cfg.hidden, cfg.mlp_hidden, cfg.reg_lr,
+                             rep(tr_ids), rep(tr_y), seed=cfg.seed + ci,
+                             test=(te_ids_r, te_y_r, mean_r), eval_every=max(1, cfg.reg_steps // 8)).to(device)
         make_trainer(cfg.trainer, ctx.tracker, max_steps=cfg.reg_steps).fit(bank, steps_loader(cfg.reg_steps))
         curves += [{"fraction": c, "step": 50 * t, "loss": l} for t, l in enumerate(bank.losses)]
         bank = bank.to(device).eval()
+        by_restart = lambda xs: [[xs[r * E + e] for r in range(R)] for e in range(E)]   # noqa: E731
         with torch.no_grad():
             for fam in FAMILIES:
-                pred = bank.predict(fam, te_ids)
-                r2 = r2_score(te_y, pred, mean_all).tolist()                    # ALGO: R² on unseen objects
-                pacc = [probe_accuracy(pred[e:e + 1], P[e:e + 1], te_a[e], te_b[e], world.n_objects, rec,
-                                       rec.backend)[0] for e in range(E)]
-                best = bank.best_r2[fam].tolist()
+                pred = bank.predict(fam, te_ids_r)
+                r2 = by_restart(r2_score(te_y_r, pred, mean_r).tolist())           # ALGO: R² on unseen objects
+                pacc = by_restart([probe_accuracy(pred[i:i + 1], P[i % E:i % E + 1], te_a[i % E], te_b[i % E],
+                                                  world.n_objects, rec, rec.backend)[0] for i in range(E * R)])
+                best = by_restart(bank.best_r2[fam].tolist())
                 for kind, sl in kinds.items():
-                    out[kind][fam][frac_key(c)] = {"r2": r2[sl], "probe_acc": pacc[sl], "best_eval_r2": best[sl]}
-            true_acc = [probe_accuracy(te_y[e:e + 1], P[e:e + 1], te_a[e], te_b[e], world.n_objects, rec,
+                    out[kind][fam][frac_key(c)] = {
+                        "r2": [float(np.median(x)) for x in r2[sl]], "r2_restarts": r2[sl],
+                        "probe_acc": [float(np.median(x)) for x in pacc[sl]],
+                        "best_eval_r2": [float(np.median(x)) for x in best[sl]]}
+            true_acc = [probe_accuracy(te_y[e][None], P[e:e + 1], te_a[e], te_b[e], world.n_objects, rec,
                                        rec.backend)[0] for e in range(E)]
             for kind, sl in kinds.items():
                 out[kind].setdefault("true_probe_acc", {})[frac_key(c)] = true_acc[sl]
