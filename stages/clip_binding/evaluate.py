@@ -13,6 +13,11 @@
    (predicted embeddings scored against the encoder's own object probes, through the kernel) on scenes
    of unseen objects.
 3. Additivity: R² of y(a, b) ≈ μ + A_1[a] + A_2[b] on held-out scenes.
+
+With ``source: {kind: hf, model: <CLIP checkpoint>}`` (the ``full`` profile only) a real CLIP text tower
+(``stages.clip_binding.clip``: captions of every scene, probes = object phrases) is a third encoder kind
+``clip`` of the complexity analysis and the additivity fit; its embeddings and the others are zero-padded to
+one width, which leaves R² and cosine probe scores unchanged.
 """
 from __future__ import annotations
 
@@ -26,6 +31,7 @@ from stages.common.config import Fraction, Seed, StageConfig
 from stages.common.device import DeviceName, pick_device
 from stages.common.paths import read_json, write_json
 from stages.common.runner import StageContext
+from stages.common.sources import SourceConfig
 from stages.common.trainer import TrainerConfig, make_trainer
 from stages.clip_binding.complexity import FAMILIES, RegressorBank, additivity_r2, pair_ids, r2_score
 from stages.clip_binding.models import BindingModel, heldout_accuracy, steps_loader
@@ -49,6 +55,7 @@ class Config(StageConfig):
     additivity_test_fraction: Fraction = 0.2
     ridge_alpha: float = Field(1e-3, gt=0, le=1e3)
     trainer: TrainerConfig = TrainerConfig(enable_progress_bar=False)
+    source: SourceConfig = SourceConfig()   # toy: no CLIP; hf/file (full only): a CLIPModel checkpoint
 
 
 def load_models(ctx: StageContext, world: World, device) -> dict[str, BindingModel]:
@@ -150,14 +157,28 @@ def probe_accuracy(pred, probes, a, b, n_obj, rec, backend) -> list[float]:
     return out
 
 
+def _pad(x: torch.Tensor, d: int) -> torch.Tensor:
+    """Zero columns up to width d: R² (SSE and SST) and cosine scores are unchanged."""
+    return torch.nn.functional.pad(x, (0, d - x.shape[-1]))
+
+
 def complexity_eval(cfg, ctx, world, models, meta, splits, rec, device, d_out) -> dict:
     enc_frac = max(meta["train_object_fractions"])
     a, b, Y, P = embeddings(world, models, meta, enc_frac, device, d_out)
     S = len(meta["seeds"])
+    kinds = {"trained": slice(0, S), "control": slice(S, 2 * S)}
+    if cfg.source.kind != "toy":      # a real CLIP text tower: one model, analysed on every seed's split
+        from stages.clip_binding.clip import clip_world, load_clip
+
+        model, tok = load_clip(cfg.source)
+        Yc, Pc = clip_world(model.to(device), tok, world, a, b)
+        d_out = max(d_out, Yc.shape[-1])
+        Y = torch.cat([_pad(Y, d_out), _pad(Yc.to(device), d_out)[None].expand(S, -1, -1)])
+        P = torch.cat([_pad(P, d_out), _pad(Pc.to(device), d_out)[None].expand(S, -1, -1)])
+        kinds["clip"] = slice(2 * S, 3 * S)
     E = Y.shape[0]
     mean_all = Y.mean(1, keepdim=True)
     ids_all = pair_ids(world, a, b)                                              # (P, 2k)
-    kinds = {"trained": slice(0, S), "control": slice(S, E)}
     out = {kind: {fam: {} for fam in FAMILIES} for kind in kinds}
     curves = []
     for ci, c in enumerate(meta["complexity_fractions"]):
@@ -209,7 +230,7 @@ def complexity_eval(cfg, ctx, world, models, meta, splits, rec, device, d_out) -
     an, bn = a.cpu().numpy(), b.cpu().numpy()
     add = [additivity_r2(Y[e].cpu().double().numpy(), an, bn, world.n_objects, test_mask, cfg.ridge_alpha)
            for e in range(E)]
-    out["additivity"] = {"trained": add[:S], "control": add[S:]}
+    out["additivity"] = {kind: add[sl] for kind, sl in kinds.items()}
     out["encoder_fraction"] = enc_frac
     return out, curves
 

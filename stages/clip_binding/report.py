@@ -89,7 +89,8 @@ def run(cfg: Config, ctx: StageContext) -> None:
     cfracs = meta["complexity_fractions"]
     lo, hi = frac_key(fracs[0]), frac_key(fracs[-1])
     clo, chi = frac_key(cfracs[0]), frac_key(cfracs[-1])
-    metrics = {"coverage": cov, "complexity": {k: cx[k] for k in ("trained", "control")},
+    kinds = [k for k in ("trained", "control", "clip") if k in cx]     # clip: only with a real CLIP (full)
+    metrics = {"coverage": cov, "complexity": {k: cx[k] for k in kinds},
                "additivity": cx["additivity"], "seeds": ev["seeds"], "world": {k: meta[k] for k in ("k", "v", "n_max", "n_objects")}}
     rep = Report(ctx, "How embedding models bind concepts (clip_binding)",
                  "Scene embeddings decompose additively into object representations, but whether a binding "
@@ -150,7 +151,7 @@ Additivity: least-squares fit y(a,b) ≈ μ + A1[a] + A2[b], R² on 20% held-out
                 "reject swap negatives); one that does not stays at or below it.\n\n" + "\n".join(lines))
 
     crow = []
-    for kind in ("trained", "control"):
+    for kind in kinds:
         for fam in FAMILIES:
             for c in cfracs:
                 d = cx[kind][fam][frac_key(c)]
@@ -174,24 +175,25 @@ Additivity: least-squares fit y(a,b) ≈ μ + A1[a] + A2[b], R² on 20% held-out
         on="arm", index="split_fraction", values="r2")
     rep.plot("r2_vs_fraction", wide, x="split_fraction", y=[c for c in wide.columns if c != "split_fraction"],
              title="clip_binding: R² on unseen objects vs split fraction")
-    fig, axes = plt.subplots(1, 2, figsize=(9, 3.5), sharey=True)
-    for ax, kind in zip(axes, ("trained", "control")):
+    fig, axes = plt.subplots(1, len(kinds), figsize=(4.5 * len(kinds), 3.5), sharey=True)
+    for ax, kind in zip(axes, kinds):
         for fam in FAMILIES:
             sub = cx_frame.filter((pl.col("encoder") == kind) & (pl.col("family") == fam))
             ax.errorbar(sub["split_fraction"].to_list(), sub["r2"].to_list(), yerr=(2 * sub["r2_se"]).to_list(),
                         marker="o", label=fam, capsize=3)
         ax.axhline(0, color="gray", lw=0.5)
         ax.set_ylim(-1.5, 1.05)   # the multiplicative fits reach R² << -1: clipped, exact values in the table
-        ax.set_title(f"{kind} encoder" if kind == "trained" else "high-complexity control")
+        ax.set_title({"trained": "trained encoder", "control": "high-complexity control",
+                      "clip": "CLIP text tower (captions)"}[kind])
         ax.set_xlabel("object split fraction (seen objects)")
     axes[0].set_ylabel("R² on scenes of unseen objects")
     axes[0].legend(fontsize=8)
     rep.figure("r2_vs_fraction", fig, "R² vs train fraction per regressor family (mean ± 2 s.e.; axis clipped at −1.5, exact values in the table)")
     add = cx["additivity"]
     rep.table("Results: additivity", pl.DataFrame({
-        "encoder": ["trained", "control"],
-        "additive_r2": [_mean_se(add["trained"])[0], _mean_se(add["control"])[0]],
-        "per_seed": [str([round(x, 4) for x in add["trained"]]), str([round(x, 4) for x in add["control"]])]}),
+        "encoder": kinds,
+        "additive_r2": [_mean_se(add[k])[0] for k in kinds],
+        "per_seed": [str([round(x, 4) for x in add[k]]) for k in kinds]}),
         "The control is additive by construction (y = g(a) + g(b)); it is a sanity check of the fit, not evidence.")
     fig, ax = plt.subplots(figsize=(5, 3))
     for (f, s), sub in hist.group_by(["fraction", "seed"], maintain_order=True):
@@ -212,7 +214,7 @@ Additivity: least-squares fit y(a,b) ≈ μ + A1[a] + A2[b], R² on 20% held-out
 | checkpoint | best test checkpoint used downstream | final checkpoint | no test-set selection |
 | complexity fit | all seen pairs, 4000 full-batch Adam steps, best R² over evals, one init | ≤ `max_train_scenes` seen pairs, `reg_steps` steps, final R², median over `reg_restarts` inits | budget; no selection on the test set; single fits are unstable across inits (spread reported) |
 | within-object multiplicative probe | `--mult_within_obj` flag | family `mult_within`: [E1(a1)⊙E2(a2) ; E3(b1)⊙E4(b2)] → linear, as read from the flag's name and the card | exact official layer not transcribed |
-| CLIP | real CLIP (ViT) embeddings | random-table control y = Σ g(obj) | no weights can be downloaded |
+| CLIP | real CLIP (ViT) image embeddings of rendered scenes | default: random-table control y = Σ g(obj); `full`: also a real CLIP **text** tower (`transformers.CLIPModel`, `evaluate.source`) on scene captions "a red cube and a blue sphere" | no weights can be downloaded here and no renderer; the CLIP path is tested on a tiny random CLIPModel in the real checkpoint layout (tests/clip_binding/test_real_source.py) |
 | additivity | AdamW on slot tables, 99/1 split | closed-form ridge least squares, 80/20 split | exact optimum of the same model |
 """)
     rep.section("Discussion", """
