@@ -86,7 +86,7 @@ def coverage_eval(cfg, world, models, meta, splits, rec, device) -> dict:
     parity_done = False
     for i, f in enumerate(meta["train_object_fractions"]):
         acc = {k: [] for k in ("object_acc", "binding_acc", "concept_acc", "bag_binding_acc",
-                               "train_binding_acc")}
+                               "train_binding_acc", "n_binding_items")}
         for j, seed in enumerate(meta["seeds"]):
             model = models[f"{frac_key(f)}_s{seed}"]
             objs_all, n_all = splits["test_objs"][i, j].to(device), splits["test_n"][i, j].to(device)
@@ -112,6 +112,7 @@ def coverage_eval(cfg, world, models, meta, splits, rec, device) -> dict:
             acc["object_acc"].append(float(cat["obj"].mean()))
             acc["concept_acc"].append(float(cat["con"].mean()))
             acc["binding_acc"].append(float(cat["bind"].mean()))
+            acc["n_binding_items"].append(int(cat["bind"].numel()))    # test scenes behind binding_acc (item noise)
             acc["bag_binding_acc"].append(float(cat["bag"].mean()))
             # the same binding score on scenes of SEEN objects (does the model bind at all?)
             train_objs = torch.arange(world.n_objects, device=device)[splits["coverage_masks"][i, j].to(device)]

@@ -38,6 +38,7 @@ def claims(cfg: Config, lo: str, hi: str, clo: str, chi: str) -> list:
                f"Held-out-object binding accuracy (2-object scenes of unseen objects) rises sharply with "
                f"coverage: the {hi} models beat the {lo} models by more than {sharp}",
                a=f"coverage.{hi}.binding_acc", b=f"coverage.{lo}.binding_acc",
+               n_items=f"coverage.{hi}.n_binding_items", paired_items=False, items_shared=False,
                refuted_by=f"{hi} binding accuracy not above {lo} + {sharp} on a majority of seeds "
                           "(or the gap within the one-sided t-bound)", kind="finding"),
         Bound("mult_generalizes_trained",
@@ -217,20 +218,48 @@ Additivity: least-squares fit y(a,b) ≈ μ + A1[a] + A2[b], R² on 20% held-out
 | CLIP | real CLIP (ViT) image embeddings of rendered scenes | default: random-table control y = Σ g(obj); `full`: also a real CLIP **text** tower (`transformers.CLIPModel`, `evaluate.source`) on scene captions "a red cube and a blue sphere" | no weights can be downloaded here and no renderer; the CLIP path is tested on a tiny random CLIPModel in the real checkpoint layout (tests/clip_binding/test_real_source.py) |
 | additivity | AdamW on slot tables, 99/1 split | closed-form ridge least squares, 80/20 split | exact optimum of the same model |
 """)
-    rep.section("Discussion", """
+    rep.section("Threats to validity", f"""
+Red-team pass by the author (no second reviewer was available):
+
+- **Budget decides the coverage finding.** {kw['steps']} steps against the official 50k: the `train_binding_acc`
+  column shows whether the encoders bind even SEEN objects beyond the bag-of-concepts level; where they do not,
+  `coverage_sharpens_binding` failing says nothing about the paper's effect, only that this budget does not learn
+  binding. A learning curve that fixes the steps from seen-object binding (issue 52) is not built: 9 encoders at
+  several thousand steps do not fit the 300 s default budget without the shared vectorized ensemble (issue 55),
+  which this paper does not use yet.
+- **Low complexity without binding.** The regressors test whether scene embeddings of unseen objects are
+  predictable from concept ids. An encoder that encodes a bag of concepts (no binding) is also predictable, so
+  `mult_generalizes_trained` / `mult_within_generalizes_trained` holding is evidence of a low-complexity embedding,
+  not of a binding that generalizes; read them with the coverage table.
+- **Controls by construction.** The random-table control is unpredictable from concepts by construction, so the
+  three control claims are checks of the machinery (kind check), not findings; CLIP itself is only in `full`
+  (text tower on captions, not the paper's image tower on renders).
+- **Fit instability.** Single regressor fits vary across initialisations (the official code also reports the best
+  test R² over evaluations); here a seed's R² is the median of {len(next(iter(cx['trained']['mlp'].values()))['r2_restarts'][0])}
+  restarts (the spread is in the table). The median rule was chosen because an earlier review saw a diverged
+  fit dominate a mean, before this run; thresholds were not changed.
+- **Item noise.** The coverage claim adds binomial item noise from the number of 2-object test scenes per model
+  (`n_binding_items`, unpaired: each fraction and seed has its own held-out objects and scenes). The complexity
+  and additivity bounds use all unseen pairs of a split and are noise-free given the seed.
+- **Three seeds.** Every finding runs 3 seeds (the minimum of the verdict rule); more seeds cost training time
+  the default budget does not have.
+""")
+    top = cov[hi]
+    held, bag, seen = (float(np.mean(top[k])) for k in ("binding_acc", "bag_binding_acc", "train_binding_acc"))
+    r2 = {f: float(np.mean(cx["trained"][f][clo]["r2"])) for f in FAMILIES}
+    rep.section("Discussion", f"""
 The paper measures CLIP-family models on CLEVR-like scenes and trains 6-layer encoders for 50k steps on
 k=2, v=20 worlds; it finds additive scene embeddings everywhere, a high-complexity (non-generalizing) binding
 function in CLIP and low-complexity, multiplicative binding in well-covered from-scratch transformers.
-This miniature reproduces the from-scratch side at 64 objects and a few thousand steps, and replaces CLIP by a
-random-table control whose object embeddings are by construction unpredictable from concepts: it shows what a
-high-complexity binding function looks like to the regressors, not that CLIP has one. Whether binding
-*emerges* at all within this step budget is itself measured (train_binding_acc vs bag_binding_acc): at this
-budget the encoders learn concepts (concept accuracy) and some binding of SEEN objects, but not a binding
-that transfers to unseen objects, so the coverage effect the paper reports is not reproduced here; the paper's
-encoders train ~100× longer on 6× more objects. The multiplicative family as read (one product of all four slot
-embeddings, across both objects) must spend units on constant slots to express a sum over objects; fitted to
-convergence without the official best-of-evals selection it extrapolates badly on both encoders, while the
-concat-MLP and sum+mult families recover the trained encoder's embeddings of unseen objects and nothing recovers
-the control's.
+This miniature trains the from-scratch side at {meta['n_objects']} objects for {kw['steps']} steps and replaces CLIP
+by a random-table control whose object embeddings are by construction unpredictable from concepts: it shows what
+a high-complexity binding function looks like to the regressors, not that CLIP has one.
+At the highest coverage ({hi}) the encoders' binding accuracy is {seen:.3f} on scenes of SEEN objects and {held:.3f}
+on unseen ones, against {bag:.3f} for the bag-of-concepts oracle that cannot bind: binding
+{'beyond' if seen > bag else 'not beyond'} the oracle on seen objects, {'beyond' if held > bag else 'not beyond'} it
+on unseen ones at this budget. On the trained encoder's embeddings at split {clo}, the mean R² on unseen objects is
+{', '.join(f'{f} {v:.3f}' for f, v in r2.items())}: the across-objects product (one product of all four slot
+embeddings, the official default) must spend units on constant slots to express a sum over objects, the
+within-object product does not.
 """)
     rep.finish(claims(cfg, lo, hi, clo, chi), metrics)
