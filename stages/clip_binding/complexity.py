@@ -6,6 +6,8 @@ tested on scenes whose two objects are both unseen:
     mlp      ŷ = W2 ReLU(W1 [E_1(a1); E_2(a2); E_3(b1); E_4(b2)])     (concat-MLP)
     mult     ŷ = W (E_1(a1) ⊙ E_2(a2) ⊙ E_3(b1) ⊙ E_4(b2))            (multiplicative)
     sum_mult ŷ = W [Π_s E_s ; Σ_s E_s]                                  (sum + multiplicative)
+    mult_within ŷ = W [E_1(a1) ⊙ E_2(a2) ; E_3(b1) ⊙ E_4(b2)]          (product within each object,
+                                                                     official --mult_within_obj as read)
 R² = 1 − SSE / SST with SST about the mean of ALL scenes (as the official code). Every regressor of
 every encoder is one slice of a batched parameter bank trained full-batch with Adam in one
 LightningModule (losses are independent, so the sum trains each exactly as alone).
@@ -20,11 +22,11 @@ import torch
 from sklearn.linear_model import Ridge
 from torch import nn
 
-FAMILIES = ("mlp", "mult", "sum_mult")
+FAMILIES = ("mlp", "mult", "sum_mult", "mult_within")
 
 
 class RegressorBank(L.LightningModule):
-    """E encoders × 3 families of slot-table regressors, trained full-batch on (E, n, 4) concept ids."""
+    """E encoders × 4 families of slot-table regressors, trained full-batch on (E, n, 4) concept ids."""
 
     def __init__(self, n_enc: int, v: int, d_out: int, hidden: int, mlp_hidden: int, lr: float,
                  ids: torch.Tensor, y: torch.Tensor, seed: int, test: tuple | None = None, eval_every: int = 50):
@@ -35,7 +37,7 @@ class RegressorBank(L.LightningModule):
         self.tables = nn.ParameterDict({f: rn(E, S, v, hidden) for f in FAMILIES})
         self.w1 = rn(E, S * hidden, mlp_hidden, scale=(S * hidden) ** -0.5)
         self.b1 = nn.Parameter(torch.zeros(E, 1, mlp_hidden))
-        fan = {"mlp": mlp_hidden, "mult": hidden, "sum_mult": 2 * hidden}
+        fan = {"mlp": mlp_hidden, "mult": hidden, "sum_mult": 2 * hidden, "mult_within": 2 * hidden}
         self.out_w = nn.ParameterDict({f: rn(E, fan[f], d_out, scale=fan[f] ** -0.5) for f in FAMILIES})
         self.out_b = nn.ParameterDict({f: nn.Parameter(torch.zeros(E, 1, d_out)) for f in FAMILIES})
         self.register_buffer("ids", ids)
@@ -59,8 +61,11 @@ class RegressorBank(L.LightningModule):
             hid = torch.relu(torch.bmm(z.flatten(2), self.w1) + self.b1)
         elif family == "mult":  # ALGO: product of all slots (across objects) -> linear
             hid = z.prod(2)
-        else:                   # ALGO: [product, sum] -> linear
+        elif family == "sum_mult":  # ALGO: [product, sum] -> linear
             hid = torch.cat([z.prod(2), z.sum(2)], -1)
+        else:                   # ALGO: [product of object a's slots ; product of object b's slots] -> linear
+            k = z.shape[2] // 2
+            hid = torch.cat([z[:, :, :k].prod(2), z[:, :, k:].prod(2)], -1)
         return torch.bmm(hid, self.out_w[family]) + self.out_b[family]
 
     def training_step(self, batch, batch_idx):

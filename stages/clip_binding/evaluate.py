@@ -13,6 +13,11 @@
    (predicted embeddings scored against the encoder's own object probes, through the kernel) on scenes
    of unseen objects.
 3. Additivity: R² of y(a, b) ≈ μ + A_1[a] + A_2[b] on held-out scenes.
+
+With ``source: {kind: hf, model: <CLIP checkpoint>}`` (the ``full`` profile only) a real CLIP text tower
+(``stages.clip_binding.clip``: captions of every scene, probes = object phrases) is a third encoder kind
+``clip`` of the complexity analysis and the additivity fit; its embeddings and the others are zero-padded to
+one width, which leaves R² and cosine probe scores unchanged.
 """
 from __future__ import annotations
 
@@ -26,6 +31,7 @@ from stages.common.config import Fraction, Seed, StageConfig
 from stages.common.device import DeviceName, pick_device
 from stages.common.paths import read_json, write_json
 from stages.common.runner import StageContext
+from stages.common.sources import SourceConfig
 from stages.common.trainer import TrainerConfig, make_trainer
 from stages.clip_binding.complexity import FAMILIES, RegressorBank, additivity_r2, pair_ids, r2_score
 from stages.clip_binding.models import BindingModel, heldout_accuracy, steps_loader
@@ -44,9 +50,12 @@ class Config(StageConfig):
     reg_steps: int = Field(400, ge=1, le=100_000)
     reg_lr: float = Field(1e-2, gt=0, le=1.0)
     max_train_scenes: int = Field(1024, ge=4, le=1_000_000, description="cap on regression training scenes")
+    reg_restarts: int = Field(3, ge=1, le=16, description="independent initialisations of every regressor; "
+                              "a seed's R² is their median (robust to one diverged fit), the spread is reported")
     additivity_test_fraction: Fraction = 0.2
     ridge_alpha: float = Field(1e-3, gt=0, le=1e3)
     trainer: TrainerConfig = TrainerConfig(enable_progress_bar=False)
+    source: SourceConfig = SourceConfig()   # toy: no CLIP; hf/file (full only): a CLIPModel checkpoint
 
 
 def load_models(ctx: StageContext, world: World, device) -> dict[str, BindingModel]:
@@ -77,7 +86,7 @@ def coverage_eval(cfg, world, models, meta, splits, rec, device) -> dict:
     parity_done = False
     for i, f in enumerate(meta["train_object_fractions"]):
         acc = {k: [] for k in ("object_acc", "binding_acc", "concept_acc", "bag_binding_acc",
-                               "train_binding_acc")}
+                               "train_binding_acc", "n_binding_items")}
         for j, seed in enumerate(meta["seeds"]):
             model = models[f"{frac_key(f)}_s{seed}"]
             objs_all, n_all = splits["test_objs"][i, j].to(device), splits["test_n"][i, j].to(device)
@@ -103,6 +112,7 @@ def coverage_eval(cfg, world, models, meta, splits, rec, device) -> dict:
             acc["object_acc"].append(float(cat["obj"].mean()))
             acc["concept_acc"].append(float(cat["con"].mean()))
             acc["binding_acc"].append(float(cat["bind"].mean()))
+            acc["n_binding_items"].append(int(cat["bind"].numel()))    # test scenes behind binding_acc (item noise)
             acc["bag_binding_acc"].append(float(cat["bag"].mean()))
             # the same binding score on scenes of SEEN objects (does the model bind at all?)
             train_objs = torch.arange(world.n_objects, device=device)[splits["coverage_masks"][i, j].to(device)]
@@ -148,14 +158,28 @@ def probe_accuracy(pred, probes, a, b, n_obj, rec, backend) -> list[float]:
     return out
 
 
+def _pad(x: torch.Tensor, d: int) -> torch.Tensor:
+    """Zero columns up to width d: R² (SSE and SST) and cosine scores are unchanged."""
+    return torch.nn.functional.pad(x, (0, d - x.shape[-1]))
+
+
 def complexity_eval(cfg, ctx, world, models, meta, splits, rec, device, d_out) -> dict:
     enc_frac = max(meta["train_object_fractions"])
     a, b, Y, P = embeddings(world, models, meta, enc_frac, device, d_out)
     S = len(meta["seeds"])
+    kinds = {"trained": slice(0, S), "control": slice(S, 2 * S)}
+    if cfg.source.kind != "toy":      # a real CLIP text tower: one model, analysed on every seed's split
+        from stages.clip_binding.clip import clip_world, load_clip
+
+        model, tok = load_clip(cfg.source)
+        Yc, Pc = clip_world(model.to(device), tok, world, a, b)
+        d_out = max(d_out, Yc.shape[-1])
+        Y = torch.cat([_pad(Y, d_out), _pad(Yc.to(device), d_out)[None].expand(S, -1, -1)])
+        P = torch.cat([_pad(P, d_out), _pad(Pc.to(device), d_out)[None].expand(S, -1, -1)])
+        kinds["clip"] = slice(2 * S, 3 * S)
     E = Y.shape[0]
     mean_all = Y.mean(1, keepdim=True)
     ids_all = pair_ids(world, a, b)                                              # (P, 2k)
-    kinds = {"trained": slice(0, S), "control": slice(S, E)}
     out = {kind: {fam: {} for fam in FAMILIES} for kind in kinds}
     curves = []
     for ci, c in enumerate(meta["complexity_fractions"]):
@@ -169,23 +193,29 @@ def complexity_eval(cfg, ctx, world, models, meta, splits, rec, device, d_out) -
             tr = tr[torch.randperm(tr.numel(), generator=g, device=device)[: cfg.max_train_scenes]]
             tr_ids.append(ids_all[tr]); tr_y.append(Y[e, tr])
             te_ids.append(ids_all[te]); te_y.append(Y[e, te]); te_a.append(a[te]); te_b.append(b[te])
-        te_ids, te_y = torch.stack(te_ids), torch.stack(te_y)
-        bank = RegressorBank(E, world.v, d_out, cfg.hidden, cfg.mlp_hidden, cfg.reg_lr,
-                             torch.stack(tr_ids), torch.stack(tr_y), seed=cfg.seed + ci,
-                             test=(te_ids, te_y, mean_all), eval_every=max(1, cfg.reg_steps // 8)).to(device)
+        R = cfg.reg_restarts                      # slice r·E + e = restart r of encoder e (one bank)
+        rep = lambda xs: torch.stack(xs).repeat(R, *([1] * xs[0].dim()))   # noqa: E731
+        te_ids_r, te_y_r, mean_r = rep(te_ids), rep(te_y), mean_all.repeat(R, 1, 1)
+        bank = RegressorBank(E * R, world.v, d_out, cfg.hidden, cfg.mlp_hidden, cfg.reg_lr,
+                             rep(tr_ids), rep(tr_y), seed=cfg.seed + ci,
+                             test=(te_ids_r, te_y_r, mean_r), eval_every=max(1, cfg.reg_steps // 8)).to(device)
         make_trainer(cfg.trainer, ctx.tracker, max_steps=cfg.reg_steps).fit(bank, steps_loader(cfg.reg_steps))
         curves += [{"fraction": c, "step": 50 * t, "loss": l} for t, l in enumerate(bank.losses)]
         bank = bank.to(device).eval()
+        by_restart = lambda xs: [[xs[r * E + e] for r in range(R)] for e in range(E)]   # noqa: E731
         with torch.no_grad():
             for fam in FAMILIES:
-                pred = bank.predict(fam, te_ids)
-                r2 = r2_score(te_y, pred, mean_all).tolist()                    # ALGO: R² on unseen objects
-                pacc = [probe_accuracy(pred[e:e + 1], P[e:e + 1], te_a[e], te_b[e], world.n_objects, rec,
-                                       rec.backend)[0] for e in range(E)]
-                best = bank.best_r2[fam].tolist()
+                pred = bank.predict(fam, te_ids_r)
+                r2 = by_restart(r2_score(te_y_r, pred, mean_r).tolist())           # ALGO: R² on unseen objects
+                pacc = by_restart([probe_accuracy(pred[i:i + 1], P[i % E:i % E + 1], te_a[i % E], te_b[i % E],
+                                                  world.n_objects, rec, rec.backend)[0] for i in range(E * R)])
+                best = by_restart(bank.best_r2[fam].tolist())
                 for kind, sl in kinds.items():
-                    out[kind][fam][frac_key(c)] = {"r2": r2[sl], "probe_acc": pacc[sl], "best_eval_r2": best[sl]}
-            true_acc = [probe_accuracy(te_y[e:e + 1], P[e:e + 1], te_a[e], te_b[e], world.n_objects, rec,
+                    out[kind][fam][frac_key(c)] = {
+                        "r2": [float(np.median(x)) for x in r2[sl]], "r2_restarts": r2[sl],
+                        "probe_acc": [float(np.median(x)) for x in pacc[sl]],
+                        "best_eval_r2": [float(np.median(x)) for x in best[sl]]}
+            true_acc = [probe_accuracy(te_y[e][None], P[e:e + 1], te_a[e], te_b[e], world.n_objects, rec,
                                        rec.backend)[0] for e in range(E)]
             for kind, sl in kinds.items():
                 out[kind].setdefault("true_probe_acc", {})[frac_key(c)] = true_acc[sl]
@@ -201,7 +231,7 @@ def complexity_eval(cfg, ctx, world, models, meta, splits, rec, device, d_out) -
     an, bn = a.cpu().numpy(), b.cpu().numpy()
     add = [additivity_r2(Y[e].cpu().double().numpy(), an, bn, world.n_objects, test_mask, cfg.ridge_alpha)
            for e in range(E)]
-    out["additivity"] = {"trained": add[:S], "control": add[S:]}
+    out["additivity"] = {kind: add[sl] for kind, sl in kinds.items()}
     out["encoder_fraction"] = enc_frac
     return out, curves
 

@@ -7,9 +7,8 @@ from __future__ import annotations
 import matplotlib.pyplot as plt
 import numpy as np
 import polars as pl
-from pydantic import Field
 
-from stages.common.claims import Better, Bound, Param
+from stages.common.claims import Better, Bound
 from stages.common.config import ReportConfig
 from stages.common.paths import read_json
 from stages.common.reporting import Report
@@ -19,46 +18,61 @@ from stages.clip_binding.prepare import frac_key
 
 
 class Config(ReportConfig):
-    sharp_margin: float = Field(0.2, ge=0.0, le=1.0, description="'rises sharply': binding-accuracy gain")
-    generalize_r2: float = Field(0.5, ge=-1.0, le=1.0, description="R² above which a regressor 'generalizes'")
-    fail_r2: float = Field(0.2, ge=-1.0, le=1.0, description="R² below which 'nothing generalizes'")
-    additive_r2: float = Field(0.9, ge=0.0, le=1.0, description="R² above which embeddings are 'additive'")
+    """Thresholds live in params.yaml papers.clip_binding.report.claims (min effects, bounds)."""
+
+
+def _th(cfg: Config, name: str, key: str) -> str:
+    """A claim's threshold from params, for the statement text only (the claim itself binds it)."""
+    v = cfg.claims.get(name, {}).get(key)
+    return "the params threshold" if v is None else f"{v:g}"
 
 
 def claims(cfg: Config, lo: str, hi: str, clo: str, chi: str) -> list:
+    sharp = _th(cfg, "coverage_sharpens_binding", "min_effect")
+    gen = _th(cfg, "mult_generalizes_trained", "above")
+    gen_w = _th(cfg, "mult_within_generalizes_trained", "above")
+    fail = _th(cfg, "nothing_generalizes_control", "below")
+    add = _th(cfg, "scene_embeddings_additive", "above")
     return [
         Better("coverage_sharpens_binding",
                f"Held-out-object binding accuracy (2-object scenes of unseen objects) rises sharply with "
-               f"coverage: the {hi} models beat the {lo} models by more than {cfg.sharp_margin:g}",
-               a=f"coverage.{hi}.binding_acc", b=f"coverage.{lo}.binding_acc", min_effect=Param(cfg.sharp_margin, "report.sharp_margin"),
-               refuted_by=f"{hi} binding accuracy not above {lo} + {cfg.sharp_margin:g} on a majority of seeds "
-                          "(or the gap within 2 s.e.)", kind="finding"),
+               f"coverage: the {hi} models beat the {lo} models by more than {sharp}",
+               a=f"coverage.{hi}.binding_acc", b=f"coverage.{lo}.binding_acc",
+               n_items=f"coverage.{hi}.n_binding_items", paired_items=False, items_shared=False,
+               refuted_by=f"{hi} binding accuracy not above {lo} + {sharp} on a majority of seeds "
+                          "(or the gap within the one-sided t-bound)", kind="finding"),
         Bound("mult_generalizes_trained",
               f"For the trained encoder the multiplicative slot model generalizes to unseen objects from "
-              f"a low split fraction ({clo}): R² above {cfg.generalize_r2:g}",
-              value=f"complexity.trained.mult.{clo}.r2", above=Param(cfg.generalize_r2, "report.generalize_r2"),
-              refuted_by=f"mult R² at {clo} at or below {cfg.generalize_r2:g}", kind="finding"),
+              f"a low split fraction ({clo}): R² above {gen}",
+              value=f"complexity.trained.mult.{clo}.r2",
+              refuted_by=f"mult R² at {clo} at or below {gen}", kind="finding"),
+        Bound("mult_within_generalizes_trained",
+              f"For the trained encoder the within-object multiplicative slot model (product of each object's "
+              f"concept slots, official --mult_within_obj) generalizes to unseen objects from a low split "
+              f"fraction ({clo}): R² above {gen_w}",
+              value=f"complexity.trained.mult_within.{clo}.r2",
+              refuted_by=f"mult_within R² at {clo} at or below {gen_w}", kind="finding"),
         Bound("nothing_generalizes_control",
-              f"For the high-complexity control (scene = Σ g(obj), g a random table) no regressor family "
-              f"generalizes even at the highest split fraction ({chi}): best R² below {cfg.fail_r2:g}",
-              value=f"complexity.control.best_r2.{chi}", below=Param(cfg.fail_r2, "report.fail_r2"),
-              refuted_by=f"some family reaching R² >= {cfg.fail_r2:g} on the control's unseen objects", kind="finding"),
+              f"Control sanity: for the high-complexity control (scene = Σ g(obj), g a random table) no regressor "
+              f"family generalizes even at the highest split fraction ({chi}): best R² below {fail}",
+              value=f"complexity.control.best_r2.{chi}",
+              refuted_by=f"some family reaching R² >= {fail} on the control's unseen objects", kind="check"),
         Better("trained_lower_complexity_than_control",
-               f"The trained encoder's binding function is lower-complexity than the control's: the best "
+               f"Control comparison: the trained encoder's binding function is lower-complexity than the control's: the best "
                f"regressor family reaches a higher R² on unseen objects ({clo} split)",
                a=f"complexity.trained.best_r2.{clo}", b=f"complexity.control.best_r2.{clo}",
-               refuted_by="control best R² >= trained best R² on most seeds", kind="finding"),
+               refuted_by="control best R² >= trained best R² on most seeds", kind="check"),
         Better("trained_beats_control_probe",
-               f"Embeddings of unseen objects predicted by the best regressor family (highest final R², per seed; "
+               f"Control comparison: embeddings of unseen objects predicted by the best regressor family (highest final R², per seed; "
                f"{clo} split) are recognised by the encoder's own frozen object probes more often for the trained "
                "encoder than for the control",
                a=f"complexity.trained.best_probe_acc.{clo}", b=f"complexity.control.best_probe_acc.{clo}",
-               refuted_by="control probe accuracy >= trained on most seeds", kind="finding"),
+               refuted_by="control probe accuracy >= trained on most seeds", kind="check"),
         Bound("scene_embeddings_additive",
               f"Trained scene embeddings are additive over objects: y(a,b) ≈ μ + A1[a] + A2[b] with held-out "
-              f"R² above {cfg.additive_r2:g}",
-              value="additivity.trained", above=Param(cfg.additive_r2, "report.additive_r2"),
-              refuted_by=f"additive-fit R² at or below {cfg.additive_r2:g}", kind="finding"),
+              f"R² above {add}",
+              value="additivity.trained",
+              refuted_by=f"additive-fit R² at or below {add}", kind="finding"),
     ]
 
 
@@ -76,7 +90,8 @@ def run(cfg: Config, ctx: StageContext) -> None:
     cfracs = meta["complexity_fractions"]
     lo, hi = frac_key(fracs[0]), frac_key(fracs[-1])
     clo, chi = frac_key(cfracs[0]), frac_key(cfracs[-1])
-    metrics = {"coverage": cov, "complexity": {k: cx[k] for k in ("trained", "control")},
+    kinds = [k for k in ("trained", "control", "clip") if k in cx]     # clip: only with a real CLIP (full)
+    metrics = {"coverage": cov, "complexity": {k: cx[k] for k in kinds},
                "additivity": cx["additivity"], "seeds": ev["seeds"], "world": {k: meta[k] for k in ("k", "v", "n_max", "n_objects")}}
     rep = Report(ctx, "How embedding models bind concepts (clip_binding)",
                  "Scene embeddings decompose additively into object representations, but whether a binding "
@@ -137,17 +152,23 @@ Additivity: least-squares fit y(a,b) ≈ μ + A1[a] + A2[b], R² on 20% held-out
                 "reject swap negatives); one that does not stays at or below it.\n\n" + "\n".join(lines))
 
     crow = []
-    for kind in ("trained", "control"):
+    for kind in kinds:
         for fam in FAMILIES:
             for c in cfracs:
                 d = cx[kind][fam][frac_key(c)]
                 crow.append({"encoder": kind, "family": fam, "split_fraction": c,
                              "r2": _mean_se(d["r2"])[0], "r2_se": _mean_se(d["r2"])[1],
+                             "r2_restart_min": float(np.min(d["r2_restarts"])),
+                             "r2_restart_max": float(np.max(d["r2_restarts"])),
+                             "r2_restart_sd": float(np.mean([np.std(x, ddof=1) if len(x) > 1 else 0.0
+                                                             for x in d["r2_restarts"]])),
                              "probe_acc": _mean_se(d["probe_acc"])[0],
                              "best_eval_r2": _mean_se(d["best_eval_r2"])[0],
                              "true_probe_acc": _mean_se(cx[kind]["true_probe_acc"][frac_key(c)])[0]})
     cx_frame = pl.DataFrame(crow)
     rep.table("Results: binding-function complexity (unseen objects)", cx_frame,
+              "r2 = mean over seeds of each seed's median R² over the regression restarts; r2_restart_min/max = the "
+              "extremes over all seeds × restarts, r2_restart_sd = the mean within-seed sd over restarts. "
               "true_probe_acc = the frozen probes applied to the encoder's actual embeddings (ceiling). "
               "best_eval_r2 = the best test R² over 8 evaluations during the fit, the number the official code "
               "reports (selected on the test scenes, so optimistic; the claims use the final r2).")
@@ -155,24 +176,25 @@ Additivity: least-squares fit y(a,b) ≈ μ + A1[a] + A2[b], R² on 20% held-out
         on="arm", index="split_fraction", values="r2")
     rep.plot("r2_vs_fraction", wide, x="split_fraction", y=[c for c in wide.columns if c != "split_fraction"],
              title="clip_binding: R² on unseen objects vs split fraction")
-    fig, axes = plt.subplots(1, 2, figsize=(9, 3.5), sharey=True)
-    for ax, kind in zip(axes, ("trained", "control")):
+    fig, axes = plt.subplots(1, len(kinds), figsize=(4.5 * len(kinds), 3.5), sharey=True)
+    for ax, kind in zip(axes, kinds):
         for fam in FAMILIES:
             sub = cx_frame.filter((pl.col("encoder") == kind) & (pl.col("family") == fam))
             ax.errorbar(sub["split_fraction"].to_list(), sub["r2"].to_list(), yerr=(2 * sub["r2_se"]).to_list(),
                         marker="o", label=fam, capsize=3)
         ax.axhline(0, color="gray", lw=0.5)
         ax.set_ylim(-1.5, 1.05)   # the multiplicative fits reach R² << -1: clipped, exact values in the table
-        ax.set_title(f"{kind} encoder" if kind == "trained" else "high-complexity control")
+        ax.set_title({"trained": "trained encoder", "control": "high-complexity control",
+                      "clip": "CLIP text tower (captions)"}[kind])
         ax.set_xlabel("object split fraction (seen objects)")
     axes[0].set_ylabel("R² on scenes of unseen objects")
     axes[0].legend(fontsize=8)
     rep.figure("r2_vs_fraction", fig, "R² vs train fraction per regressor family (mean ± 2 s.e.; axis clipped at −1.5, exact values in the table)")
     add = cx["additivity"]
     rep.table("Results: additivity", pl.DataFrame({
-        "encoder": ["trained", "control"],
-        "additive_r2": [_mean_se(add["trained"])[0], _mean_se(add["control"])[0]],
-        "per_seed": [str([round(x, 4) for x in add["trained"]]), str([round(x, 4) for x in add["control"]])]}),
+        "encoder": kinds,
+        "additive_r2": [_mean_se(add[k])[0] for k in kinds],
+        "per_seed": [str([round(x, 4) for x in add[k]]) for k in kinds]}),
         "The control is additive by construction (y = g(a) + g(b)); it is a sanity check of the fit, not evidence.")
     fig, ax = plt.subplots(figsize=(5, 3))
     for (f, s), sub in hist.group_by(["fraction", "seed"], maintain_order=True):
@@ -191,24 +213,53 @@ Additivity: least-squares fit y(a,b) ≈ μ + A1[a] + A2[b], R² on 20% held-out
 | swap negatives | may be held-out objects in training (train_probe_all_objects=True, as read) | only training objects (`heldout_negatives: false`) | with held-out objects as negatives only, their probes are pushed away from every scene and held-out accuracy collapses (measured ~0 in a pilot); configurable |
 | split | random object split | redrawn until every concept value is in the training objects | failure must be about binding, not about unseen tokens |
 | checkpoint | best test checkpoint used downstream | final checkpoint | no test-set selection |
-| complexity fit | all seen pairs, 4000 full-batch Adam steps, best R² over evals | ≤ `max_train_scenes` seen pairs, `reg_steps` steps, final R² | budget; no selection on the test set |
-| CLIP | real CLIP (ViT) embeddings | random-table control y = Σ g(obj) | no weights can be downloaded |
+| complexity fit | all seen pairs, 4000 full-batch Adam steps, best R² over evals, one init | ≤ `max_train_scenes` seen pairs, `reg_steps` steps, final R², median over `reg_restarts` inits | budget; no selection on the test set; single fits are unstable across inits (spread reported) |
+| within-object multiplicative probe | `--mult_within_obj` flag | family `mult_within`: [E1(a1)⊙E2(a2) ; E3(b1)⊙E4(b2)] → linear, as read from the flag's name and the card | exact official layer not transcribed |
+| CLIP | real CLIP (ViT) image embeddings of rendered scenes | default: random-table control y = Σ g(obj); `full`: also a real CLIP **text** tower (`transformers.CLIPModel`, `evaluate.source`) on scene captions "a red cube and a blue sphere" | no weights can be downloaded here and no renderer; the CLIP path is tested on a tiny random CLIPModel in the real checkpoint layout (tests/clip_binding/test_real_source.py) |
 | additivity | AdamW on slot tables, 99/1 split | closed-form ridge least squares, 80/20 split | exact optimum of the same model |
 """)
-    rep.section("Discussion", """
+    rep.section("Threats to validity", f"""
+Red-team pass by the author (no second reviewer was available):
+
+- **Budget decides the coverage finding.** {kw['steps']} steps against the official 50k: the `train_binding_acc`
+  column shows whether the encoders bind even SEEN objects beyond the bag-of-concepts level; where they do not,
+  `coverage_sharpens_binding` failing says nothing about the paper's effect, only that this budget does not learn
+  binding. A learning curve that fixes the steps from seen-object binding (issue 52) is not built: 9 encoders at
+  several thousand steps do not fit the 300 s default budget without the shared vectorized ensemble (issue 55),
+  which this paper does not use yet.
+- **Low complexity without binding.** The regressors test whether scene embeddings of unseen objects are
+  predictable from concept ids. An encoder that encodes a bag of concepts (no binding) is also predictable, so
+  `mult_generalizes_trained` / `mult_within_generalizes_trained` holding is evidence of a low-complexity embedding,
+  not of a binding that generalizes; read them with the coverage table.
+- **Controls by construction.** The random-table control is unpredictable from concepts by construction, so the
+  three control claims are checks of the machinery (kind check), not findings; CLIP itself is only in `full`
+  (text tower on captions, not the paper's image tower on renders).
+- **Fit instability.** Single regressor fits vary across initialisations (the official code also reports the best
+  test R² over evaluations); here a seed's R² is the median of {len(next(iter(cx['trained']['mlp'].values()))['r2_restarts'][0])}
+  restarts (the spread is in the table). The median rule was chosen because an earlier review saw a diverged
+  fit dominate a mean, before this run; thresholds were not changed.
+- **Item noise.** The coverage claim adds binomial item noise from the number of 2-object test scenes per model
+  (`n_binding_items`, unpaired: each fraction and seed has its own held-out objects and scenes). The complexity
+  and additivity bounds use all unseen pairs of a split and are noise-free given the seed.
+- **Three seeds.** Every finding runs 3 seeds (the minimum of the verdict rule); more seeds cost training time
+  the default budget does not have.
+""")
+    top = cov[hi]
+    held, bag, seen = (float(np.mean(top[k])) for k in ("binding_acc", "bag_binding_acc", "train_binding_acc"))
+    r2 = {f: float(np.mean(cx["trained"][f][clo]["r2"])) for f in FAMILIES}
+    rep.section("Discussion", f"""
 The paper measures CLIP-family models on CLEVR-like scenes and trains 6-layer encoders for 50k steps on
 k=2, v=20 worlds; it finds additive scene embeddings everywhere, a high-complexity (non-generalizing) binding
 function in CLIP and low-complexity, multiplicative binding in well-covered from-scratch transformers.
-This miniature reproduces the from-scratch side at 64 objects and a few thousand steps, and replaces CLIP by a
-random-table control whose object embeddings are by construction unpredictable from concepts: it shows what a
-high-complexity binding function looks like to the regressors, not that CLIP has one. Whether binding
-*emerges* at all within this step budget is itself measured (train_binding_acc vs bag_binding_acc): at this
-budget the encoders learn concepts (concept accuracy) and some binding of SEEN objects, but not a binding
-that transfers to unseen objects, so the coverage effect the paper reports is not reproduced here; the paper's
-encoders train ~100× longer on 6× more objects. The multiplicative family as read (one product of all four slot
-embeddings, across both objects) must spend units on constant slots to express a sum over objects; fitted to
-convergence without the official best-of-evals selection it extrapolates badly on both encoders, while the
-concat-MLP and sum+mult families recover the trained encoder's embeddings of unseen objects and nothing recovers
-the control's.
+This miniature trains the from-scratch side at {meta['n_objects']} objects for {kw['steps']} steps and replaces CLIP
+by a random-table control whose object embeddings are by construction unpredictable from concepts: it shows what
+a high-complexity binding function looks like to the regressors, not that CLIP has one.
+At the highest coverage ({hi}) the encoders' binding accuracy is {seen:.3f} on scenes of SEEN objects and {held:.3f}
+on unseen ones, against {bag:.3f} for the bag-of-concepts oracle that cannot bind: binding
+{'beyond' if seen > bag else 'not beyond'} the oracle on seen objects, {'beyond' if held > bag else 'not beyond'} it
+on unseen ones at this budget. On the trained encoder's embeddings at split {clo}, the mean R² on unseen objects is
+{', '.join(f'{f} {v:.3f}' for f, v in r2.items())}: the across-objects product (one product of all four slot
+embeddings, the official default) must spend units on constant slots to express a sum over objects, the
+within-object product does not.
 """)
     rep.finish(claims(cfg, lo, hi, clo, chi), metrics)

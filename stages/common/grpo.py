@@ -28,6 +28,11 @@ The algorithm (one ``training_step``, manual optimisation):
 With ``ppo_epochs = 1`` the ratio is identically 1 at the update (logp_old = logp.detach()), so the
 clip is inert and the update is REINFORCE with group advantages (as in the official JustGRPO code);
 ``ppo_epochs > 1`` re-uses each rollout for several updates and makes the clip live.
+``ratio_level = "sequence"`` switches to GSPO (Zheng et al. 2025, Eq. 5–7): one length-normalised importance
+ratio per sequence and the clip applied to it, the loss a mean over sequences:
+    # ALGO: GSPO  s_i = exp( Σ_t m_t (logp_t − logp_old,t) / Σ_t m_t )      (= (π_θ(y_i)/π_old(y_i))^(1/|y_i|))
+    # ALGO: GSPO  L = −(1/B) Σ_i min(s_i A_i, clip(s_i, 1−ε_lo, 1+ε_hi) A_i)  (+ β · row-mean KL_t)
+(the token-level default is unchanged; with ``ppo_epochs ≥ 2`` the sequence ratio and its clip are live).
 An optional replay buffer keeps past groups with non-zero advantage (their logp_old frozen at
 sampling time) and mixes ``replay_groups`` of them into each update, off-policy, through the ratio.
 
@@ -62,9 +67,15 @@ class GRPOConfig(StageConfig):
     replay_size: int = Field(0, ge=0, le=100_000, description="groups kept in the replay buffer (0: off)")
     replay_groups: int = Field(0, ge=0, le=1024, description="buffered groups mixed into each update")
     grad_clip: float | None = Field(1.0, gt=0, le=1e6, description="global grad-norm clip (None: off)")
+    ratio_level: Literal["token", "sequence"] = Field(
+        "token", description="token: per-token PPO ratio (GRPO); sequence: GSPO's length-normalised sequence "
+                             "ratio and clip, loss = mean over sequences (needs loss_norm: samples)")
 
     @model_validator(mode="after")
     def _replay(self):
+        if self.ratio_level == "sequence" and self.loss_norm != "samples":
+            raise ValueError(f"loss_norm: {self.loss_norm!r} with ratio_level 'sequence' (GSPO averages over "
+                             "sequences: use loss_norm 'samples')")
         if self.replay_groups and not self.replay_size:
             raise ValueError(f"replay_groups: {self.replay_groups} needs replay_size > 0")
         if self.replay_groups > self.replay_size:
@@ -114,9 +125,35 @@ def kl_k3(logp: torch.Tensor, ref_logp: torch.Tensor) -> torch.Tensor:
     return torch.exp(q) - q - 1.0                                            # ALGO: KL k3 estimator
 
 
+def gspo_loss(logp: torch.Tensor, old_logp: torch.Tensor, adv: torch.Tensor, mask: torch.Tensor,
+              cfg: GRPOConfig, ref_logp: torch.Tensor | None = None) -> tuple[torch.Tensor, dict[str, float]]:
+    """GSPO: sequence-level ratio s_i (length-normalised), clipped surrogate per sequence, mean over rows.
+    logp/old_logp/mask (B, L), adv (B,). A row with an empty mask has s_i = 1 and no KL."""
+    mask = mask.float()
+    eps_high = cfg.clip_eps if cfg.clip_eps_high is None else cfg.clip_eps_high
+    n = mask.sum(1).clamp_min(1.0)                                           # |y_i|
+    log_s = ((logp - old_logp) * mask).sum(1) / n
+    s = torch.exp(log_s)                                                     # ALGO: GSPO sequence ratio s_i
+    unclipped = s * adv
+    clipped = torch.clamp(s, 1.0 - cfg.clip_eps, 1.0 + eps_high) * adv
+    per_seq = -torch.minimum(unclipped, clipped)                             # ALGO: GSPO clipped objective
+    kl_row = torch.zeros_like(per_seq)
+    if cfg.kl_coef > 0:
+        if ref_logp is None:
+            raise ValueError("kl_coef > 0 needs ref_logp")
+        kl_row = (kl_k3(logp, ref_logp) * mask).sum(1) / n
+        per_seq = per_seq + cfg.kl_coef * kl_row
+    loss = per_seq.mean()
+    stats = {"clip_frac": float((clipped < unclipped).float().mean()), "kl": float(kl_row.mean()),
+             "ratio_mean": float(s.detach().mean())}
+    return loss, stats
+
+
 def grpo_loss(logp: torch.Tensor, old_logp: torch.Tensor, adv: torch.Tensor, mask: torch.Tensor,
               cfg: GRPOConfig, ref_logp: torch.Tensor | None = None) -> tuple[torch.Tensor, dict[str, float]]:
     """Scalar GRPO loss and stats from per-token log-probs (B, L), advantages (B,), mask (B, L)."""
+    if cfg.ratio_level == "sequence":
+        return gspo_loss(logp, old_logp, adv, mask, cfg, ref_logp)
     mask = mask.float()
     per_tok, clipped = clipped_surrogate(logp, old_logp, adv, cfg.clip_eps, cfg.clip_eps_high)
     kl = torch.zeros_like(per_tok)

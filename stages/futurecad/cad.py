@@ -142,18 +142,68 @@ class RunResult:
     selections: list[dict] = field(default_factory=list)   # per fillet/chamfer: before-solid, ids, query
 
 
-def run_script(text: str, grounder: Grounder | None = None, record: bool = False) -> RunResult:
-    """Execute a whitelisted script on CadQuery; ScriptError on any failure."""
-    import cadquery as cq
+_WP_CLASS = None
 
+
+def _workplane_class():
+    """cq.Workplane whose ``newObject`` copies the plane without first building a default one (CadQuery's
+    builds ``Plane.named("XY")`` for every call of the chain and throws it away): the same state, less time."""
+    global _WP_CLASS
+    if _WP_CLASS is None:
+        from copy import copy
+
+        import cadquery as cq
+
+        class FastWorkplane(cq.Workplane):
+            def newObject(self, objlist):
+                ns = object.__new__(type(self))
+                ns.plane = copy(self.plane)
+                ns.parent = self
+                ns.objects = list(objlist)
+                ns.ctx = self.ctx
+                ns._tag = None
+                return ns
+
+        _WP_CLASS = FastWorkplane
+    return _WP_CLASS
+
+
+def _fork(wp):
+    """A workplane with wp's state and its own copy of the chain context (pending wires/edges, tags), so
+    that later calls of one script cannot leak into another script that reuses the cached prefix."""
+    from copy import copy
+
+    ns = wp.newObject(wp.objects)
+    ctx = copy(wp.ctx)
+    ctx.pendingWires, ctx.pendingEdges, ctx.tags = list(wp.ctx.pendingWires), list(wp.ctx.pendingEdges), dict(wp.ctx.tags)
+    ns.ctx = ctx
+    return ns
+
+
+def run_script(text: str, grounder: Grounder | None = None, record: bool = False,
+               cache: dict | None = None) -> RunResult:
+    """Execute a whitelisted script on CadQuery; ScriptError on any failure.
+
+    ``cache`` (a dict the caller keeps, e.g. an LRU in the sandbox worker) memoises the workplane after the
+    calls before the first ``edges(...)`` and each grounded selection on it: scripts that share their part
+    (the usual case in RL rollouts) build the part and ground a query once. Results are identical."""
     calls = parse_script(text)
     wp = None
     sels: list[dict] = []
     pending = None
-    for c in calls:
+    first_sel = next((i for i, c in enumerate(calls) if c.name == "edges"), len(calls))
+    prefix = tuple(calls[:first_sel])
+    start = 0
+    if cache is not None and ("wp", prefix) in cache:
+        wp, start = _fork(cache[("wp", prefix)]), first_sel
+    for k, c in enumerate(calls):
+        if k < start:
+            continue
+        if cache is not None and k == first_sel and k > 0 and ("wp", prefix) not in cache:
+            cache[("wp", prefix)] = _fork(wp)
         try:
             if c.name == "Workplane":
-                wp = cq.Workplane("XY")
+                wp = _workplane_class()("XY")
             elif c.name == "edges":
                 solid = wp.findSolid()
                 edges = solid.Edges()
@@ -161,7 +211,13 @@ def run_script(text: str, grounder: Grounder | None = None, record: bool = False
                 if kind == "query":
                     if grounder is None:
                         raise ScriptError("Query(...) needs a grounder")
-                    ids = sorted(set(int(i) for i in grounder(solid, val)))
+                    gkey = ("ground", tuple(calls[:k]), val)
+                    if cache is not None and gkey in cache:
+                        ids = cache[gkey]
+                    else:
+                        ids = sorted(set(int(i) for i in grounder(solid, val)))
+                        if cache is not None:
+                            cache[gkey] = ids
                 else:
                     ids = sorted(set(val))
                 if not ids:
@@ -184,6 +240,8 @@ def run_script(text: str, grounder: Grounder | None = None, record: bool = False
             raise
         except Exception as err:  # the kernel refused (bad fillet radius, nothing to cut, ...)
             raise ScriptError(f"{c.name}() failed in the CAD kernel: {type(err).__name__}") from None
+    if cache is not None and first_sel == len(calls) and ("wp", prefix) not in cache:
+        cache[("wp", prefix)] = _fork(wp)                 # a script without selections is itself a prefix
     try:
         solid = wp.findSolid()
     except Exception:
@@ -267,33 +325,43 @@ def random_part(rng: np.random.Generator) -> dict:
 # ----------------------------------------------------------------------------------------------
 # primitive export (UV grids, curves) and attributes
 # ----------------------------------------------------------------------------------------------
+def bbox_of(solid) -> tuple[np.ndarray, np.ndarray]:
+    """Exact bounding box from the B-Rep geometry only (never from a triangulation the solid may carry:
+    meshing a solid for surface points must not change its later export)."""
+    from OCP.Bnd import Bnd_Box
+    from OCP.BRepBndLib import BRepBndLib
+
+    box = Bnd_Box()
+    BRepBndLib.AddOptimal_s(solid.wrapped, box, False, False)
+    x0, y0, z0, x1, y1, z1 = box.Get()
+    return np.array([x0, y0, z0]), np.array([x1, y1, z1])
+
+
 def frame_of(solid) -> tuple[np.ndarray, np.ndarray]:
     """Centre and per-axis half extents: points are mapped to [-1, 1]^3 (the part's bounding box)."""
-    bb = solid.BoundingBox()
-    lo, hi = np.array([bb.xmin, bb.ymin, bb.zmin]), np.array([bb.xmax, bb.ymax, bb.zmax])
+    lo, hi = bbox_of(solid)
     return (lo + hi) / 2, np.maximum((hi - lo) / 2, 1e-9)
 
 
 def diag_of(solid) -> float:
-    bb = solid.BoundingBox()
-    return float(np.linalg.norm([bb.xlen, bb.ylen, bb.zlen]))
+    lo, hi = bbox_of(solid)
+    return float(np.linalg.norm(hi - lo))
 
 
 def face_grid(face, center: np.ndarray, scale: np.ndarray) -> np.ndarray:
     """(UV·UV, 7) points, unit normals (outward, orientation-aware) and trim mask on a UV grid."""
     from OCP.BRepAdaptor import BRepAdaptor_Surface
-    from OCP.BRepClass import BRepClass_FaceClassifier
     from OCP.BRepTools import BRepTools
+    from OCP.BRepTopAdaptor import BRepTopAdaptor_FClass2d
     from OCP.gp import gp_Pnt, gp_Pnt2d, gp_Vec
     from OCP.TopAbs import TopAbs_IN, TopAbs_ON, TopAbs_REVERSED
 
     ad = BRepAdaptor_Surface(face.wrapped)
     umin, umax, vmin, vmax = BRepTools.UVBounds_s(face.wrapped)
     flip = -1.0 if face.wrapped.Orientation() == TopAbs_REVERSED else 1.0
-    cls = BRepClass_FaceClassifier()
+    cls = BRepTopAdaptor_FClass2d(face.wrapped, 1e-7)      # same states as BRepClass_FaceClassifier, faster
     P, DU, DV = gp_Pnt(), gp_Vec(), gp_Vec()
-    out = np.zeros((UV * UV, FACE_CH), dtype=np.float32)
-    k = 0
+    raw = []
     for i in range(UV):
         for j in range(UV):
             u = umin + (umax - umin) * (i + 0.5) / UV
@@ -301,14 +369,12 @@ def face_grid(face, center: np.ndarray, scale: np.ndarray) -> np.ndarray:
             ad.D1(u, v, P, DU, DV)
             n = DU.Crossed(DV)
             nn = n.Magnitude()
-            nv = np.array([n.X(), n.Y(), n.Z()]) * flip / nn if nn > 1e-12 else np.zeros(3)
-            cls.Perform(face.wrapped, gp_Pnt2d(u, v), 1e-7)
-            inside = cls.State() in (TopAbs_IN, TopAbs_ON)
-            out[k, :3] = (np.array([P.X(), P.Y(), P.Z()]) - center) / scale
-            out[k, 3:6] = nv
-            out[k, 6] = 1.0 if inside else 0.0
-            k += 1
-    return out
+            inside = cls.Perform(gp_Pnt2d(u, v)) in (TopAbs_IN, TopAbs_ON)
+            k = flip / nn if nn > 1e-12 else 0.0
+            raw.append((P.X(), P.Y(), P.Z(), n.X() * k, n.Y() * k, n.Z() * k, 1.0 if inside else 0.0))
+    out = np.array(raw, dtype=np.float64)
+    out[:, :3] = (out[:, :3] - center) / scale
+    return out.astype(np.float32)
 
 
 def edge_curve(edge, center: np.ndarray, scale: np.ndarray) -> np.ndarray:
@@ -337,6 +403,12 @@ class Primitives:
     edge_type: list[str]
     face_attr: list[dict]
     edge_attr: list[dict]
+    center: np.ndarray | None = None   # the frame the points are normalised with (part units)
+    scale: np.ndarray | None = None
+
+    def edge_points(self) -> np.ndarray:
+        """(E, CURVE, 3) edge samples back in part units."""
+        return self.edges[..., :3] * self.scale + self.center
 
 
 def _type(name: str, allowed: tuple[str, ...]) -> str:
@@ -346,8 +418,8 @@ def _type(name: str, allowed: tuple[str, ...]) -> str:
 def export_primitives(solid) -> Primitives:
     from OCP.BRep import BRep_Tool
 
-    center, scale = frame_of(solid)
-    bb = solid.BoundingBox()
+    lo, hi = bbox_of(solid)
+    center, scale = (lo + hi) / 2, np.maximum((hi - lo) / 2, 1e-9)      # = frame_of(solid)
     tol = 1e-4 * float(scale.max())
     fs, es = solid.Faces(), solid.Edges()
     fg = np.stack([face_grid(f, center, scale) for f in fs]) if fs else np.zeros((0, UV * UV, FACE_CH), np.float32)
@@ -359,7 +431,7 @@ def export_primitives(solid) -> Primitives:
         if abs(zhi - zlo) > tol:
             return "span"
         z = (zlo + zhi) / 2
-        return "top" if abs(z - bb.zmax) < tol else "bottom" if abs(z - bb.zmin) < tol else "middle"
+        return "top" if abs(z - hi[2]) < tol else "bottom" if abs(z - lo[2]) < tol else "middle"
 
     eattr = []
     for e, t, c in zip(es, etype, ec):
@@ -368,10 +440,11 @@ def export_primitives(solid) -> Primitives:
         vertical = t == "LINE" and abs(float(c[0, 5])) > 0.999
         if vertical:   # a cylinder's seam line is not a real edge of the part (nothing to fillet)
             vertical = not any(BRep_Tool.IsClosed_s(e.wrapped, f.wrapped) for f in fs)
-        outer = bool(np.all((np.abs(pts[:, 0] - bb.xmin) < tol) | (np.abs(pts[:, 0] - bb.xmax) < tol)
-                            | (np.abs(pts[:, 1] - bb.ymin) < tol) | (np.abs(pts[:, 1] - bb.ymax) < tol)))
+        outer = bool(np.all((np.abs(pts[:, 0] - lo[0]) < tol) | (np.abs(pts[:, 0] - hi[0]) < tol)
+                            | (np.abs(pts[:, 1] - lo[1]) < tol) | (np.abs(pts[:, 1] - hi[1]) < tol)))
         radius = e.radius() if t == "CIRCLE" else 0.0
-        eattr.append({"type": t, "level": zl, "vertical": vertical, "outer": outer, "radius": round(radius, 4)})
+        eattr.append({"type": t, "level": zl, "vertical": vertical, "outer": outer, "radius": round(radius, 4),
+                      "length": round(float(e.Length()), 4)})
     fattr = []
     for f, t, g in zip(fs, ftype, fg):
         inside = g[:, 6] > 0.5
@@ -379,8 +452,17 @@ def export_primitives(solid) -> Primitives:
         nz = float(np.mean(g[inside if inside.any() else slice(None), 5]))
         zl = level(pts[:, 2].min(), pts[:, 2].max())
         facing = "up" if nz > 0.99 else "down" if nz < -0.99 else "side"
-        fattr.append({"type": t, "level": zl, "facing": facing})
-    return Primitives(fg, ec, ftype, etype, fattr, eattr)
+        fattr.append({"type": t, "level": zl, "facing": facing, "radius": round(_face_radius(f, t), 4),
+                      "area": round(float(f.Area()), 4)})
+    return Primitives(fg, ec, ftype, etype, fattr, eattr, center, scale)
+
+
+def _face_radius(face, ftype: str) -> float:
+    if ftype != "CYLINDER":
+        return 0.0
+    from OCP.BRepAdaptor import BRepAdaptor_Surface
+
+    return float(BRepAdaptor_Surface(face.wrapped).Cylinder().Radius())
 
 
 # ----------------------------------------------------------------------------------------------
@@ -396,6 +478,10 @@ EDGE_SPECS = [
     ("edges", "circular", "bottom", ""),
     ("edges", "circular", "top", "largest"),
     ("edges", "circular", "top", "smallest"),
+    ("edges", "circular", "bottom", "largest"),
+    ("edges", "circular", "bottom", "smallest"),
+    ("edges", "straight", "top", "longest"),
+    ("edges", "straight", "top", "shortest"),
     ("edges", "straight", "step level", ""),
     ("edges", "circular", "step level", ""),
 ]
@@ -404,13 +490,30 @@ FACE_SPECS = [
     ("faces", "planar", "bottom", ""),
     ("faces", "planar", "step level", ""),
     ("faces", "cylindrical", "sides", ""),
+    ("faces", "cylindrical", "sides", "largest"),
+    ("faces", "cylindrical", "sides", "smallest"),
 ]
 SPECS = EDGE_SPECS + FACE_SPECS
 PLACE_LEVEL = {"top": "top", "bottom": "bottom", "step level": "middle"}
+SIZE_WORDS = ("largest", "smallest", "longest", "shortest")   # superlatives: extreme radius (circles,
+#   cylinders) or length (straight edges) among the members of the unqualified set; ties keep all
+
+
+def size_matters(prims: Primitives, spec) -> bool:
+    """A superlative spec whose set is a proper subset of the unqualified one (≥ 2 distinct sizes)."""
+    if not spec[3]:
+        return False
+    ids = target_ids(prims, spec)
+    return bool(ids) and len(ids) < len(target_ids(prims, spec[:3] + ("",)))
+
+
+def spec_name(spec) -> str:
+    return " ".join(w for w in spec if w)
 
 
 def target_ids(prims: Primitives, spec: tuple[str, str, str, str]) -> list[int]:
-    """Ground-truth member ids (within faces or within edges) of a spec on these primitives."""
+    """Ground-truth member ids (within faces or within edges) of a spec on these primitives. A size word keeps
+    the members of extreme size (ties keep all: with a single size it keeps the whole set)."""
     prim, tword, place, size = spec
     if prim == "edges":
         ids = []
@@ -422,22 +525,23 @@ def target_ids(prims: Primitives, spec: tuple[str, str, str, str]) -> list[int]:
                 ok = a["type"] == want and a["level"] == PLACE_LEVEL[place]
             if ok:
                 ids.append(i)
-        if size and ids:
-            radii = sorted({prims.edge_attr[i]["radius"] for i in ids})
-            if len(radii) < 2:
-                return []
-            pick = radii[-1] if size == "largest" else radii[0]
-            ids = [i for i in ids if prims.edge_attr[i]["radius"] == pick]
-        return ids
-    ids = []
-    for i, a in enumerate(prims.face_attr):
-        if tword == "cylindrical":
-            ok = a["type"] == "CYLINDER"
-        else:
-            facing = "down" if place == "bottom" else "up"
-            ok = a["type"] == "PLANE" and a["facing"] == facing and a["level"] == PLACE_LEVEL[place]
-        if ok:
-            ids.append(i)
+        attrs = prims.edge_attr
+    else:
+        ids = []
+        for i, a in enumerate(prims.face_attr):
+            if tword == "cylindrical":
+                ok = a["type"] == "CYLINDER"
+            else:
+                facing = "down" if place == "bottom" else "up"
+                ok = a["type"] == "PLANE" and a["facing"] == facing and a["level"] == PLACE_LEVEL[place]
+            if ok:
+                ids.append(i)
+        attrs = prims.face_attr
+    if size and ids:
+        key = "length" if size in ("longest", "shortest") else "radius"
+        vals = sorted({attrs[i][key] for i in ids})
+        pick = vals[-1] if size in ("largest", "longest") else vals[0]
+        ids = [i for i in ids if attrs[i][key] == pick]
     return ids
 
 
@@ -447,6 +551,8 @@ SEEN_TEMPLATES = (
     "{op} every {size} {type} {prim} located at the {place}",
     "on the {place} , {op} the {size} {type} {prim}",
     "{type} {prim} on the {place} that are {size} : {op} them",
+    "please {op} all {size} {type} {prim} at the {place}",
+    "at the {place} there are {size} {type} {prim} ; {op} them",
 )
 HELDOUT_TEMPLATES = (
     "{op} {size} {type} {prim} found at the {place} of the model",
@@ -462,6 +568,7 @@ SYNONYMS = {
     "straight": ("straight", "linear"), "vertical straight": ("vertical straight", "upright"),
     "circular": ("circular", "round", "curved"), "planar": ("planar", "flat"), "cylindrical": ("cylindrical", "curved"),
     "largest": ("largest", "biggest", "widest"), "smallest": ("smallest", "tiniest", "narrowest"),
+    "longest": ("longest", "long"), "shortest": ("shortest", "short"),
     "edges": ("edges",), "faces": ("faces", "surfaces"), "": ("",),
 }
 
@@ -519,11 +626,37 @@ def detokenize_script(tokens: list[str]) -> str:
 # ----------------------------------------------------------------------------------------------
 # point clouds, volume IoU, STEP
 # ----------------------------------------------------------------------------------------------
-def surface_points(solid, n: int, seed: int = 0) -> np.ndarray:
+def tessellate(solid, tolerance: float, angular: float) -> tuple[np.ndarray, np.ndarray]:
+    """(V, 3) vertices and (T, 3) triangles: CadQuery's ``Shape.tessellate`` (same mesh, same order) without
+    building a Vector per vertex."""
+    from OCP.BRep import BRep_Tool
+    from OCP.TopAbs import TopAbs_REVERSED
+    from OCP.TopLoc import TopLoc_Location
+
+    solid.mesh(tolerance, angular)
+    verts, tris, offset = [], [], 0
+    for f in solid.Faces():
+        loc = TopLoc_Location()
+        poly = BRep_Tool.Triangulation_s(f.wrapped, loc)
+        if poly is None:
+            continue
+        trsf = loc.Transformation()
+        for i in range(1, poly.NbNodes() + 1):
+            v = poly.Node(i).Transformed(trsf)
+            verts.append((v.X(), v.Y(), v.Z()))
+        rev = f.wrapped.Orientation() == TopAbs_REVERSED
+        for i in range(1, poly.NbTriangles() + 1):
+            t = poly.Triangle(i)
+            a, b, c = t.Value(1), t.Value(2), t.Value(3)
+            tris.append((a + offset - 1, c + offset - 1, b + offset - 1) if rev else
+                        (a + offset - 1, b + offset - 1, c + offset - 1))
+        offset += poly.NbNodes()
+    return np.array(verts, dtype=np.float64).reshape(-1, 3), np.array(tris, dtype=np.int64).reshape(-1, 3)
+
+
+def surface_points(solid, n: int, seed: int = 0, diag: float | None = None) -> np.ndarray:
     """n points sampled area-weighted on the tessellated surface (fixed seed: same solid, same points)."""
-    verts, tris = solid.tessellate(5e-3 * diag_of(solid), 0.3)
-    V = np.array([[v.x, v.y, v.z] for v in verts], dtype=np.float64)
-    T = np.array(tris, dtype=np.int64)
+    V, T = tessellate(solid, 5e-3 * (diag_of(solid) if diag is None else diag), 0.3)
     a, b, c = V[T[:, 0]], V[T[:, 1]], V[T[:, 2]]
     area = 0.5 * np.linalg.norm(np.cross(b - a, c - a), axis=1)
     rng = np.random.default_rng(seed)
@@ -542,6 +675,22 @@ def volume_iou(a, b) -> float:
     except Exception:
         return 0.0
     return float(inter / union) if union > 1e-9 else 0.0
+
+
+_EXPORT_MEMO: list[tuple[list, "Primitives"]] = []
+
+
+def export_cached(solid) -> "Primitives":
+    """export_primitives with a small memo over the last solids (matched by their sub-solids, isSame): a
+    chain's ``findSolid`` wraps the same solid in a fresh compound on every call."""
+    subs = solid.Solids()
+    for key, prims in _EXPORT_MEMO:
+        if len(key) == len(subs) and all(a.isSame(b) for a, b in zip(key, subs)):
+            return prims
+    prims = export_primitives(solid)
+    _EXPORT_MEMO.insert(0, (subs, prims))
+    del _EXPORT_MEMO[8:]
+    return prims
 
 
 class StepError(ValueError):
@@ -586,3 +735,89 @@ def write_step(solid, path) -> None:
     text = re.sub(r"(FILE_NAME\('[^']*',)'[^']*'", r"\1'1970-01-01T00:00:00'", text, count=1)
     with open(path, "w", encoding="utf-8") as fh:
         fh.write(text)
+
+
+# ----------------------------------------------------------------------------------------------
+# STEP directory with labelled queries (the BRepGround row schema)
+# ----------------------------------------------------------------------------------------------
+STEP_QUERIES = "queries.jsonl"
+MAX_STEP_BYTES = 50_000_000
+MAX_QUERY_LINES = 1_000_000
+
+
+def load_step_dir(path) -> list[dict]:
+    """A directory of STEP files plus ``queries.jsonl``, one grounding row per line in the schema of the
+    paper's BRepGround data (HF jhlee11/BRepGround): ``{"id": str, "step": "<file>.step", "queries": [str, ...],
+    "face_labels": [0/1, ...], "edge_labels": [0/1, ...]}`` — multi-hot labels over the faces / edges of the
+    STEP's solid in CadQuery's enumeration order (``Shape.Faces()``, ``Shape.Edges()``); all-zero labels mean
+    "no such feature". Returns one dict per row with the loaded solid and its exported primitives
+    (faces on UV grids, edges as sampled curves). StepError with a one-line reason on any schema problem."""
+    import json as _json
+    from pathlib import Path
+
+    root = Path(path)
+    qfile = root / STEP_QUERIES
+    if not root.is_dir():
+        raise StepError(f"{root}: not a directory")
+    if not qfile.is_file():
+        raise StepError(f"{root}: no {STEP_QUERIES}")
+    if qfile.stat().st_size > MAX_STEP_BYTES:
+        raise StepError(f"{qfile}: larger than {MAX_STEP_BYTES} bytes")
+    cache: dict[str, tuple] = {}
+    rows = []
+    with open(qfile, encoding="utf-8") as fh:
+        for n, line in enumerate(fh, 1):
+            if n > MAX_QUERY_LINES:
+                raise StepError(f"{qfile}: more than {MAX_QUERY_LINES} rows")
+            if not line.strip():
+                continue
+            where = f"{qfile}:{n}"
+            try:
+                row = _json.loads(line)
+            except ValueError:
+                raise StepError(f"{where}: not a JSON object") from None
+            if not isinstance(row, dict):
+                raise StepError(f"{where}: not a JSON object")
+            for key, kind in (("id", str), ("step", str), ("queries", list), ("face_labels", list),
+                              ("edge_labels", list)):
+                if not isinstance(row.get(key), kind):
+                    raise StepError(f"{where}: field {key!r} missing or not a {kind.__name__}")
+            if not row["queries"] or not all(isinstance(q, str) and q.strip() for q in row["queries"]):
+                raise StepError(f"{where}: 'queries' must be non-empty strings")
+            name = row["step"]
+            step = (root / name).resolve()
+            if step.parent != root.resolve() or not step.is_file():
+                raise StepError(f"{where}: step {name!r} is not a file in {root}")
+            if name not in cache:
+                if step.stat().st_size > MAX_STEP_BYTES:
+                    raise StepError(f"{step}: larger than {MAX_STEP_BYTES} bytes")
+                solid = load_step(step)
+                cache[name] = (solid, export_primitives(solid))
+            solid, prims = cache[name]
+            for key, count in (("face_labels", len(prims.face_attr)), ("edge_labels", len(prims.edge_attr))):
+                lab = row[key]
+                if len(lab) != count or any(v not in (0, 1) or isinstance(v, bool) for v in lab):
+                    raise StepError(f"{where}: {key} must be {count} values of 0/1 for {name} "
+                                    f"(got {len(lab)})")
+            rows.append({"id": row["id"], "step": name, "queries": [" ".join(q.split()) for q in row["queries"]],
+                         "face_labels": row["face_labels"], "edge_labels": row["edge_labels"],
+                         "solid": solid, "prims": prims})
+    if not rows:
+        raise StepError(f"{qfile}: no rows")
+    return rows
+
+
+def match_edges(a: Primitives, b: Primitives, ids_a: list[int], ids_b: list[int], tol: float = 1e-4) -> bool:
+    """Do two id sets name the same geometric edges (same curves in part units, as sets)?"""
+    if len(ids_a) != len(ids_b):
+        return False
+    pa, pb = a.edge_points(), b.edge_points()
+    tol = tol * max(float(np.max(np.abs(pa))) if len(pa) else 1.0, 1.0)
+    free = set(ids_b)
+    for i in ids_a:
+        hit = next((j for j in free if np.allclose(pa[i], pb[j], atol=tol)
+                    or np.allclose(pa[i], pb[j][::-1], atol=tol)), None)
+        if hit is None:
+            return False
+        free.discard(hit)
+    return True

@@ -1,10 +1,18 @@
-"""evaluate: per seed, (1) grounding exact-set accuracy / F1 on held-out parts (read back from STEP,
-ids in CadQuery's enumeration order), seen vs held-out query templates, for BRepGround-mini and the
-keyword-rule, type-only and empty-selection baselines; (2) the topology-change test: operands picked
-by index on the design before its last feature vs picked by query on the edited design; (3) program
-generation on held-out descriptions, SFT vs SFT+GRPO: executability, normalised Chamfer distance
-(kernels/chamfer), exact volume IoU, reward. A few held-out parts are also scored through the fixed
-CLI (``python -m stages.futurecad.ground``) and checked against the in-process scores.
+"""evaluate: per seed, on held-out parts read back from STEP (ids in CadQuery's enumeration order):
+
+1. grounding — the paper's metrics (Recall@{3,5,10}, mAP over the primitives of the target's kind) beside
+   exact-set accuracy and F1 at σ > ½, per query family: ``seen`` / ``heldout`` templates, ``freetext``
+   (hand-written, ``freetext.FREE_TEXT``) and the ``external`` STEP parts, and per template; superlative
+   (size-word) queries; abstention on queries whose answer is "no such feature" (absent spec, foreign
+   feature, nonsense) and false abstention on present ones. Baselines: the keyword rule at full strength
+   (``synonym_rule``: the training synonym table, size words), the canonical-word rule, type-only, empty.
+2. the ground CLI (``python -m stages.futurecad.ground``) on held-out parts, compared with this stage's
+   batch-scored answer for the same part and query (non-empty selections; plus abstaining queries);
+3. topology change: operands recorded by index on the design before its last feature vs the query grounded
+   on the edited design, scored apart for (a) the same target edges (renumbered or not) and (b) a changed
+   target set; the geometry of both fillets against the oracle's (normalised CD, kernels/chamfer);
+4. program generation on held-out descriptions: the SFT checkpoint, SFT-only at the compute of RL, and
+   SFT+RL (GSPO): executability, normalised Chamfer distance, exact volume IoU, reward (per item).
 
     python -m stages evaluate futurecad [--profile smoke]
 """
@@ -26,33 +34,74 @@ from stages.common.device import DeviceName, pick_device
 from stages.common.paths import read_json, write_json
 from stages.common.runner import StageContext
 from stages.common.tiny_transformer import TinyTransformer, TinyTransformerConfig
-from stages.futurecad import cad, ground
-from stages.futurecad.model import (decode_script, encode_prompt, keyword_rule, label_matrix, pad_parts, predict,
-                                    sample_scripts, set_metrics, type_only)
-from stages.futurecad.prepare import oracle_grounder
-from stages.futurecad.train import ModelGrounder, ScriptScorer, load_ground, load_parts, program_targets, query_tensors
+from stages.futurecad import cad, cputime, ground
+from stages.futurecad.model import (decode_script, encode_prompt, keyword_rule, known_words, pad_parts, predict,
+                                    ranking_metrics, sample_scripts, set_metrics, synonym_rule, type_only)
+from stages.futurecad.sandbox import CadSandbox, exit_fast_when_interrupted
+from stages.futurecad.train import (EMPTY_KINDS, ModelGrounder, ProgramScorer, decide, load_ground, load_parts,
+                                    query_tensors)
+
+PRESENT = ("seen", "heldout", "freetext", "external")
+RANK_KEYS = ("recall@3", "recall@5", "recall@10", "ap")
+BASELINES = {"synonym_rule": synonym_rule, "keyword_rule": keyword_rule, "type_only": type_only}
 
 
 class Config(StageConfig):
     device: DeviceName = "auto"
-    cli_parts: int = Field(3, ge=0, le=1000, description="held-out parts also scored through the ground CLI")
+    cli_parts: int = Field(3, ge=0, le=1000, description="held-out parts also grounded through the ground CLI")
+    sandbox_workers: int = Field(2, ge=1, le=32, description="CAD worker processes")
 
 
 def _mean(v) -> float:
     return float(np.mean(v)) if len(v) else float("nan")
 
 
-def grounding_scores(pred_sets, rows) -> dict:
-    out = {}
-    for tset in ("seen", "heldout"):
-        idx = [i for i, r in enumerate(rows) if r["templates"] == tset]
-        ex, f1 = zip(*[set_metrics(pred_sets[i], _truth(rows[i])) for i in idx]) if idx else ((), ())
-        out[tset] = {"exact": _mean(ex), "f1": _mean(f1), "n": len(idx)}
+def _truth(r) -> set:
+    return {(r["prim"], i) for i in json.loads(r["target"])}
+
+
+def _brep(t: torch.Tensor) -> bytes:
+    return t.numpy().tobytes()
+
+
+def answer_rows(scores: np.ndarray, rows: list[dict], gmeta: dict, vocab: dict) -> list[dict]:
+    """The grounder's decision per row from batch scores (Q, max_f + max_e), padding at −1."""
+    g = gmeta["ground"]
+    out = []
+    for i, r in enumerate(rows):
+        fs, es = scores[i, : g["max_faces"]], scores[i, g["max_faces"]:]
+        fs, es = fs[fs >= 0], es[es >= 0]
+        d = decide(fs, es, known_words(r["query"], vocab), g.get("threshold", 0.5), g.get("abstain_threshold", 0.5))
+        out.append(dict(d, face_scores=fs, edge_scores=es))
     return out
 
 
-def _truth(r) -> set:
-    return {(r["prim"], i) for i in json.loads(r["target"])}
+def item_scores(ans: dict, r: dict) -> dict[str, float]:
+    """Per-query scores: exact/F1 (abstaining counts as the empty selection) and ranking metrics for a
+    present target; abstained for an empty one."""
+    truth = set(json.loads(r["target"]))
+    if not truth:
+        return {"abstained": float(ans["abstained"])}
+    pred = {("faces", i) for i in ans["faces"]} | {("edges", i) for i in ans["edges"]}
+    exact, f1 = set_metrics(pred, _truth(r))
+    rank = ranking_metrics(ans["face_scores"] if r["prim"] == "faces" else ans["edge_scores"], truth)
+    return {"exact": exact, "f1": f1, "abstained": float(ans["abstained"]), **rank}
+
+
+def rule_scores(fn, prims: cad.Primitives, r: dict) -> dict[str, float]:
+    prim, ids = fn(r["query"], prims)
+    truth = set(json.loads(r["target"]))
+    if not truth:
+        return {"abstained": float(not ids)}
+    exact, f1 = set_metrics({(prim, i) for i in ids}, _truth(r))
+    return {"exact": exact, "f1": f1, "abstained": float(not ids)}
+
+
+def _family(rows, key) -> dict[str, list[int]]:
+    out: dict[str, list[int]] = {}
+    for i, r in enumerate(rows):
+        out.setdefault(r[key], []).append(i)
+    return out
 
 
 def run(cfg: Config, ctx: StageContext) -> None:
@@ -60,165 +109,256 @@ def run(cfg: Config, ctx: StageContext) -> None:
     prep, tr = ctx.input("prepare"), ctx.input("train")
     meta = read_json(prep / "meta.json")
     models = read_json(tr / "models.json")
+    with CadSandbox(meta["n_points"], cfg.sandbox_workers) as sb:   # workers import CadQuery meanwhile
+        try:
+            _run(cfg, ctx, prep, tr, meta, models, device, sb)
+        except BaseException as err:
+            exit_fast_when_interrupted(err)
+            raise
+    cputime.record(ctx, {"sandbox_wait_wall": sb.wall_s, "scripts_requested": sb.requested,
+                         "scripts_executed": sb.executed})
+
+
+def _run(cfg, ctx, prep, tr, meta, models, device, sandbox) -> None:
     seeds = meta["seeds"]
     g = models["ground"]
     rec = KernelRecord(device)
     parts = load_parts(prep)
-    pinfo = pl.read_parquet(prep / "parts.parquet").to_dicts()
     rows = pl.read_parquet(prep / "queries.parquet").filter(pl.col("split") == "test").to_dicts()
+    ext = pl.read_parquet(prep / "external.parquet").to_dicts()
+    ext_parts = torch.load(prep / "external_primitives.pt", weights_only=True)
+    for r in ext:
+        r["size_matters"] = False
     test_pids = sorted({r["part"] for r in rows})
     step_of = {p: prep / "steps" / f"part_{p:04d}.step" for p in test_pids}
     prims = {p: cad.export_primitives(cad.load_step(step_of[p])) for p in test_pids}   # as the CLI reads them
+    step_dir = Path(meta["external"]["step_dir"])
+    ext_prims = {}
+    from stages.futurecad.prepare import REPO
 
-    # ---- baselines (deterministic)
+    for r in cad.load_step_dir(step_dir if step_dir.is_absolute() else REPO / step_dir):
+        ext_prims.setdefault(meta["external"]["parts"].index(r["step"]), r["prims"])
+    all_rows = rows + ext
+    fam = _family(all_rows, "templates")
     results: dict = {"seeds": seeds, "grounding": {}, "topology": {}, "program": {}}
-    base = {}
-    for name, fn in (("keyword_rule", keyword_rule), ("type_only", type_only)):
-        sets = []
-        for r in rows:
-            prim, ids = fn(r["query"], prims[r["part"]])
-            sets.append({(prim, i) for i in ids})
-        base[name] = grounding_scores(sets, rows)
-    base["empty"] = grounding_scores([set() for _ in rows], rows)
-    results["grounding"]["baselines"] = base
 
-    # ---- BRepGround-mini per seed
-    padded = pad_parts([parts[r["part"]] for r in rows], g["max_faces"], g["max_edges"])
-    model_scores = {"seen": {"exact": [], "f1": []}, "heldout": {"exact": [], "f1": []}}
-    per_spec = []
-    grounders = {}
+    # ---- 1. baselines (deterministic: the same per-item list for every seed, so tests are paired)
+    base: dict = {}
+    for name, fn in BASELINES.items():
+        sc = [rule_scores(fn, prims[r["part"]] if "ext_part" not in r else ext_prims[r["ext_part"]], r)
+              for r in all_rows]
+        base[name] = _summaries([sc] * len(seeds), all_rows, fam)
+    base["empty"] = _summaries([[{"exact": 0.0, "f1": 0.0, "abstained": 1.0} if json.loads(r["target"])
+                                 else {"abstained": 1.0} for r in all_rows]] * len(seeds), all_rows, fam)
+
+    # ---- 1. BRepGround-mini per seed (batch scoring)
+    padded = pad_parts(parts + ext_parts, g["max_faces"], g["max_edges"])       # each part once
+    part_rows = torch.tensor([r["part"] for r in rows] + [len(parts) + r["ext_part"] for r in ext],
+                             dtype=torch.long, device=device)
+    per_seed, grounders, answers0 = [], {}, None
     for seed in seeds:
         net, gmeta = load_ground(tr / f"ground_s{seed}.pt", device)
         grounders[seed] = ModelGrounder(net, gmeta)
-        vocab = {w: i for i, w in enumerate(gmeta["vocab"])}
-        words = query_tensors(rows, vocab, g["max_words"]).to(device)
-        _, sel = predict(net, words, {k: v.to(device) for k, v in padded.items()})
-        sel = sel.cpu()
-        sets = []
-        for i, r in enumerate(rows):
-            f = {("faces", int(j)) for j in torch.nonzero(sel[i, : g["max_faces"]]).flatten()}
-            e = {("edges", int(j)) for j in torch.nonzero(sel[i, g["max_faces"]:]).flatten()}
-            sets.append(f | e)
-            per_spec.append({"seed": seed, "spec": r["spec"], "templates": r["templates"],
-                             "exact": set_metrics(f | e, _truth(r))[0]})
-        sc = grounding_scores(sets, rows)
-        for t in model_scores:
-            for k in ("exact", "f1"):
-                model_scores[t][k].append(sc[t][k])
-    results["grounding"]["model"] = model_scores
-    results["grounding"]["n_queries"] = {t: sum(r["templates"] == t for r in rows) for t in ("seen", "heldout")}
-    spec_frame = pl.DataFrame(per_spec).group_by(["spec", "templates"]).agg(pl.col("exact").mean()).sort(["spec", "templates"])
-    spec_frame = spec_frame.with_columns(pl.col("spec").map_elements(lambda s: " ".join(cad.SPECS[s]).strip(),
-                                                                     return_dtype=pl.Utf8).alias("target"))
-    spec_frame.write_csv(ctx.out / "grounding_by_target.csv")
+        vocab = grounders[seed].vocab
+        words = query_tensors(all_rows, vocab, g["max_words"]).to(device)
+        scores, _ = predict(net, words, {k: v.to(device) for k, v in padded.items()}, rows=part_rows)
+        ans = answer_rows(scores.cpu().numpy(), all_rows, gmeta, vocab)
+        per_seed.append([item_scores(a, r) for a, r in zip(ans, all_rows)])
+        if seed == seeds[0]:
+            answers0 = ans
+    model = _summaries(per_seed, all_rows, fam)
+    results["grounding"] = {"model": model, "baselines": base,
+                            "n_queries": {k: len(v) for k, v in sorted(fam.items())},
+                            "per_template": _per_template(per_seed, all_rows),
+                            "per_target": _per_target(per_seed, all_rows)}
 
-    # ---- CLI on a few held-out parts (same code path, checked against the batch scores)
-    cli = []
-    ck = tr / models["cli_checkpoint"]
-    with tempfile.TemporaryDirectory() as tmp:
-        for p in test_pids[: cfg.cli_parts]:
-            r = next(r for r in rows if r["part"] == p and r["templates"] == "heldout")
-            out = Path(tmp) / f"r{p}.json"
-            rc = ground.main(["--step", str(step_of[p]), "--query", r["query"], "--out", str(out),
-                              "--checkpoint", str(ck)])
-            res = json.loads(out.read_text()) if rc == 0 else {}
-            mine = ground_solid_ids(grounders[seeds[0]], prims[p], r["query"])
-            got = {("edges", i) for i in res.get("selected", {}).get("edges", [])} | \
-                  {("faces", i) for i in res.get("selected", {}).get("faces", [])}
-            cli.append({"part": p, "query": r["query"], "rc": rc, "matches_batch": got == mine,
-                        "exact": set_metrics(got, _truth(r))[0]})
-    results["cli"] = {"runs": len(cli), "all_match": all(c["matches_batch"] for c in cli), "cases": cli}
+    # ---- 2. the CLI against the batch answer of the same part and query
+    results["cli"] = _cli(cfg, tr, models, rows, answers0, step_of, test_pids)
 
-    # ---- topology change: index vs query
-    topo = pl.read_parquet(prep / "topology.parquet").to_dicts()
-    idx_ok, rule_ok = [], []
-    q_ok = {s: [] for s in seeds}
-    for c in topo:
-        edited = cad.run_script(c["edited_script"]).solid
-        ed_prims = cad.export_primitives(edited)
-        truth = set(json.loads(c["ids_edited"]))
-        idx_ok.append(float(set(json.loads(c["ids_original"])) == truth))
-        rule_ok.append(float(set(keyword_rule(c["query"], ed_prims)[1]) == truth))
-        for s in seeds:
-            _, es = grounders[s].scores(ed_prims, c["query"])
-            q_ok[s].append(float({int(i) for i in np.flatnonzero(es > 0.5)} == truth))
-    # geometry of the fillet after the edit (index vs query, seed 0's grounder) against the oracle solid:
-    # exact volume IoU and normalised Chamfer distance (kernels/chamfer; a failed fillet scores IoU 0, nCD 1)
-    geo = {"index": {"iou": []}, "query": {"iou": []}}
-    topo_targets, idx_scripts, q_scripts = {}, [], []
-    for k, c in enumerate(topo):
-        q_script = c["edited_script"] + f'.edges(Query("{c["query"]}")).fillet(0.5)'
-        target = cad.run_script(q_script, oracle_grounder).solid
-        topo_targets[k] = {"points": cad.surface_points(target, meta["n_points"]), "diag": cad.diag_of(target),
-                           "solid": target}
-        idx_scripts.append(c["edited_script"] + f'.edges({cad.index_selector(json.loads(c["ids_original"]))}).fillet(0.5)')
-        q_scripts.append(q_script)
-    ncd_topo = {}
-    crashes = 0
-    for arm, scripts, grd in (("index", idx_scripts, None), ("query", q_scripts, grounders[seeds[0]] if seeds else None)):
-        scorer = ScriptScorer(grd, topo_targets, meta["n_points"], rec, device)
-        _, ncd = scorer.score(scripts, list(range(len(scripts)))) if scripts else (None, torch.zeros(0))
-        ncd_topo[arm] = float(ncd.mean()) if len(scripts) else float("nan")
-        for k, t in enumerate(scripts):
-            res = scorer.execute(t)
-            geo[arm]["iou"].append(0.0 if isinstance(res, str) else cad.volume_iou(res[0], topo_targets[k]["solid"]))
-        scorer.close()
-        crashes += scorer.crashes
-    results["topology"] = {"n_cases": len(topo), "index_exact": _mean(idx_ok), "rule_exact": _mean(rule_ok),
-                           "query_exact": [_mean(q_ok[s]) for s in seeds],
-                           "index_iou": _mean(geo["index"]["iou"]), "query_iou_seed0": _mean(geo["query"]["iou"]),
-                           "index_ncd": ncd_topo["index"], "query_ncd_seed0": ncd_topo["query"],
-                           "inserted": {k: sum(c["inserted"] == k for c in topo) for k in ("hole", "slot", "step", "boss")}}
+    # ---- 3. topology change
+    sandbox.set_grounder(("model", str(tr / models["env_grounder"])))    # the first seed's grounder
+    results["topology"] = _topology(prep, seeds, grounders, sandbox, rec, device)
 
-    # ---- program generation: SFT vs SFT+RL on held-out descriptions
+    # ---- 4. program generation: SFT checkpoint, SFT-only at equal compute, SFT+RL
     pc = models["program"]
-    pvocab_list = models["program_vocab"]
-    pvocab = {t: i for i, t in enumerate(pvocab_list)}
-    progs = pl.read_parquet(prep / "programs.parquet").filter(pl.col("split") == "test").to_dicts()
-    targets = program_targets(progs, meta["n_points"])
-    prompts = torch.tensor([encode_prompt(p["description"], pvocab, pc["prompt_len"]) for p in progs],
-                           dtype=torch.long, device=device)
-    mcfg = TinyTransformerConfig(**models["model"])
-    arms = ["sft"] + (["rl"] if pc["rl_steps"] else [])
-    prog = {a: {"exec": [], "ncd": [], "iou": [], "reward": []} for a in arms}
+    progs = pl.read_parquet(prep / "programs.parquet").to_dicts()
+    tg = torch.load(prep / "program_targets.pt", weights_only=True)
+    test_idx = [i for i, p in enumerate(progs) if p["role"] == "test"]
+    arms = ["sft"] + (["sft_more", "rl"] if pc["rl_steps"] else [])
+    prog = {a: {k: [] for k in ("exec", "ncd", "iou", "reward")} for a in arms}
     samples = []
-    for seed in seeds:
-        scorer = ScriptScorer(grounders[seed], targets, meta["n_points"], rec, device)
-        for arm in arms:
-            lm = TinyTransformer(mcfg).to(device)
-            lm.load_state_dict(torch.load(tr / f"{arm}_s{seed}.pt", map_location=device, weights_only=True))
-            lm.eval()
-            comp = sample_scripts(lm, prompts, pc["script_len"], 0.0, None)
-            texts = [decode_script(r, pvocab_list) for r in comp.tolist()]
-            reward, ncd = scorer.score(texts, list(range(len(progs))))
-            ious = []
-            for i, t in enumerate(texts):
-                res = scorer.execute(t)
-                ious.append(0.0 if isinstance(res, str) else cad.volume_iou(res[0], targets[i]["solid"]))
-                if seed == seeds[0]:
-                    samples.append({"arm": arm, "part": progs[i]["part"], "ok": not isinstance(res, str),
-                                    "error": res if isinstance(res, str) else "", "script": t,
-                                    "target": progs[i]["script"]})
-            execs = [0.0 if isinstance(scorer.execute(t), str) else 1.0 for t in texts]
-            prog[arm]["exec"].append(_mean(execs))
-            prog[arm]["ncd"].append(float(ncd.mean()))
-            prog[arm]["iou"].append(_mean(ious))
-            prog[arm]["reward"].append(float(reward.mean()))
-        scorer.close()
-        crashes += scorer.crashes
-    results["program"] = {"arms": prog, "n_test": len(progs)}
-    results["sandbox_crashes"] = crashes
-    # Triton path vs torch reference on real inputs: generated-vs-target surface points
-    x = torch.from_numpy(np.stack([targets[i]["points"] for i in range(min(3, len(targets)))])).to(device)
-    rec.parity("chamfer", chamfer_distance, x[:, :61], x.roll(1, 0)[:, :37],
-               slice="surface points of 3 held-out target solids (61 vs 37 points)")
+    if pc["rl_steps"]:
+        scorer = ProgramScorer(sandbox, tg["points"], [p["diag"] for p in progs], rec, device,
+                               [_brep(b) for b in tg["brep"]])
+        pvocab_list = models["program_vocab"]
+        pvocab = {t: i for i, t in enumerate(pvocab_list)}
+        prompts = torch.tensor([encode_prompt(progs[i]["description"], pvocab, pc["prompt_len"]) for i in test_idx],
+                               dtype=torch.long, device=device)
+        mcfg = TinyTransformerConfig(**models["model"])
+        pseeds = models["program_seeds"]
+        for seed in pseeds:
+            for arm in arms:
+                lm = TinyTransformer(mcfg).to(device)
+                lm.load_state_dict(torch.load(tr / f"{arm}_s{seed}.pt", map_location=device, weights_only=True))
+                lm.eval()
+                with torch.no_grad():
+                    comp = sample_scripts(lm, prompts, pc["script_len"], 0.0, None)
+                texts = [decode_script(r, pvocab_list) for r in comp.tolist()]
+                s = scorer.score(texts, test_idx, iou=True)
+                for k in prog[arm]:
+                    prog[arm][k].append([round(float(v), 6) for v in s[k]])
+                if seed == pseeds[0]:
+                    samples += [{"arm": arm, "part": progs[i]["part"], "ok": not err, "error": err, "script": t,
+                                 "target": progs[i]["script"]} for i, t, err in zip(test_idx, texts, s["errors"])]
+        x = tg["points"][test_idx[:3]].to(device)
+        rec.parity("chamfer", chamfer_distance, x[:, :61], x.roll(1, 0)[:, :37],
+                   slice="surface points of 3 held-out target solids (61 vs 37 points)")
+    results["program"] = {"arms": prog, "n_test": len(test_idx), "seeds": models["program_seeds"],
+                          "equal_compute_sft_steps": models["equal_compute_sft_steps"],
+                          "selected_checkpoints": models["selected_checkpoints"]}
+    results["sandbox"] = {"executed": sandbox.executed, "crashes": sandbox.crashes}
     rec.save(ctx.out)
-    pl.DataFrame(samples).write_csv(ctx.out / "program_samples.csv")
+    pl.DataFrame(samples, schema={"arm": pl.Utf8, "part": pl.Int64, "ok": pl.Boolean, "error": pl.Utf8,
+                                  "script": pl.Utf8, "target": pl.Utf8}).write_csv(ctx.out / "program_samples.csv")
     write_json(ctx.out / "eval.json", results)
 
 
-def ground_solid_ids(grounder, prims: cad.Primitives, query: str) -> set:
-    fs, es = grounder.scores(prims, query)
-    return {("edges", int(i)) for i in np.flatnonzero(es > 0.5)} | {("faces", int(i)) for i in np.flatnonzero(fs > 0.5)}
+def _summaries(per_seed: list[list[dict]], rows: list[dict], fam: dict[str, list[int]]) -> dict:
+    """Per family: per-seed per-item lists of each metric (seeds × items, same item order for every arm)."""
+    out: dict = {}
+    for name, idx in sorted(fam.items()):
+        keys = ("exact", "f1", *RANK_KEYS) if name in PRESENT else ("abstained",)
+        out[name] = {k: [[round(s[i][k], 6) for i in idx] for s in per_seed] for k in keys if k in per_seed[0][idx[0]]}
+        if name in PRESENT:
+            out[name]["false_abstain"] = [[s[i]["abstained"] for i in idx] for s in per_seed]
+    size = [i for i, r in enumerate(rows) if r.get("size_matters") and r["templates"] in PRESENT]
+    out["size_words"] = {"exact": [[s[i]["exact"] for i in size] for s in per_seed]}
+    nons = fam.get("nonsense", [])
+    for name, pick in (("nonsense_oov", lambda r: not _in_train_words(r["query"])),
+                       ("nonsense_words", lambda r: _in_train_words(r["query"]))):
+        idx = [i for i in nons if pick(rows[i])]
+        out[name] = {"abstained": [[s[i]["abstained"] for i in idx] for s in per_seed]}
+    return out
 
 
+def _in_train_words(query: str) -> bool:
+    """A nonsense query made of template frame words (vs random letter strings / hand-written gibberish)."""
+    from stages.futurecad.prepare import FRAME_WORDS
+
+    toks = [t for t in cad.tokenize_query(query) if t.isalpha()]
+    return bool(toks) and all(t in FRAME_WORDS for t in toks)
+
+
+def _per_template(per_seed, rows) -> list[dict]:
+    out = []
+    for fam_name in ("seen", "heldout"):
+        for t in sorted({r["template"] for r in rows if r["templates"] == fam_name}):
+            idx = [i for i, r in enumerate(rows) if r["templates"] == fam_name and r["template"] == t]
+            tpl = (cad.SEEN_TEMPLATES if fam_name == "seen" else cad.HELDOUT_TEMPLATES)[t]
+            out.append({"family": fam_name, "template": tpl, "n": len(idx),
+                        **{k: _mean([_mean([s[i][k] for i in idx]) for s in per_seed]) for k in ("exact", "ap")}})
+    return out
+
+
+def _per_target(per_seed, rows) -> list[dict]:
+    out = []
+    for fam_name in ("seen", "heldout", "freetext"):
+        for spec in sorted({r["spec"] for r in rows if r["templates"] == fam_name}):
+            idx = [i for i, r in enumerate(rows) if r["templates"] == fam_name and r["spec"] == spec]
+            out.append({"family": fam_name, "target": cad.spec_name(cad.SPECS[spec]), "n": len(idx),
+                        "exact": _mean([_mean([s[i]["exact"] for i in idx]) for s in per_seed]),
+                        "ap": _mean([_mean([s[i]["ap"] for i in idx]) for s in per_seed])})
+    return out
+
+
+def _cli(cfg, tr, models, rows, answers0, step_of, test_pids) -> dict:
+    """Per held-out part: one present query whose batch answer selects something, and one query the batch
+    answer abstains on; the CLI must give the same answer."""
+    cases = []
+    ck = tr / models["cli_checkpoint"]
+    with tempfile.TemporaryDirectory() as tmp:
+        for p in test_pids[: cfg.cli_parts]:
+            picks = []
+            for want_abstain in (False, True):
+                hit = next((i for i, r in enumerate(rows) if r["part"] == p and answers0[i]["abstained"] == want_abstain
+                            and (want_abstain or answers0[i]["faces"] or answers0[i]["edges"])
+                            and r["templates"] in (("nonsense", "absent", "foreign") if want_abstain
+                                                   else ("heldout", "seen"))), None)
+                if hit is not None:
+                    picks.append(hit)
+            for i in picks:
+                r, a = rows[i], answers0[i]
+                out = Path(tmp) / f"r{p}_{i}.json"
+                rc = ground.main(["--step", str(step_of[p]), "--query", r["query"], "--out", str(out),
+                                  "--checkpoint", str(ck)])
+                res = json.loads(out.read_text()) if rc == 0 else {}
+                sel = res.get("selected", {})
+                cases.append({"part": p, "query": r["query"], "rc": rc, "abstained": bool(res.get("abstained")),
+                              "batch_abstained": bool(a["abstained"]),
+                              "n_selected": len(sel.get("faces", [])) + len(sel.get("edges", [])),
+                              "matches_batch": rc == 0 and bool(res.get("abstained")) == bool(a["abstained"])
+                              and sorted(sel.get("faces", [])) == a["faces"] and sorted(sel.get("edges", [])) == a["edges"]})
+    sel_cases = [c for c in cases if not c["batch_abstained"]]
+    return {"runs": len(cases), "selecting_runs": len(sel_cases),
+            "selecting_nonempty": float(all(c["n_selected"] > 0 for c in sel_cases)) if sel_cases else 0.0,
+            "match_frac": _mean([float(c["matches_batch"]) for c in cases]) if cases else 0.0,
+            "abstaining_runs": len(cases) - len(sel_cases), "cases": cases}
+
+
+def _topology(prep, seeds, grounders, sandbox, rec, device) -> dict:
+    topo = pl.read_parquet(prep / "topology.parquet").to_dicts()
+    items: dict = {"index": [], "rule": [], "query": {s: [] for s in seeds}}
+    scripts = {"oracle": [], "index": [], "query": []}
+    edited: dict[str, cad.Primitives] = {}
+    for c in topo:
+        if c["edited_script"] not in edited:
+            edited[c["edited_script"]] = cad.export_primitives(cad.run_script(c["edited_script"]).solid)
+    names = list(edited)
+    if topo:                                        # every seed's grounder on every case, in one batch per seed
+        from stages.futurecad.prepare import prim_tensors
+
+        g0 = grounders[seeds[0]].meta["ground"]
+        padded = pad_parts([prim_tensors(edited[n]) for n in names], g0["max_faces"], g0["max_edges"])
+        part_rows = torch.tensor([names.index(c["edited_script"]) for c in topo], dtype=torch.long)
+        for s in seeds:
+            gr = grounders[s]
+            dev = next(gr.net.parameters()).device
+            words = query_tensors(topo, gr.vocab, g0["max_words"]).to(dev)
+            scores, _ = predict(gr.net, words, {k: v.to(dev) for k, v in padded.items()}, rows=part_rows.to(dev))
+            for c, a in zip(topo, answer_rows(scores.cpu().numpy(), topo, gr.meta, gr.vocab)):
+                items["query"][s].append(float(a["edges"] == json.loads(c["ids_edited"])))
+    for c in topo:
+        ed = edited[c["edited_script"]]
+        truth = json.loads(c["ids_edited"])
+        items["index"].append(float(json.loads(c["ids_original"]) == truth))
+        items["rule"].append(float(synonym_rule(c["query"], ed)[1] == truth))
+        base = c["edited_script"]
+        scripts["oracle"].append(f"{base}.edges({cad.index_selector(truth)}).fillet(0.5)")
+        scripts["index"].append(f"{base}.edges({cad.index_selector(json.loads(c['ids_original']))}).fillet(0.5)")
+        scripts["query"].append(f'{base}.edges(Query("{c["query"]}")).fillet(0.5)')
+    out: dict = {"n_cases": len(topo), "inserted": {k: sum(c["inserted"] == k for c in topo)
+                                                     for k in ("hole", "slot", "step", "boss")}}
+    for name, pick in (("same_set", lambda c: c["same_set"]), ("changed_set", lambda c: not c["same_set"])):
+        idx = [k for k, c in enumerate(topo) if pick(c)]
+        out[name] = {"n": len(idx), "n_renumbered": sum(topo[k]["renumbered"] for k in idx),
+                     "index": [[items["index"][k] for k in idx]] * len(seeds),
+                     "rule": [[items["rule"][k] for k in idx]] * len(seeds),
+                     "query": [[items["query"][s][k] for k in idx] for s in seeds]}
+    # geometry (environment grounder = first seed's): normalised CD of each fillet to the oracle's
+    if topo:
+        res = {k: sandbox.run_many(v) for k, v in scripts.items()}
+        ncd = {"index": [], "query": []}
+        for k in range(len(topo)):
+            o = res["oracle"][k]
+            for arm in ncd:
+                r = res[arm][k]
+                if not (o["ok"] and r["ok"]):
+                    ncd[arm].append(1.0)
+                    continue
+                cd = rec.call("chamfer", chamfer_distance, torch.from_numpy(r["points"][None]).to(device),
+                              torch.from_numpy(o["points"][None]).to(device))
+                diag = float(np.ptp(o["points"], axis=0).__pow__(2).sum() ** 0.5)
+                ncd[arm].append(min(1.0, float(cd[0]) / diag))
+        out["geometry_ncd"] = {arm: _mean(v) for arm, v in ncd.items()}
+        out["geometry_failed"] = {arm: int(sum(not r["ok"] for r in res[arm])) for arm in ("index", "query")}
+    return out

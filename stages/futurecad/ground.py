@@ -6,13 +6,20 @@ Loads the checkpoint from data/futurecad/train/ (``--checkpoint`` to choose anot
 largest solid of the STEP file, exports its faces/edges in CadQuery's own enumeration order
 (``Shape.Faces()``, ``Shape.Edges()``) and writes
 
-    {"step": ..., "query": ..., "checkpoint": ..., "threshold": 0.5, "n_faces": F, "n_edges": E,
+    {"step": ..., "query": ..., "checkpoint": ..., "threshold": 0.5, "abstain_threshold": 0.5,
+     "abstained": false, "reason": "", "top_score": 0.97, "n_faces": F, "n_edges": E,
      "selected": {"edges": [ids], "faces": [ids]},
      "scores": {"edges": {id: σ(s)}, "faces": {id: σ(s)}}}       (scores of every primitive)
 
+**Abstention.** The grounder answers "no such feature" when no word of the query is in its vocabulary
+(nonsense, another language) or when its top score is below the abstention threshold (the checkpoint's
+``abstain_threshold``, or ``--abstain-threshold``): the command then exits **0** with
+``"abstained": true``, a ``"reason"``, empty selections and the scores, and prints
+``<out>: no match (<reason>)``. Callers test ``abstained``, never an empty list alone.
+
 Bad input (missing/malformed STEP, empty query, --out a directory or equal to the STEP file,
-missing checkpoint, part larger than the model's primitive slots) prints one line and exits 2;
-nothing is written.
+missing checkpoint, part larger than the model's primitive slots, thresholds outside (0, 1)) prints one
+line and exits 2; nothing is written.
 """
 from __future__ import annotations
 
@@ -37,19 +44,25 @@ def default_checkpoint(train_dir: Path = DEFAULT_TRAIN) -> Path:
     return train_dir / json.loads(models.read_text())["cli_checkpoint"]
 
 
-def ground_solid(grounder, solid, query: str, threshold: float = 0.5) -> dict:
-    """Scores and selections of one query on one solid (shared with the evaluate stage)."""
+def ground_solid(grounder, solid, query: str, threshold: float | None = None,
+                 abstain_threshold: float | None = None) -> dict:
+    """The grounder's answer to one query on one solid (the evaluate stage compares it with its batch)."""
     from stages.futurecad import cad
+    from stages.futurecad.model import known_words
+    from stages.futurecad.train import decide
 
     prims = cad.export_primitives(solid)
     g = grounder.meta["ground"]
     if len(prims.face_attr) > g["max_faces"] or len(prims.edge_attr) > g["max_edges"]:
         raise UsageError(f"part has {len(prims.face_attr)} faces / {len(prims.edge_attr)} edges; the model "
                          f"takes at most {g['max_faces']} / {g['max_edges']}")
+    threshold = g.get("threshold", 0.5) if threshold is None else threshold
+    abstain_threshold = g.get("abstain_threshold", 0.5) if abstain_threshold is None else abstain_threshold
     fs, es = grounder.scores(prims, query)
-    return {"n_faces": len(fs), "n_edges": len(es), "threshold": threshold,
-            "selected": {"edges": [int(i) for i, s in enumerate(es) if s > threshold],
-                         "faces": [int(i) for i, s in enumerate(fs) if s > threshold]},
+    d = decide(fs, es, known_words(query, grounder.vocab), threshold, abstain_threshold)
+    return {"n_faces": len(fs), "n_edges": len(es), "threshold": threshold, "abstain_threshold": abstain_threshold,
+            "abstained": d["abstained"], "reason": d["reason"], "top_score": round(d["top_score"], 6),
+            "selected": {"edges": d["edges"], "faces": d["faces"]},
             "scores": {"edges": {str(i): round(float(s), 6) for i, s in enumerate(es)},
                        "faces": {str(i): round(float(s), 6) for i, s in enumerate(fs)}}}
 
@@ -60,13 +73,17 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--query", required=True, help="natural-language description of the operands")
     ap.add_argument("--out", required=True, type=Path, help="JSON result file")
     ap.add_argument("--checkpoint", type=Path, default=None, help="BRepGround-mini checkpoint (.pt)")
-    ap.add_argument("--threshold", type=float, default=0.5, help="select primitives with σ(score) above this")
+    ap.add_argument("--threshold", type=float, default=None,
+                    help="select primitives with σ(score) above this (default: the checkpoint's)")
+    ap.add_argument("--abstain-threshold", type=float, default=None,
+                    help="answer 'no match' below this top score (default: the checkpoint's)")
     args = ap.parse_args(argv)
     try:
         if not args.query.strip():
             raise UsageError("--query: empty query")
-        if not (0.0 < args.threshold < 1.0):
-            raise UsageError(f"--threshold: {args.threshold} not in (0, 1)")
+        for name, v in (("--threshold", args.threshold), ("--abstain-threshold", args.abstain_threshold)):
+            if v is not None and not (0.0 < v < 1.0):
+                raise UsageError(f"{name}: {v} not in (0, 1)")
         if not args.step.is_file():
             raise UsageError(f"--step: {args.step} is not a file")
         if args.out.is_dir():
@@ -89,7 +106,7 @@ def main(argv: list[str] | None = None) -> int:
             net, meta = load_ground(ckpt)
         except Exception as err:
             raise UsageError(f"--checkpoint: {ckpt} is not a BRepGround-mini checkpoint ({type(err).__name__})") from None
-        result = ground_solid(ModelGrounder(net, meta), solid, args.query, args.threshold)
+        result = ground_solid(ModelGrounder(net, meta), solid, args.query, args.threshold, args.abstain_threshold)
     except UsageError as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
@@ -97,7 +114,10 @@ def main(argv: list[str] | None = None) -> int:
 
     write_json(args.out, {"step": str(args.step), "query": args.query, "checkpoint": str(ckpt), **result})
     sel = result["selected"]
-    print(f"{args.out}: {len(sel['edges'])} edges, {len(sel['faces'])} faces selected")
+    if result["abstained"]:
+        print(f"{args.out}: no match ({result['reason']})")
+    else:
+        print(f"{args.out}: {len(sel['edges'])} edges, {len(sel['faces'])} faces selected")
     return 0
 
 

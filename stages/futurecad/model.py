@@ -90,17 +90,21 @@ class BRepGround(nn.Module):
         self.fusion = _encoder(d, heads, fusion_layers)
         self.head = nn.Linear(d, 1)
 
-    def forward(self, words, faces, edges, face_type, edge_type, fmask, emask):
+    def forward(self, words, faces, edges, face_type, edge_type, fmask, emask, rows=None):
+        """``rows`` (B,): the part of each query when faces/edges/types/masks are given once per part (P, ...);
+        each part's primitives are then encoded once for all its queries (same numbers, less work)."""
         B, W = words.shape
-        _, Fn, G, Cf = faces.shape
+        P, Fn, G, Cf = faces.shape
         En = edges.shape[1]
         wmask = words != PAD
         t = self.word(words) + self.wpos(torch.arange(W, device=words.device))           # (B, W, C)
         t = self.text(t, src_key_padding_mask=~wmask)
-        g = faces.reshape(B * Fn, cad.UV, cad.UV, Cf).permute(0, 3, 1, 2)                 # (B·F, 7, UV, UV)
-        f = self.face_enc(g).reshape(B, Fn, -1) + self.ftype(face_type) + self.kind.weight[1]
-        c = edges.reshape(B * En, cad.CURVE, -1).permute(0, 2, 1)                         # (B·E, 6, CURVE)
-        e = self.edge_enc(c).reshape(B, En, -1) + self.etype(edge_type) + self.kind.weight[2]
+        g = faces.reshape(P * Fn, cad.UV, cad.UV, Cf).permute(0, 3, 1, 2)                 # (P·F, 7, UV, UV)
+        f = self.face_enc(g).reshape(P, Fn, -1) + self.ftype(face_type) + self.kind.weight[1]
+        c = edges.reshape(P * En, cad.CURVE, -1).permute(0, 2, 1)                         # (P·E, 6, CURVE)
+        e = self.edge_enc(c).reshape(P, En, -1) + self.etype(edge_type) + self.kind.weight[2]
+        if rows is not None:                                                              # (P, ...) -> (B, ...)
+            f, e, fmask, emask = f[rows], e[rows], fmask[rows], emask[rows]
         x = torch.cat([t + self.kind.weight[0], f, e], 1)                                 # (B, W+F+E, C)
         mask = torch.cat([wmask, fmask, emask], 1)
         h = self.fusion(x, src_key_padding_mask=~mask)
@@ -116,9 +120,11 @@ class GroundModule(L.LightningModule):
         self.history: list[dict] = []
 
     def training_step(self, batch, idx):
+        rows = batch.get("rows")
         logits = self.net(batch["words"], batch["faces"], batch["edges"], batch["face_type"],
-                          batch["edge_type"], batch["fmask"], batch["emask"])
-        mask = torch.cat([batch["fmask"], batch["emask"]], 1).float()
+                          batch["edge_type"], batch["fmask"], batch["emask"], rows)
+        mask = torch.cat([batch["fmask"], batch["emask"]], 1)
+        mask = (mask if rows is None else mask[rows]).float()
         bce = F.binary_cross_entropy_with_logits(logits, batch["y"], reduction="none")  # ALGO: per-primitive BCE
         loss = (bce * mask).sum() / mask.sum()
         self.history.append({"step": int(self.global_step), "loss": float(loss.detach())})
@@ -130,11 +136,15 @@ class GroundModule(L.LightningModule):
 
 
 class GroundLoader:
-    """``steps`` random batches of (query, part) rows, seeded."""
+    """``steps`` seeded batches of (query, part) rows. per_part > 1: batch // per_part parts drawn uniformly,
+    per_part queries drawn from each, the parts' primitives given once (``rows`` maps queries to parts)."""
 
-    def __init__(self, words, part_idx, y, parts, batch: int, steps: int, seed: int):
+    def __init__(self, words, part_idx, y, parts, batch: int, steps: int, seed: int, per_part: int = 1):
         self.words, self.part_idx, self.y, self.parts = words, part_idx, y, parts
-        self.batch, self.steps, self.seed = batch, steps, seed
+        self.batch, self.steps, self.seed, self.per_part = batch, steps, seed, per_part
+        if per_part > 1:
+            self.pids = torch.unique(part_idx)
+            self.by_part = [torch.nonzero(part_idx == p).flatten() for p in self.pids.tolist()]
 
     def __len__(self):
         return self.steps
@@ -142,9 +152,18 @@ class GroundLoader:
     def __iter__(self):
         g = torch.Generator().manual_seed(self.seed)
         for _ in range(self.steps):
-            i = torch.randint(0, self.words.shape[0], (self.batch,), generator=g)
-            p = self.part_idx[i]
-            yield crop_batch({"words": self.words[i], "y": self.y[i], **{k: v[p] for k, v in self.parts.items()}})
+            if self.per_part == 1:
+                i = torch.randint(0, self.words.shape[0], (self.batch,), generator=g)
+                p = self.part_idx[i]
+                yield crop_batch({"words": self.words[i], "y": self.y[i], **{k: v[p] for k, v in self.parts.items()}})
+                continue
+            n = max(1, self.batch // self.per_part)
+            picks = torch.randint(0, len(self.by_part), (n,), generator=g)
+            i = torch.cat([self.by_part[k][torch.randint(0, len(self.by_part[k]), (self.per_part,), generator=g)]
+                           for k in picks.tolist()])
+            uniq, rows = torch.unique(self.part_idx[i], return_inverse=True)
+            yield crop_batch({"words": self.words[i], "y": self.y[i], "rows": rows,
+                              **{k: v[uniq] for k, v in self.parts.items()}})
 
 
 def crop_batch(b: dict) -> dict:
@@ -162,16 +181,23 @@ def crop_batch(b: dict) -> dict:
 
 
 @torch.no_grad()
-def predict(net: BRepGround, words, parts_batch: dict, threshold: float = 0.5, chunk: int = 256):
-    """Sigmoid scores (Q, F+E) with padding at −1, and the selected sets (score > threshold)."""
+def predict(net: BRepGround, words, parts_batch: dict, threshold: float = 0.5, chunk: int = 256, rows=None):
+    """Sigmoid scores (Q, F+E) with padding at −1, and the selected sets (score > threshold). ``rows`` (Q,):
+    parts_batch holds each part once and rows[q] is query q's part (each part encoded once per chunk)."""
     net.eval()
     out = []
     mf, me = parts_batch["fmask"].shape[1], parts_batch["emask"].shape[1]
     for s in range(0, words.shape[0], chunk):
         sl = slice(s, s + chunk)
-        b = crop_batch({"words": words[sl], **{k: v[sl] for k, v in parts_batch.items()}})
-        logits = net(b["words"], b["faces"], b["edges"], b["face_type"], b["edge_type"], b["fmask"], b["emask"])
+        if rows is None:
+            b = crop_batch({"words": words[sl], **{k: v[sl] for k, v in parts_batch.items()}})
+            r = None
+        else:
+            uniq, r = torch.unique(rows[sl], return_inverse=True)
+            b = crop_batch({"words": words[sl], **{k: v[uniq] for k, v in parts_batch.items()}})
+        logits = net(b["words"], b["faces"], b["edges"], b["face_type"], b["edge_type"], b["fmask"], b["emask"], r)
         mask = torch.cat([b["fmask"], b["emask"]], 1)
+        mask = mask if r is None else mask[r]
         sc = torch.where(mask, torch.sigmoid(logits), torch.full_like(logits, -1.0))
         nf, ne = b["fmask"].shape[1], b["emask"].shape[1]
         full = torch.full((sc.shape[0], mf + me), -1.0, device=sc.device)
@@ -213,6 +239,58 @@ def type_only(query: str, prims: cad.Primitives) -> tuple[str, list[int]]:
         return prim, [i for i, a in enumerate(prims.edge_attr) if a["type"] == t]
     t = "CYLINDER" if "cylindrical" in w else "PLANE"
     return prim, [i for i, a in enumerate(prims.face_attr) if a["type"] == t]
+
+
+def _first_words(*keys: str) -> set[str]:
+    return {phrase.split()[0] for k in keys for phrase in cad.SYNONYMS[k]}
+
+
+PLACE_WORDS = {k: _first_words(k) for k in ("top", "bottom", "step level", "sides")}
+EDGE_TYPE_WORDS = {"vertical straight": _first_words("vertical straight") | {"vertical"},
+                   "circular": _first_words("circular"), "straight": _first_words("straight")}
+FACE_TYPE_WORDS = {"cylindrical": _first_words("cylindrical"), "planar": _first_words("planar")}
+SIZE_WORD_TABLE = {k: _first_words(k) for k in cad.SIZE_WORDS}
+FACE_WORDS = {"face", "faces", "surface", "surfaces"}
+
+
+def synonym_rule(query: str, prims: cad.Primitives) -> tuple[str, list[int]]:
+    """The keyword rule at full strength: every attribute word and paraphrase of the training queries
+    (``cad.SYNONYMS``, the grounder's own training vocabulary) mapped to its predicate, size words included.
+    A query naming no type word (or no place for a type that needs one) selects nothing (abstains)."""
+    w = cad.tokenize_query(query)
+    ws = set(w)
+    prim = "faces" if ws & FACE_WORDS else "edges"
+    size = next((k for k, words in SIZE_WORD_TABLE.items() if ws & words), "")
+    table = EDGE_TYPE_WORDS if prim == "edges" else FACE_TYPE_WORDS
+    tword = next((k for k, words in table.items() if ws & words), None)
+    place = next((k for k, words in PLACE_WORDS.items() if ws & words), None)
+    if tword in ("vertical straight", "cylindrical"):
+        place = "sides"
+    if tword is None or place is None or (place == "sides" and tword not in ("vertical straight", "cylindrical")):
+        return prim, []
+    if size and cad.SIZE_WORDS.index(size) >= 2 and (prim, tword) != ("edges", "straight"):
+        size = ""                                   # longest/shortest only qualify straight edges
+    if size and cad.SIZE_WORDS.index(size) < 2 and (prim, tword) == ("edges", "straight"):
+        size = ""
+    return prim, cad.target_ids(prims, (prim, tword, place, size))
+
+
+def ranking_metrics(scores: np.ndarray, truth: set[int], ks=(3, 5, 10)) -> dict[str, float]:
+    """Recall@k and average precision of one query: the primitives of the target's kind ranked by score
+    (ties in id order). Needs a non-empty truth."""
+    if not truth:
+        raise ValueError("ranking_metrics: empty truth")
+    order = np.argsort(-np.asarray(scores, dtype=np.float64), kind="stable")
+    hits = np.array([int(i) in truth for i in order], dtype=np.float64)
+    out = {f"recall@{k}": float(hits[:k].sum() / len(truth)) for k in ks}
+    prec = np.cumsum(hits) / np.arange(1, len(hits) + 1)
+    out["ap"] = float((prec * hits).sum() / len(truth))
+    return out
+
+
+def known_words(query: str, vocab: dict[str, int]) -> int:
+    """Alphabetic query words in the grounder's vocabulary (an all-unknown query abstains)."""
+    return sum(1 for t in cad.tokenize_query(query) if t.isalpha() and t in vocab)
 
 
 def set_metrics(pred: set, truth: set) -> tuple[float, float]:
@@ -261,6 +339,14 @@ def decode_script(ids, itos: list[str]) -> str:
     return cad.detokenize_script(out)
 
 
+def crop_trailing(x: torch.Tensor, prompt_len: int) -> torch.Tensor:
+    """Drop script columns that are padding in every row (a causal model's earlier outputs do not depend on
+    them and the loss ignores them): the same numbers on the kept positions, less compute."""
+    nonpad = (x[:, prompt_len:] != TPAD).any(0)
+    keep = int(torch.nonzero(nonpad).max()) + 1 if bool(nonpad.any()) else 1
+    return x[:, : prompt_len + keep]
+
+
 class SFTModule(L.LightningModule):
     """Supervised fine-tuning: cross-entropy on the script tokens given the description prefix."""
 
@@ -270,7 +356,7 @@ class SFTModule(L.LightningModule):
         self.history: list[dict] = []
 
     def training_step(self, batch, idx):
-        x = batch                                                              # (B, Lp + Ls)
+        x = crop_trailing(batch, self.prompt_len)                              # (B, Lp + Ls'), Ls' ≤ Ls
         logits = self.model(x[:, :-1])[:, self.prompt_len - 1:]                # predicts x[:, Lp:]
         tgt = x[:, self.prompt_len:]
         loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), tgt.reshape(-1), ignore_index=TPAD)
@@ -320,17 +406,19 @@ def sample_scripts(model, prompts: torch.Tensor, script_len: int, temperature: f
 
 
 class ScriptPolicy(nn.Module):
-    """GRPO policy over scripts: prompts are (P, Lp + 1) rows (last column: program row id)."""
+    """GRPO policy over scripts: prompts are (P, Lp + 1) rows (last column: program row id). The policy is the
+    model at ``temperature`` τ: rollouts sample from softmax(logits/τ) and token_logprobs score that same
+    distribution (so the importance ratios compare like with like)."""
 
-    def __init__(self, model, prompt_len: int, script_len: int, logprob_fn):
+    def __init__(self, model, prompt_len: int, script_len: int, logprob_fn, temperature: float = 1.0):
         super().__init__()
         self.model, self.prompt_len, self.script_len = model, prompt_len, script_len
-        self.logprob_fn = logprob_fn
+        self.logprob_fn, self.temperature = logprob_fn, temperature
 
     def rollout(self, prompts, group_size, generator):
         p = prompts[:, : self.prompt_len].repeat_interleave(group_size, 0)
         rid = prompts[:, -1].repeat_interleave(group_size, 0)
-        comp = sample_scripts(self.model, p, self.script_len, 1.0, generator)
+        comp = sample_scripts(self.model, p, self.script_len, self.temperature, generator)
         mask = torch.ones_like(comp, dtype=torch.float)
         ended = torch.cumsum((comp == EOS).long(), 1)
         mask = torch.where((ended - (comp == EOS).long()) > 0, torch.zeros_like(mask), mask)  # up to EOS inclusive
@@ -338,9 +426,14 @@ class ScriptPolicy(nn.Module):
         return {"tokens": torch.cat([p, comp], 1), "mask": mask, "rid": rid}
 
     def token_logprobs(self, roll):
-        x = roll["tokens"]
-        logits = self.model(x[:, :-1])[:, self.prompt_len - 1:]                 # (B, Ls, V)
-        return self.logprob_fn(logits, x[:, self.prompt_len:])
+        full = roll["tokens"]
+        x = crop_trailing(full, self.prompt_len)
+        logits = self.model(x[:, :-1])[:, self.prompt_len - 1:]                 # (B, Ls', V)
+        if self.temperature != 1.0:
+            logits = logits / self.temperature
+        lp = self.logprob_fn(logits, x[:, self.prompt_len:])
+        pad = full.shape[1] - x.shape[1]                                        # all-pad tail: log-prob 0, mask 0
+        return F.pad(lp, (0, pad)) if pad else lp
 
 
 def np_seed(seed: int) -> np.random.Generator:

@@ -1,11 +1,23 @@
-"""train: per seed, (1) BRepGround-mini on seen-template queries of the training parts (BCE over
-primitives); (2) the program model: SFT of a prefix-LM (description → CadQuery-like script whose
-fillet/chamfer step carries a query), then GRPO through the shared trainer ``stages.common.grpo`` with
+"""train: per seed, (1) BRepGround-mini on the training parts' queries — present targets and queries whose
+answer is "no such feature" (empty target) — with a validation curve (mAP, exact-set accuracy, abstention on
+the validation parts) and an abstention calibration table; (2) the program model: one SFT checkpoint
+(prefix-LM, description → CadQuery-like script whose fillet/chamfer step carries a query), then two arms
+from it at equal compute: **SFT-only** (SFT continued on the same SFT programs) and **SFT+RL** (GSPO through
+the shared trainer ``stages.common.grpo`` on RL prompts that SFT never saw), with
 
     # ALGO: reward r = executes(script) × (1 − min(1, CD(script solid, target solid) / diag(target)))
+    # ALGO: GSPO sequence ratio s_i = (π_θ(y_i|x)/π_old(y_i|x))^(1/|y_i|), clipped, ≥ 2 updates per batch
 
-Scripts are run by the sandboxed interpreter (``cad.run_script``: whitelisted calls only), their
-Query(...) operands grounded by this seed's BRepGround-mini; CD goes through kernels/chamfer.
+The RL policy is the model at temperature τ (``rollout_temperature``: rollouts and the ratio's log-probs alike);
+both arms keep the checkpoint with the best greedy validation reward among ``curve_points`` points of their run
+(the shared SFT checkpoint included). Equal compute counts transformer token passes (a backward pass = 2 forwards): an RL step costs
+P·G·(Lp+Ls)·(1 rollout + 1 old-logp pass + 3·ppo_epochs), an SFT step B·(Lp+Ls)·3, so the SFT-only arm gets
+⌈rl_steps·P·G·(2 + 3·ppo_epochs) / (3·B)⌉ more SFT steps (``equal_compute_sft_steps``). Both arms record a
+validation curve (greedy decoding of the validation prompts) at matched compute.
+
+Scripts run in the CAD sandbox (``sandbox.CadSandbox``: worker processes that die with the stage), their
+Query(...) operands grounded by the environment grounder (the first seed's BRepGround-mini, the same for
+every program-model seed); CD goes through kernels/chamfer.
 
     python -m stages train futurecad [--profile smoke]
 """
@@ -13,7 +25,9 @@ from __future__ import annotations
 
 import copy
 import json
+import math
 
+import lightning as L
 import numpy as np
 import polars as pl
 import torch
@@ -29,11 +43,15 @@ from stages.common.paths import read_json, write_json
 from stages.common.runner import StageContext
 from stages.common.tiny_transformer import TinyTransformer, TinyTransformerConfig
 from stages.common.trainer import TrainerConfig, make_trainer
-from stages.futurecad import cad
+from stages.futurecad import cad, cputime
 from stages.futurecad.model import (BRepGround, GroundLoader, GroundModule, RowLoader, ScriptPolicy, SFTModule,
                                     build_program_vocab, build_vocab, decode_script, encode_prompt, encode_query,
-                                    encode_script, label_matrix, pad_parts, predict)
-from stages.futurecad.prepare import oracle_grounder
+                                    encode_script, known_words, label_matrix, pad_parts, predict, ranking_metrics,
+                                    sample_scripts)
+from stages.futurecad.sandbox import CadSandbox, exit_fast_when_interrupted
+
+EMPTY_KINDS = ("absent", "foreign", "nonsense", "absent_freetext", "external_absent")
+CALIBRATION_GRID = tuple(round(x, 2) for x in np.arange(0.05, 1.0, 0.05))
 
 
 class GroundConfig(StageConfig):
@@ -46,7 +64,13 @@ class GroundConfig(StageConfig):
     max_edges: int = Field(80, ge=8, le=8192)
     steps: PositiveInt = Field(300, le=100_000)
     batch: PositiveInt = Field(32, le=4096)
+    per_part: PositiveInt = Field(4, le=256, description="queries per part in a batch (its primitives encoded once)")
     lr: float = Field(2e-3, gt=0, le=1.0)
+    eval_every: PositiveInt = Field(50, le=100_000, description="validation-curve interval (steps)")
+    threshold: float = Field(0.5, gt=0, lt=1, description="select primitives with σ(score) above this")
+    abstain_threshold: float = Field(0.5, gt=0, lt=1, description="answer 'no match' when the top σ(score) is "
+                                     "below this (or no query word is known); fixed from a development run's "
+                                     "validation calibration table (calibration.csv)")
 
     @model_validator(mode="after")
     def _heads(self):
@@ -61,28 +85,44 @@ class ProgramConfig(StageConfig):
     n_heads: int = Field(4, ge=1, le=32)
     prompt_len: int = Field(48, ge=8, le=512, description="description tokens (left-padded, ends in BOS)")
     script_len: int = Field(112, ge=16, le=1024, description="script tokens incl. EOS")
-    sft_steps: PositiveInt = Field(250, le=100_000)
+    sft_steps: PositiveInt = Field(250, le=100_000, description="SFT steps of the shared checkpoint")
     sft_batch: PositiveInt = Field(32, le=4096)
     sft_lr: float = Field(3e-3, gt=0, le=1.0)
-    rl_steps: int = Field(15, ge=0, le=10_000, description="GRPO steps (0: SFT only)")
-    prompts_per_step: PositiveInt = Field(4, le=1024)
+    rl_steps: int = Field(40, ge=0, le=10_000, description="GSPO steps from the SFT checkpoint (0: no RL arms)")
+    prompts_per_step: PositiveInt = Field(8, le=1024)
     rl_lr: float = Field(3e-4, gt=0, le=1.0)
-    grpo: GRPOConfig = GRPOConfig(group_size=6, clip_eps=0.2, kl_coef=0.0, loss_norm="tokens", ppo_epochs=1,
-                                  grad_clip=1.0)
+    rollout_temperature: float = Field(0.7, gt=0, le=2.0, description="τ of the RL policy softmax(logits/τ) "
+                                       "(sampling and the log-probs of the ratio)")
+    n_seeds: int = Field(3, ge=1, le=10, description="program-model seeds (the first n of prepare's seeds)")
+    grpo: GRPOConfig = GRPOConfig(group_size=8, clip_eps=0.2, kl_coef=0.0, loss_norm="samples", ppo_epochs=2,
+                                  grad_clip=1.0, ratio_level="sequence")
+    curve_points: int = Field(8, ge=1, le=1000, description="validation points along each arm's compute")
 
     @model_validator(mode="after")
     def _heads(self):
         if self.d_model % self.n_heads or (self.d_model // self.n_heads) % 2:
             raise ValueError(f"program.n_heads: {self.n_heads} must divide d_model {self.d_model} into even head dims")
+        if self.rl_steps and self.curve_points > self.rl_steps:
+            raise ValueError(f"program.curve_points: {self.curve_points} exceeds rl_steps {self.rl_steps}")
         return self
 
 
 class Config(StageConfig):
     torch_threads: int = Field(1, ge=1, le=64)
     device: DeviceName = "auto"
+    sandbox_workers: int = Field(2, ge=1, le=32, description="CAD worker processes")
+    script_timeout_s: float = Field(120.0, gt=0, le=3600, description="a script running longer kills its worker")
     ground: GroundConfig = GroundConfig()
     program: ProgramConfig = ProgramConfig()
     trainer: TrainerConfig = TrainerConfig(enable_progress_bar=False)
+
+
+def equal_compute_sft_steps(pc) -> int:
+    """SFT steps with the compute of ``rl_steps`` GSPO steps (token passes; backward = 2 forwards)."""
+    g = pc["grpo"] if isinstance(pc, dict) else pc.grpo.model_dump()
+    get = (lambda k: pc[k]) if isinstance(pc, dict) else (lambda k: getattr(pc, k))
+    per_rl = get("prompts_per_step") * g["group_size"] * (2 + 3 * g["ppo_epochs"])
+    return math.ceil(get("rl_steps") * per_rl / (3 * get("sft_batch")))
 
 
 def load_parts(prep) -> list[dict]:
@@ -94,7 +134,7 @@ def query_tensors(rows: list[dict], vocab: dict[str, int], max_words: int) -> to
 
 
 def load_ground(path, device="cpu") -> tuple[BRepGround, dict]:
-    """The checkpoint the CLI and evaluate load: (model, meta with vocab and sizes)."""
+    """The checkpoint the CLI and evaluate load: (model, meta with vocab, sizes and thresholds)."""
     ck = torch.load(path, map_location=device, weights_only=True)
     meta = json.loads(ck["meta"])
     g = meta["ground"]
@@ -104,8 +144,23 @@ def load_ground(path, device="cpu") -> tuple[BRepGround, dict]:
     return net.eval(), meta
 
 
+def decide(face_scores, edge_scores, n_known: int, threshold: float, abstain_threshold: float) -> dict:
+    """The grounder's answer: abstain ("no match") when no query word is known or the top score is below
+    abstain_threshold; otherwise the primitives with σ(score) > threshold (faces and edges ids)."""
+    top = max([float(x) for x in face_scores] + [float(x) for x in edge_scores] + [0.0])
+    if n_known == 0:
+        return {"abstained": True, "reason": "no query word is in the grounder's vocabulary", "top_score": top,
+                "faces": [], "edges": []}
+    if top < abstain_threshold:
+        return {"abstained": True, "reason": f"top score {top:.3f} below the abstention threshold {abstain_threshold:g}",
+                "top_score": top, "faces": [], "edges": []}
+    return {"abstained": False, "reason": "", "top_score": top,
+            "faces": [int(i) for i, s in enumerate(face_scores) if s > threshold],
+            "edges": [int(i) for i, s in enumerate(edge_scores) if s > threshold]}
+
+
 class ModelGrounder:
-    """cad.Grounder backed by BRepGround-mini: (solid, query) -> edge ids with σ(score) > ½."""
+    """cad.Grounder backed by BRepGround-mini: (solid, query) -> edge ids (empty when it abstains)."""
 
     def __init__(self, net: BRepGround, meta: dict):
         self.net, self.meta = net, meta
@@ -122,9 +177,14 @@ class ModelGrounder:
         self.calls += 1
         return s[: len(prims.face_attr)], s[g["max_faces"]: g["max_faces"] + len(prims.edge_attr)]
 
+    def answer(self, prims: cad.Primitives, query: str) -> dict:
+        fs, es = self.scores(prims, query)
+        g = self.meta["ground"]
+        return dict(decide(fs, es, known_words(query, self.vocab), g.get("threshold", 0.5), g.get("abstain_threshold", 0.5)),
+                    face_scores=fs, edge_scores=es)
+
     def __call__(self, solid, query: str) -> list[int]:
-        _, es = self.scores(cad.export_primitives(solid), query)
-        return [int(i) for i in np.flatnonzero(es > 0.5)]
+        return self.answer(cad.export_cached(solid), query)["edges"]
 
 
 def _prim_dict(prims: cad.Primitives) -> dict:
@@ -133,105 +193,109 @@ def _prim_dict(prims: cad.Primitives) -> dict:
     return prim_tensors(prims)
 
 
-_WORKER: dict = {}
+# ----------------------------------------------------------------------------------------------
+# program scoring (sandbox + Chamfer kernel)
+# ----------------------------------------------------------------------------------------------
+class ProgramScorer:
+    """Scores generated scripts against program targets: executes (sandbox), normalised CD (kernel)."""
 
+    def __init__(self, sandbox: CadSandbox, points: torch.Tensor, diags: list[float], rec: KernelRecord, device,
+                 breps: list[bytes] | None = None):
+        self.sandbox, self.points, self.diags, self.rec, self.device = sandbox, points, diags, rec, device
+        self.breps = breps
 
-def _worker_init(grounder, n_points: int) -> None:
-    torch.set_num_threads(1)
-    _WORKER.update(grounder=grounder, n_points=n_points)
-
-
-def _worker_execute(text: str):
-    """Runs in the sandbox process: script -> (BREP bytes, surface points) or an error string."""
-    import io
-
-    try:
-        solid = cad.run_script(text, _WORKER["grounder"]).solid
-        pts = cad.surface_points(solid, _WORKER["n_points"])
-        buf = io.BytesIO()
-        solid.exportBrep(buf)
-        return buf.getvalue(), pts
-    except cad.ScriptError as err:
-        return str(err)
-    except Exception as err:  # anything else the kernel throws is a failed script, not a failed run
-        return f"execution failed: {type(err).__name__}"
-
-
-class ScriptScorer:
-    """Executes scripts (cached by text) and scores them against program targets with the Chamfer kernel.
-
-    Execution happens in a worker process (the sandbox): a script that makes the CAD kernel
-    crash (a native segfault cannot be caught in-process) kills only the worker; it is recorded as a
-    failure with reward 0 and a fresh worker takes the next script. ``sandbox=False`` runs in-process.
-    """
-
-    def __init__(self, grounder, targets: dict[int, dict], n_points: int, rec: KernelRecord, device,
-                 sandbox: bool = True):
-        self.grounder, self.targets, self.n_points, self.rec, self.device = grounder, targets, n_points, rec, device
-        self.cache: dict[str, object] = {}
-        self.sandbox = sandbox
-        self.pool = None
-        self.crashes = 0
-
-    def _pool(self):
-        import multiprocessing as mp
-        from concurrent.futures import ProcessPoolExecutor
-
-        if self.pool is None:   # spawn (not fork): a forked child of a torch/OCC process can deadlock
-            self.pool = ProcessPoolExecutor(max_workers=1, mp_context=mp.get_context("spawn"),
-                                            initializer=_worker_init, initargs=(self.grounder, self.n_points))
-        return self.pool
-
-    def close(self) -> None:
-        if self.pool is not None:
-            self.pool.shutdown(wait=True, cancel_futures=True)
-            self.pool = None
-
-    def execute(self, text: str):
-        import io
-        from concurrent.futures.process import BrokenProcessPool
-
-        if text not in self.cache:
-            if self.sandbox:
-                try:
-                    out = self._pool().submit(_worker_execute, text).result()
-                except BrokenProcessPool:
-                    self.pool = None
-                    self.crashes += 1
-                    out = "CAD kernel crashed (sandbox worker died)"
-            else:
-                _WORKER.update(grounder=self.grounder, n_points=self.n_points)
-                out = _worker_execute(text)
-            if isinstance(out, str):
-                self.cache[text] = out
-            else:
-                import cadquery as cq
-
-                self.cache[text] = (cq.Shape.importBrep(io.BytesIO(out[0])), out[1])
-        return self.cache[text]
-
-    def score(self, texts: list[str], rids: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
-        """(rewards, normalised CD) per script; failures: reward 0, CD 1."""
-        res = [self.execute(t) for t in texts]
-        ok = [i for i, r in enumerate(res) if not isinstance(r, str)]
-        reward = torch.zeros(len(texts))
-        ncd = torch.ones(len(texts))
+    def score(self, texts: list[str], rids: list[int], iou: bool = False) -> dict[str, torch.Tensor]:
+        res = self.sandbox.run_many(texts, [self.breps[i] for i in rids] if iou else None)
+        ok = [i for i, r in enumerate(res) if r["ok"]]
+        n = len(texts)
+        out = {"reward": torch.zeros(n), "ncd": torch.ones(n), "exec": torch.zeros(n), "iou": torch.zeros(n)}
         if ok:
-            x = torch.from_numpy(np.stack([res[i][1] for i in ok])).to(self.device)
-            y = torch.from_numpy(np.stack([self.targets[rids[i]]["points"] for i in ok])).to(self.device)
+            x = torch.from_numpy(np.stack([res[i]["points"] for i in ok])).to(self.device)
+            y = self.points[[rids[i] for i in ok]].to(self.device)
             cd = self.rec.call("chamfer", chamfer_distance, x, y).cpu()
-            diag = torch.tensor([self.targets[rids[i]]["diag"] for i in ok])
-            n = torch.clamp(cd / diag, max=1.0)                            # ALGO: normalised Chamfer distance
-            ncd[ok] = n
-            reward[ok] = 1.0 - n                                           # ALGO: executes × (1 − nCD)
-        return reward, ncd
+            diag = torch.tensor([self.diags[rids[i]] for i in ok])
+            nc = torch.clamp(cd / diag, max=1.0)                               # ALGO: normalised Chamfer distance
+            out["ncd"][ok] = nc
+            out["reward"][ok] = 1.0 - nc                                        # ALGO: executes × (1 − nCD)
+            out["exec"][ok] = 1.0
+            if iou:
+                out["iou"][ok] = torch.tensor([float(res[i]["iou"]) for i in ok])
+        out["errors"] = [r["error"] for r in res]
+        return out
 
 
-def program_targets(programs: list[dict], n_points: int) -> dict[int, dict]:
-    out = {}
-    for i, p in enumerate(programs):
-        solid = cad.run_script(p["script"], oracle_grounder).solid
-        out[i] = {"points": cad.surface_points(solid, n_points), "diag": p["diag"], "solid": solid}
+def greedy_eval(lm, prompts: torch.Tensor, rids: list[int], scorer: ProgramScorer, pvocab: list[str],
+                script_len: int) -> dict[str, float]:
+    was = lm.training
+    lm.eval()
+    with torch.no_grad():
+        comp = sample_scripts(lm, prompts, script_len, 0.0, None)
+    lm.train(was)
+    texts = [decode_script(r, pvocab) for r in comp.tolist()]
+    s = scorer.score(texts, rids)
+    return {"val_reward": float(s["reward"].mean()), "val_exec": float(s["exec"].mean())}
+
+
+class EvalEvery(L.Callback):
+    """Calls fn(module) at step 0 and every ``every`` optimizer steps; rows in ``self.rows``. With ``keep``
+    (a function of the module returning the nn.Module to keep), the state with the best ``best_key`` so far
+    is kept (early stopping on the validation prompts; ties keep the earlier)."""
+
+    def __init__(self, fn, every: int, keep=None, best_key: str = "val_reward"):
+        self.fn, self.every, self.rows = fn, every, []
+        self.keep, self.best_key, self.best, self.best_step, self.best_state = keep, best_key, -math.inf, 0, None
+
+    def _record(self, module, step):
+        row = {"step": step, **self.fn(module)}
+        self.rows.append(row)
+        if self.keep is not None and row[self.best_key] > self.best:
+            self.best, self.best_step = row[self.best_key], step
+            self.best_state = copy.deepcopy(self.keep(module).state_dict())
+
+    def on_train_start(self, trainer, module):
+        self._record(module, 0)
+
+    def on_train_batch_end(self, trainer, module, outputs, batch, idx):
+        step = int(trainer.global_step)
+        if step % self.every == 0 and (not self.rows or self.rows[-1]["step"] != step):
+            self._record(module, step)
+
+
+# ----------------------------------------------------------------------------------------------
+# grounding validation
+# ----------------------------------------------------------------------------------------------
+def ground_val_metrics(net, words, parts, part_rows, rows, g: GroundConfig, vocab) -> tuple[dict, np.ndarray]:
+    """mAP / exact-set accuracy on present validation queries, abstention rate on empty-target ones."""
+    scores, _ = predict(net, words, parts, rows=part_rows)
+    scores = scores.cpu().numpy()
+    net.train()
+    aps, exact, abst = [], [], []
+    tops = np.zeros(len(rows))
+    for i, r in enumerate(rows):
+        fs, es = scores[i, : g.max_faces], scores[i, g.max_faces:]
+        fs, es = fs[fs >= 0], es[es >= 0]
+        d = decide(fs, es, known_words(r["query"], vocab), g.threshold, g.abstain_threshold)
+        tops[i] = d["top_score"]
+        truth = set(json.loads(r["target"]))
+        if r["templates"] in EMPTY_KINDS:
+            abst.append(float(d["abstained"]))
+        else:
+            aps.append(ranking_metrics(fs if r["prim"] == "faces" else es, truth)["ap"])
+            pred = {("faces", i) for i in d["faces"]} | {("edges", i) for i in d["edges"]}
+            exact.append(float(pred == {(r["prim"], i) for i in truth}))
+    return ({"val_map": float(np.mean(aps)), "val_exact": float(np.mean(exact)),
+             "val_abstain_empty": float(np.mean(abst)) if abst else float("nan")}, tops)
+
+
+def calibration_rows(tops: np.ndarray, rows, vocab, seed: int) -> list[dict]:
+    """Per threshold: share of present validation queries that would abstain, and of empty-target ones."""
+    known = np.array([known_words(r["query"], vocab) > 0 for r in rows])
+    empty = np.array([r["templates"] in EMPTY_KINDS for r in rows])
+    out = []
+    for t in CALIBRATION_GRID:
+        abst = (~known) | (tops < t)
+        out.append({"seed": seed, "threshold": t, "abstain_present": float(abst[~empty].mean()),
+                    "abstain_empty": float(abst[empty].mean()) if empty.any() else float("nan")})
     return out
 
 
@@ -240,95 +304,188 @@ def run(cfg: Config, ctx: StageContext) -> None:
     device = pick_device(cfg.device)
     prep = ctx.input("prepare")
     meta = read_json(prep / "meta.json")
+    pc = cfg.program
+    # the sandbox starts first: its workers import CadQuery while the grounder trains
+    sandbox = CadSandbox(meta["n_points"], cfg.sandbox_workers, timeout_s=cfg.script_timeout_s) if pc.rl_steps else None
+    phases: dict[str, float] = {}
+    try:
+        _run(cfg, ctx, prep, meta, device, sandbox, phases)
+    except BaseException as err:
+        exit_fast_when_interrupted(err)
+        raise
+    finally:
+        if sandbox is not None:
+            sandbox.close()
+    if sandbox is not None:
+        phases.update(sandbox_wait_wall=sandbox.wall_s, scripts_requested=sandbox.requested,
+                      scripts_executed=sandbox.executed)
+    cputime.record(ctx, phases)
+
+
+def _run(cfg: Config, ctx: StageContext, prep, meta, device, sandbox, phases: dict[str, float]) -> None:
+    import time
+
+    def tick(name, t0):
+        phases[name] = phases.get(name, 0.0) + time.process_time() - t0
+        return time.process_time()
+
     seeds = meta["seeds"]
-    g = cfg.ground
+    g, pc = cfg.ground, cfg.program
     parts = load_parts(prep)
-    q = pl.read_parquet(prep / "queries.parquet").filter(pl.col("split") == "train").to_dicts()
+    allq = pl.read_parquet(prep / "queries.parquet")
+    q = allq.filter(pl.col("split") == "train").to_dicts()
+    vq = allq.filter(pl.col("split") == "val").to_dicts()
     vocab_list = build_vocab(r["query"] for r in q)
     vocab = {w: i for i, w in enumerate(vocab_list)}
     padded = pad_parts(parts, g.max_faces, g.max_edges)
     words = query_tensors(q, vocab, g.max_words)
     y = label_matrix(q, padded, g.max_faces, g.max_edges)
     part_idx = torch.tensor([r["part"] for r in q], dtype=torch.long)
+    vwords = query_tensors(vq, vocab, g.max_words).to(device)
+    dparts = {k: v.to(device) for k, v in padded.items()}
+    vrows = torch.tensor([r["part"] for r in vq], dtype=torch.long, device=device)
     tcfg = cfg.trainer.model_copy(update={"accelerator": "gpu" if device.type == "cuda" else cfg.trainer.accelerator})
     ground_meta = {"vocab": vocab_list, "ground": g.model_dump(mode="json")}
     rec = KernelRecord(device)
 
-    # program data
-    pc = cfg.program
+    # ---- 1. BRepGround-mini per seed, with its validation curve and calibration table
+    ground_hist, ground_curve, calib = [], [], []
+    t0 = time.process_time()
+    for seed in seeds:
+        torch.manual_seed(seed)
+        net = BRepGround(len(vocab_list), g.d_model, g.n_heads, g.text_layers, g.fusion_layers, g.max_words)
+        module = GroundModule(net, g.lr)
+        cb = EvalEvery(lambda m: ground_val_metrics(m.net, vwords, dparts, vrows, vq, g, vocab)[0], g.eval_every)
+        make_trainer(tcfg, ctx.tracker, callbacks=[cb], max_steps=g.steps).fit(
+            module, GroundLoader(words, part_idx, y, padded, g.batch, g.steps, seed, g.per_part))
+        net = net.to(device).eval()
+        torch.save({"state": net.state_dict(), "meta": json.dumps(ground_meta)}, ctx.out / f"ground_s{seed}.pt")
+        ground_hist += [dict(h, seed=seed) for h in module.history]
+        ground_curve += [dict(r, seed=seed) for r in cb.rows]
+        _, tops = ground_val_metrics(net, vwords, dparts, vrows, vq, g, vocab)
+        calib += calibration_rows(tops, vq, vocab, seed)
+        t0 = tick("ground", t0)
+    pl.DataFrame(ground_hist).write_csv(ctx.out / "ground_history.csv")
+    pl.DataFrame(ground_curve).write_csv(ctx.out / "ground_curve.csv")
+    pl.DataFrame(calib).write_csv(ctx.out / "calibration.csv")
+
+    # ---- 2. program model: SFT (shared checkpoint) → SFT-only (equal compute) | SFT+RL (GSPO)
     progs = pl.read_parquet(prep / "programs.parquet").to_dicts()
-    train_progs = [p for p in progs if p["split"] == "train"]
-    pvocab_list = build_program_vocab([p["description"] for p in progs if p["split"] == "train"],
-                                      [p["script"] for p in train_progs])
+    tg = torch.load(prep / "program_targets.pt", weights_only=True)
+    by_role = {r: [i for i, p in enumerate(progs) if p["role"] == r] for r in ("sft", "rl", "val")}
+    sft_progs = [progs[i] for i in by_role["sft"]]
+    pvocab_list = build_program_vocab([p["description"] for p in sft_progs], [p["script"] for p in sft_progs])
     pvocab = {t: i for i, t in enumerate(pvocab_list)}
-    too_long = [p for p in train_progs if len(cad.script_tokens(p["script"])) + 1 > pc.script_len]
+    too_long = [p for p in sft_progs if len(cad.script_tokens(p["script"])) + 1 > pc.script_len]
     if too_long:
         raise ValueError(f"program.script_len: {pc.script_len} is shorter than a training script "
                          f"({len(cad.script_tokens(too_long[0]['script'])) + 1} tokens)")
     rows = torch.tensor([encode_prompt(p["description"], pvocab, pc.prompt_len)
-                         + encode_script(p["script"], pvocab, pc.script_len) for p in train_progs], dtype=torch.long)
-    targets = program_targets(train_progs, meta["n_points"]) if pc.rl_steps else {}
+                         + encode_script(p["script"], pvocab, pc.script_len) for p in sft_progs], dtype=torch.long)
+
+    def prompts_of(idx):
+        return torch.tensor([encode_prompt(progs[i]["description"], pvocab, pc.prompt_len) for i in idx],
+                            dtype=torch.long)
+
+    t0 = time.process_time()
     mcfg = TinyTransformerConfig(vocab_size=len(pvocab_list), d_model=pc.d_model, n_layers=pc.n_layers,
                                  n_heads=pc.n_heads, max_seq_len=pc.prompt_len + pc.script_len, causal=True)
+    extra = equal_compute_sft_steps(pc) if pc.rl_steps else 0
+    scorer = None
+    if sandbox is not None:
+        sandbox.set_grounder(("model", str(ctx.out / f"ground_s{seeds[0]}.pt")))    # the environment grounder
+        scorer = ProgramScorer(sandbox, tg["points"], [p["diag"] for p in progs], rec, device)
+    val_prompts = prompts_of(by_role["val"]).to(device)
+    sft_hist, rl_hist, curves, selected = [], [], [], {}
+    lm = None
+    pseeds = seeds[: pc.n_seeds]
 
-    ground_hist, sft_hist, rl_hist = [], [], []
-    for seed in seeds:
-        # --- 1. BRepGround-mini
-        torch.manual_seed(seed)
-        net = BRepGround(len(vocab_list), g.d_model, g.n_heads, g.text_layers, g.fusion_layers, g.max_words)
-        module = GroundModule(net, g.lr)
-        make_trainer(tcfg, ctx.tracker, max_steps=g.steps).fit(
-            module, GroundLoader(words, part_idx, y, padded, g.batch, g.steps, seed))
-        net = net.to(device).eval()
-        torch.save({"state": net.state_dict(), "meta": json.dumps(ground_meta)}, ctx.out / f"ground_s{seed}.pt")
-        ground_hist += [dict(h, seed=seed) for h in module.history]
+    def val_fn(model):
+        return greedy_eval(model, val_prompts, by_role["val"], scorer, pvocab_list, pc.script_len)
 
-        # --- 2. program model: SFT
+    for seed in pseeds:
         torch.manual_seed(seed)
         lm = TinyTransformer(mcfg)
         sft = SFTModule(lm, pc.prompt_len, pc.sft_lr)
-        make_trainer(tcfg, ctx.tracker, max_steps=pc.sft_steps).fit(sft, RowLoader(rows, pc.sft_batch, pc.sft_steps, seed))
+        cbs = [EvalEvery(lambda m: val_fn(m.model), max(1, pc.sft_steps // pc.curve_points))] if scorer else []
+        make_trainer(tcfg, ctx.tracker, callbacks=cbs, max_steps=pc.sft_steps).fit(
+            sft, RowLoader(rows, pc.sft_batch, pc.sft_steps, seed))
         lm = lm.to(device).eval()
         torch.save(lm.state_dict(), ctx.out / f"sft_s{seed}.pt")
-        sft_hist += [dict(h, seed=seed) for h in sft.history]
+        sft_hist += [dict(h, seed=seed, phase="sft") for h in sft.history]
+        if cbs:
+            curves += [{"seed": seed, "arm": "sft", "compute": r["step"] - pc.sft_steps, "val_reward": r["val_reward"],
+                        "val_exec": r["val_exec"]} for r in cbs[0].rows]
+        t0 = tick("sft", t0)
+        if not pc.rl_steps:
+            continue
 
-        # --- 3. GRPO from the SFT model, reward through the interpreter, this seed's grounder, Chamfer kernel
-        if pc.rl_steps:
-            scorer = ScriptScorer(ModelGrounder(net, ground_meta), targets, meta["n_points"], rec, device)
+        # --- SFT-only arm: SFT continued at the compute of the RL arm (its own loader stream); the checkpoint
+        #     with the best validation reward along the way is kept (the same early stopping as the RL arm)
+        more = copy.deepcopy(lm).train()
+        sft2 = SFTModule(more, pc.prompt_len, pc.sft_lr)
+        every = max(1, extra // pc.curve_points)
+        cb = EvalEvery(lambda m: val_fn(m.model), every, keep=lambda m: m.model)
+        make_trainer(tcfg, ctx.tracker, callbacks=[cb], max_steps=extra).fit(
+            sft2, RowLoader(rows, pc.sft_batch, extra, seed + 7919))
+        torch.save(cb.best_state, ctx.out / f"sft_more_s{seed}.pt")
+        sft_hist += [dict(h, seed=seed, phase="sft_more") for h in sft2.history]
+        curves += [{"seed": seed, "arm": "sft_more", "compute": r["step"], "val_reward": r["val_reward"],
+                    "val_exec": r["val_exec"]} for r in cb.rows]
+        t0 = tick("sft_more", t0)
 
-            def reward_fn(prompts, roll, _scorer=scorer):
-                texts = [decode_script(r[pc.prompt_len:], pvocab_list) for r in roll["tokens"].tolist()]
-                reward, _ = _scorer.score(texts, roll["rid"].tolist())
-                return reward.to(roll["tokens"].device)
+        # --- SFT+RL arm: GSPO on RL prompts (never seen in SFT), reward through sandbox + Chamfer kernel
+        def reward_fn(prompts, roll):
+            texts = [decode_script(r[pc.prompt_len:], pvocab_list) for r in roll["tokens"].tolist()]
+            return scorer.score(texts, roll["rid"].tolist())["reward"].to(roll["tokens"].device)
 
-            def logprob_fn(logits, tgt):
-                rec.count("token_logprob")
-                return token_logprob(logits, tgt, backend=rec.backend)
+        def logprob_fn(logits, tgt):
+            rec.count("token_logprob")
+            return token_logprob(logits.contiguous(), tgt, backend=rec.backend)
 
-            policy = ScriptPolicy(copy.deepcopy(lm), pc.prompt_len, pc.script_len, logprob_fn)
-            grpo = GRPOModule(policy, reward_fn, pc.grpo, lr=pc.rl_lr, seed=seed)
-            prompts = torch.cat([rows[:, : pc.prompt_len], torch.arange(len(rows))[:, None]], 1)
-            make_trainer(tcfg, ctx.tracker, max_steps=pc.rl_steps).fit(
-                grpo, PromptLoader(prompts, pc.prompts_per_step, pc.rl_steps, seed=seed))
-            scorer.close()
-            torch.save(policy.model.state_dict(), ctx.out / f"rl_s{seed}.pt")
-            rl_hist += [dict(h, seed=seed, unique_scripts=len(scorer.cache), sandbox_crashes=scorer.crashes)
-                        for h in grpo.history]
+        policy = ScriptPolicy(copy.deepcopy(lm), pc.prompt_len, pc.script_len, logprob_fn, pc.rollout_temperature)
+        rl_every = max(1, pc.rl_steps // pc.curve_points)
+        best = {"val": -math.inf, "step": 0, "state": None}
+
+        def rl_eval(m, step):
+            r = val_fn(m.policy.model)
+            if r["val_reward"] > best["val"]:
+                best.update(val=r["val_reward"], step=step, state=copy.deepcopy(m.policy.model.state_dict()))
+            return r
+
+        grpo = GRPOModule(policy, reward_fn, pc.grpo, lr=pc.rl_lr, seed=seed, eval_fn=rl_eval, eval_every=rl_every)
+        prompts = torch.cat([prompts_of(by_role["rl"]), torch.tensor(by_role["rl"])[:, None]], 1)
+        make_trainer(tcfg, ctx.tracker, max_steps=pc.rl_steps).fit(
+            grpo, PromptLoader(prompts, pc.prompts_per_step, pc.rl_steps, seed=seed))
+        torch.save(best["state"], ctx.out / f"rl_s{seed}.pt")
+        selected[str(seed)] = {"sft_more_step": cb.best_step, "rl_step": best["step"]}
+        t0 = tick("rl", t0)
+        per_step = extra / pc.rl_steps
+        for h in grpo.history:
+            rl_hist.append(dict(h, seed=seed))
+            if "val_reward" in h:
+                curves.append({"seed": seed, "arm": "rl", "compute": round(h["step"] * per_step, 3),
+                               "val_reward": h["val_reward"], "val_exec": h["val_exec"]})
 
     if pc.rl_steps:
-        x = torch.from_numpy(np.stack([targets[i]["points"] for i in range(min(4, len(targets)))])).to(device)
+        x = tg["points"][:4].to(device)
         rec.parity("chamfer", chamfer_distance, x[:, :67], x.flip(0)[:, :45],
-                   slice="surface points of 4 training targets (67 vs 45 points, odd tile edges)")
+                   slice="surface points of 4 program targets (67 vs 45 points, odd tile edges)")
         with torch.no_grad():
             lg = lm(rows[:8, :-1].to(device))[:, pc.prompt_len - 1:]
             rec.parity("token_logprob", token_logprob, lg.contiguous(), rows[:8, pc.prompt_len:].to(device),
-                       slice="last SFT model's logits on 8 training programs")
+                       slice="last SFT model's logits on 8 SFT programs")
     rec.save(ctx.out)
-    pl.DataFrame(ground_hist).write_csv(ctx.out / "ground_history.csv")
     pl.DataFrame(sft_hist).write_csv(ctx.out / "sft_history.csv")
     if rl_hist:
         pl.DataFrame(rl_hist, infer_schema_length=None).write_csv(ctx.out / "rl_history.csv")
-    write_json(ctx.out / "models.json", {"seeds": seeds, "ground": g.model_dump(mode="json"),
-                                         "program": pc.model_dump(mode="json"), "program_vocab": pvocab_list,
-                                         "model": mcfg.__dict__, "n_train_queries": len(q),
-                                         "n_train_programs": len(train_progs), "cli_checkpoint": f"ground_s{seeds[0]}.pt"})
+        pl.DataFrame(curves, infer_schema_length=None).write_csv(ctx.out / "program_curves.csv")
+    write_json(ctx.out / "models.json", {
+        "seeds": seeds, "ground": g.model_dump(mode="json"), "program": pc.model_dump(mode="json"),
+        "program_vocab": pvocab_list, "model": mcfg.__dict__, "n_train_queries": len(q),
+        "n_val_queries": len(vq), "n_programs": {k: len(v) for k, v in by_role.items()},
+        "equal_compute_sft_steps": extra, "env_grounder": f"ground_s{seeds[0]}.pt",
+        "program_seeds": pseeds, "selected_checkpoints": selected,
+        "sandbox": {"workers": cfg.sandbox_workers, "executed": sandbox.executed if sandbox else 0,
+                    "crashes": sandbox.crashes if sandbox else 0},
+        "cli_checkpoint": f"ground_s{seeds[0]}.pt"})

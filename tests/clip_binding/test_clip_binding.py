@@ -161,4 +161,13 @@ def test_smoke_pipeline(smoke_run):
     assert doc["kernels"]["cosine_soft_ce"]["parity_max_abs_err"] < 1e-4
     ev = json.loads((out["evaluate"] / "eval.json").read_text())
     assert len(ev["coverage"]["f25"]["binding_acc"]) == 3
+    # every family (incl. the within-object product) on every seed, restarts kept, the seed value = their median
+    kinds = {c["name"]: c["kind"] for c in doc["claims"]}
+    assert kinds["nothing_generalizes_control"] == "check" and kinds["mult_within_generalizes_trained"] == "finding"
+    for kind in ("trained", "control"):
+        for fam in ("mlp", "mult", "sum_mult", "mult_within"):
+            d = ev["complexity"][kind][fam]["f50"]
+            assert len(d["r2_restarts"]) == 3 and all(len(r) == 2 for r in d["r2_restarts"])
+            assert d["r2"] == pytest.approx([float(np.median(r)) for r in d["r2_restarts"]])
+            assert all(len(set(r)) == 2 for r in d["r2_restarts"])     # restarts are distinct inits
     assert (out["report"] / "figures" / "accuracy_vs_coverage.png").exists()

@@ -186,14 +186,14 @@ def _perturb_biases(bank):
 
 
 def test_bank_init_draws_and_scales():
-    """Init order (one generator seeded with `seed`): the 3 slot tables N(0,1), W1 · (S·h)^-1/2, then the 3
-    output maps · fan_in^-1/2 with fan = mlp_hidden | h | 2h; biases 0; best R² = −inf; no losses yet."""
+    """Init order (one generator seeded with `seed`): the 4 slot tables N(0,1), W1 · (S·h)^-1/2, then the 4
+    output maps · fan_in^-1/2 with fan = mlp_hidden | h | 2h | 2h; biases 0; best R² = −inf; no losses yet."""
     bank, ids, y = _bank(seed=7)
     g = torch.Generator().manual_seed(7)
     for f in FAMILIES:
         assert torch.equal(bank.tables[f].data, torch.randn(E, S, V, HID, generator=g))
     assert torch.allclose(bank.w1.data, torch.randn(E, S * HID, MLP, generator=g) * (S * HID) ** -0.5)
-    for f, fan in zip(FAMILIES, (MLP, HID, 2 * HID)):
+    for f, fan in zip(FAMILIES, (MLP, HID, 2 * HID, 2 * HID), strict=True):
         assert torch.allclose(bank.out_w[f].data, torch.randn(E, fan, D, generator=g) * fan ** -0.5)
         assert torch.equal(bank.out_b[f].data, torch.zeros(E, 1, D))
     assert torch.equal(bank.b1.data, torch.zeros(E, 1, MLP))
@@ -204,7 +204,7 @@ def test_bank_init_draws_and_scales():
         assert bank.best_r2[f].shape == (E,) and bool(torch.all(torch.isneginf(bank.best_r2[f])))
     assert set(bank.best_r2) == set(FAMILIES)
     # every parameter is trainable and a different seed draws different tables
-    assert len(list(bank.parameters())) == 3 + 2 + 3 + 3
+    assert len(list(bank.parameters())) == 4 + 2 + 4 + 4
     assert not torch.equal(_bank(seed=8)[0].tables["mlp"].data, bank.tables["mlp"].data)
 
 
@@ -228,8 +228,11 @@ def test_bank_slots_and_predict_by_loops():
                 hid = np.maximum(np.concatenate(zs) @ w1[e] + b1[e, 0], 0.0)
             elif f == "mult":
                 hid = zs[0] * zs[1] * zs[2] * zs[3]
-            else:
+            elif f == "sum_mult":
                 hid = np.concatenate([zs[0] * zs[1] * zs[2] * zs[3], zs[0] + zs[1] + zs[2] + zs[3]])
+            else:   # mult_within: slots 0,1 are object a's concepts, 2,3 object b's
+                assert f == "mult_within"
+                hid = np.concatenate([zs[0] * zs[1], zs[2] * zs[3]])
             np.testing.assert_allclose(got[f][e, i], hid @ W[e] + c[e, 0], rtol=1e-5, atol=1e-5)
     # the ReLU matters: some hidden units are negative before it
     pre = torch.bmm(bank.slots("mlp", q).flatten(2), bank.w1) + bank.b1

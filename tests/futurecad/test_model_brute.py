@@ -14,9 +14,10 @@ import torch.nn.functional as F
 from stages.futurecad import cad
 from stages.futurecad.model import (BOS, EOS, PAD, TPAD, TUNK, UNK, BRepGround, GroundLoader, GroundModule, RowLoader,
                                     ScriptPolicy, SFTModule, build_program_vocab, build_vocab, crop_batch,
-                                    decode_script, desc_tokens, encode_prompt, encode_query, encode_script,
-                                    keyword_rule, label_matrix, np_seed, pad_parts, predict, sample_scripts,
-                                    set_metrics, type_only)
+                                    crop_trailing, decode_script, desc_tokens, encode_prompt, encode_query,
+                                    encode_script, keyword_rule, known_words, label_matrix, np_seed, pad_parts,
+                                    predict, ranking_metrics, sample_scripts, set_metrics, synonym_rule, type_only)
+from stages.futurecad.train import decide, equal_compute_sft_steps
 
 
 # ------------------------------------------------------------------------------------ hand-made primitives
@@ -441,3 +442,148 @@ def test_rollout_samples_at_temperature_one_with_the_given_generator():
     want = sample_scripts(lm, prompts[:, :3].repeat_interleave(3, 0), 6, 1.0, torch.Generator().manual_seed(5))
     assert torch.equal(a["tokens"][:, 3:], want)
     assert a["mask"].dtype == torch.float32
+
+
+# ------------------------------------------------------------------------------------ issue 50 additions
+def _sized_prims() -> cad.Primitives:
+    """Hand-made: top circles of radius 3, 5, 5 (ids 0–2), bottom circle 2 (3), top lines of length 40, 40, 20, 20
+    (4–7), cylinders of radius 3 and 9 (faces 0, 1), a planar top face (2)."""
+    E = [("CIRCLE", "top", 3.0, 18.85), ("CIRCLE", "top", 5.0, 31.4), ("CIRCLE", "top", 5.0, 31.4),
+         ("CIRCLE", "bottom", 2.0, 12.6), ("LINE", "top", 0.0, 40.0), ("LINE", "top", 0.0, 40.0),
+         ("LINE", "top", 0.0, 20.0), ("LINE", "top", 0.0, 20.0)]
+    eattr = [{"type": t, "level": lv, "vertical": False, "outer": t == "LINE", "radius": r, "length": ln}
+             for t, lv, r, ln in E]
+    fattr = [{"type": "CYLINDER", "level": "span", "facing": "side", "radius": 3.0, "area": 10.0},
+             {"type": "CYLINDER", "level": "span", "facing": "side", "radius": 9.0, "area": 50.0},
+             {"type": "PLANE", "level": "top", "facing": "up", "radius": 0.0, "area": 99.0}]
+    return cad.Primitives(np.zeros((3, cad.UV * cad.UV, cad.FACE_CH), np.float32),
+                          np.zeros((8, cad.CURVE, cad.EDGE_CH), np.float32),
+                          [a["type"] for a in fattr], [a["type"] for a in eattr], fattr, eattr)
+
+
+@pytest.mark.parametrize("spec,ids,matters", [
+    (("edges", "circular", "top", ""), [0, 1, 2], False),
+    (("edges", "circular", "top", "largest"), [1, 2], True),            # ties keep both
+    (("edges", "circular", "top", "smallest"), [0], True),
+    (("edges", "circular", "bottom", "largest"), [3], False),           # one size: the whole set
+    (("edges", "straight", "top", "longest"), [4, 5], True),
+    (("edges", "straight", "top", "shortest"), [6, 7], True),
+    (("faces", "cylindrical", "sides", "largest"), [1], True),
+    (("faces", "cylindrical", "sides", "smallest"), [0], True),
+    (("edges", "circular", "step level", "largest"), [], False),        # absent
+])
+def test_superlative_targets_by_hand(spec, ids, matters):
+    p = _sized_prims()
+    assert cad.target_ids(p, spec) == ids
+    assert cad.size_matters(p, spec) is matters
+
+
+@pytest.mark.parametrize("query,prim,ids", [
+    ("fillet the biggest round edges on the upper side", "edges", [1, 2]),     # paraphrases + size word
+    ("chamfer the tiniest curved edges located at the top", "edges", [0]),
+    ("fillet the long linear edges found at the uppermost level of the model", "edges", [4, 5]),
+    ("the top has short straight edges ; please chamfer those", "edges", [6, 7]),
+    ("select the widest curved surfaces on the perimeter", "faces", [1]),
+    ("select the flat faces on the top", "faces", [2]),
+    ("fillet the circular edges on the sides", "edges", []),                   # circles have no 'sides'
+    ("fillet the edges of the hexagonal pocket", "edges", []),                # no type word: no match
+    ("xyzzy plugh", "edges", []),
+    ("fillet the largest straight edges on the top", "edges", [4, 5, 6, 7]),  # 'largest' does not qualify lines
+    ("fillet the longest circular edges on the top", "edges", [0, 1, 2]),     # 'longest' does not qualify circles
+])
+def test_synonym_rule_hand_sets(query, prim, ids):
+    assert synonym_rule(query, _sized_prims()) == (prim, ids)
+
+
+def test_ranking_metrics_hand_values():
+    s = np.array([0.9, 0.1, 0.8, 0.3, 0.7, 0.2])
+    # ranking: 0, 2, 4, 3, 5, 1; truth {2, 3}: hits at ranks 2 and 4 → AP = (1/2 + 2/4) / 2
+    m = ranking_metrics(s, {2, 3}, ks=(1, 3, 5))
+    assert m == {"recall@1": 0.0, "recall@3": 0.5, "recall@5": 1.0, "ap": pytest.approx(0.5)}
+    assert ranking_metrics(s, {0}, ks=(1,))["ap"] == 1.0
+    # ties keep id order (stable): equal scores rank the lower id first
+    assert ranking_metrics(np.array([0.5, 0.5, 0.5]), {2}, ks=(2,)) == {"recall@2": 0.0, "ap": pytest.approx(1 / 3)}
+    with pytest.raises(ValueError):
+        ranking_metrics(s, set())
+
+
+def test_decide_abstains_and_selects():
+    vocab = {w: i for i, w in enumerate(["<pad>", "<unk>", "fillet", "top", ";"])}
+    assert known_words("fillet the top", vocab) == 2 and known_words(";;; xyzzy", vocab) == 0
+    d = decide(np.array([0.2, 0.7]), np.array([0.6, 0.4]), 2, 0.5, 0.5)
+    assert d["abstained"] is False and d["faces"] == [1] and d["edges"] == [0] and d["top_score"] == pytest.approx(0.7)
+    d = decide(np.array([0.2]), np.array([0.45]), 2, 0.5, 0.5)
+    assert d["abstained"] and "below" in d["reason"] and d["faces"] == d["edges"] == []
+    d = decide(np.array([0.99]), np.array([]), 0, 0.5, 0.5)
+    assert d["abstained"] and "vocabulary" in d["reason"] and d["faces"] == []
+    # a higher abstention threshold abstains although something clears the selection threshold
+    assert decide(np.array([0.6]), np.array([]), 1, 0.5, 0.7)["abstained"]
+    assert decide(np.array([0.6]), np.array([]), 1, 0.5, 0.3)["faces"] == [0]
+
+
+def test_equal_compute_rule_by_hand():
+    # 10 RL steps × 4 prompts × group 8 × (2 + 3·2) = 2560 sequence passes; an SFT step = 3 × 16 → ⌈53.3⌉
+    pc = {"rl_steps": 10, "prompts_per_step": 4, "sft_batch": 16, "grpo": {"group_size": 8, "ppo_epochs": 2}}
+    assert equal_compute_sft_steps(pc) == 54
+    assert equal_compute_sft_steps(dict(pc, rl_steps=0)) == 0
+    assert equal_compute_sft_steps(dict(pc, grpo={"group_size": 8, "ppo_epochs": 1})) == math.ceil(10 * 4 * 8 * 5 / 48)
+
+
+def test_crop_trailing_keeps_numbers_and_logprobs_shape():
+    x = torch.tensor([[0, 5, 1, 7, 8, 2, 0, 0, 0], [4, 5, 1, 9, 2, 0, 0, 0, 0]])   # prompt_len 3
+    assert crop_trailing(x, 3).tolist() == [[0, 5, 1, 7, 8, 2], [4, 5, 1, 9, 2, 0]]
+    assert crop_trailing(torch.zeros(2, 5, dtype=torch.long), 3).shape == (2, 4)
+    torch.manual_seed(0)
+    from stages.common.tiny_transformer import TinyTransformer, TinyTransformerConfig
+
+    lm = TinyTransformer(TinyTransformerConfig(vocab_size=12, d_model=16, n_layers=1, n_heads=2, max_seq_len=9))
+    pol = ScriptPolicy(lm, 3, 6, lambda lg, t: torch.log_softmax(lg, -1).gather(-1, t[..., None]).squeeze(-1))
+    lp = pol.token_logprobs({"tokens": x})
+    full = torch.log_softmax(lm(x[:, :-1])[:, 2:], -1).gather(-1, x[:, 3:, None]).squeeze(-1)
+    assert lp.shape == (2, 6) and torch.allclose(lp[:, :3], full[:, :3], atol=1e-6)
+    assert float(lp[:, 3:].abs().sum()) == 0.0                          # the all-pad tail (mask 0 there)
+    # SFT loss on the cropped batch equals the loss on the full batch (pads are ignored, the model is causal)
+    sft = SFTModule(lm, 3, 1e-3)
+    sft.log = lambda *a, **k: None
+    loss = sft.training_step(x, 0)
+    ref = F.cross_entropy(lm(x[:, :-1])[:, 2:].reshape(-1, 12), x[:, 3:].reshape(-1), ignore_index=TPAD)
+    assert float(loss) == pytest.approx(float(ref), rel=1e-6)
+
+
+def test_grouped_parts_give_the_same_scores_as_per_row():
+    """Encoding each part once (rows → part) equals encoding the part again for every query."""
+    net, _, _ = _net_and_batch()
+    parts = pad_parts([_part(3, 4, 5), _part(2, 2, 6), _part(1, 3, 7)], 4, 5)
+    words = torch.tensor([[3, 4, 5, 0], [6, 2, 0, 0], [7, 8, 9, 10], [2, 0, 0, 0], [5, 5, 0, 0]])
+    rows = torch.tensor([2, 0, 0, 1, 2])
+    per_row = {k: v[rows] for k, v in parts.items()}
+    with torch.no_grad():
+        a = net(words, per_row["faces"], per_row["edges"], per_row["face_type"], per_row["edge_type"],
+                per_row["fmask"], per_row["emask"])
+        b = net(words, parts["faces"], parts["edges"], parts["face_type"], parts["edge_type"], parts["fmask"],
+                parts["emask"], rows)
+    assert torch.allclose(a, b, atol=1e-5)
+    s1, _ = predict(net, words, per_row)
+    s2, _ = predict(net, words, parts, rows=rows)
+    s3, _ = predict(net, words, parts, rows=rows, chunk=2)
+    assert torch.allclose(s1, s2, atol=1e-5) and torch.allclose(s1, s3, atol=1e-5)
+
+
+def test_ground_loader_per_part_batches():
+    parts = pad_parts([_part(2, 3, 0), _part(3, 1, 1), _part(1, 1, 2)], 4, 4)
+    words = torch.arange(1, 13).reshape(6, 2)
+    y = torch.arange(6 * 8, dtype=torch.float).reshape(6, 8)
+    pidx = torch.tensor([0, 0, 1, 1, 1, 2])
+    got = list(GroundLoader(words, pidx, y, parts, batch=6, steps=4, seed=3, per_part=3))
+    again = list(GroundLoader(words, pidx, y, parts, batch=6, steps=4, seed=3, per_part=3))
+    assert len(got) == 4
+    for b, c in zip(got, again):
+        assert torch.equal(b["words"], c["words"]) and torch.equal(b["rows"], c["rows"])
+        assert b["words"].shape[0] == 6 and b["faces"].shape[0] <= 2            # 2 parts drawn, each once
+        # every query row belongs to the part its ``rows`` entry points at, 3 queries per drawn part
+        row_of = {tuple(words[i].tolist()): int(pidx[i]) for i in range(6)}
+        uniq_parts = [row_of[tuple(w.tolist())] for w in b["words"]]
+        assert [uniq_parts[k] for k in range(0, 6, 3)] == [uniq_parts[k + 1] for k in range(0, 6, 3)]
+        for k, w in enumerate(b["words"]):
+            p = row_of[tuple(w.tolist())]
+            assert torch.equal(b["faces"][b["rows"][k]], parts["faces"][p][: b["faces"].shape[1]])
