@@ -63,6 +63,17 @@ CLAIMS = [
            "A small init ends closer to the nuclear-norm optimum than a large one (same steps)",
            a="ref.AB_large_init.nuc_ratio", b="ref.AB.nuc_ratio",
            refuted_by="large-init ratio not above small-init's beyond 2 s.e.", kind="finding"),
+    Better("factorization_lowers_nuclear_norm_main",
+           "The same on the main world (n = 200), where the reversal is measured: the unfactorized W ends with a "
+           "larger nuclear norm at unit margin ‖W‖_*/γ_min than W_O W_V from small init",
+           a="main.AB_unfactorized.nuclear_at_margin", b="main.AB.nuclear_at_margin",
+           refuted_by="unfactorized ‖W‖_*/γ_min not above small-init W_O W_V's on the main world", kind="finding"),
+    Better("small_init_lowers_nuclear_norm_main",
+           "On the main world (n = 200) the small init, which reverses, ends with a lower nuclear norm at unit "
+           "margin than the large init (0.1), which does not (the low-nuclear-norm explanation of the bridge)",
+           a="main.AB_large_init.nuclear_at_margin", b="main.AB.nuclear_at_margin",
+           refuted_by="large-init ‖W‖_*/γ_min not above small-init's on the main world (then a lower nuclear norm "
+                      "does not explain which arm reverses)", kind="finding"),
     Better("transformer_bridge_helps",
            "On a real one-layer causal transformer the A∪B bridge raises held-out reversal accuracy over "
            "forward-only data (the paper: ≈50% vs ≈0% for a fine-tuned 1B LM)",
@@ -245,6 +256,12 @@ Red-team pass on this design (what could make a verdict wrong, and what remains)
 - **Budget.** GD approaches the max-margin direction only logarithmically in steps, so `gd_near_min_nuclear_norm`
   depends on the step budget (the nuclear-norm-vs-step curve is recorded and plotted). The transformer arm
   trains {models['transformer']['steps']} steps; its verdict is about that budget.
+- **Nuclear norm on which world.** The ratio to the convex optimum is only computable on the small reference world
+  (n = {rw['n_pairs']}); the main world (n = {mw['n_pairs']}), where the reversal is measured, gets the raw
+  ‖W‖_*/γ_min comparisons (`*_main` claims). An earlier review found the large-init arm, which does not reverse,
+  *lower* there than small-init A∪B, and the 1.5× threshold of `gd_near_min_nuclear_norm` met by the
+  non-reversing large-init arm too on the reference world: if the `*_main` claims fail, the low-nuclear-norm
+  story does not explain which GD solution reverses, whatever the reference-world ratios say.
 - **Held-out sets.** Each seed draws its own held-out pairs ({mw['n_heldout']} per seed); accuracy claims use seed
   variance only (no per-item lists), which includes the held-out draw.
 - **Scale.** From-scratch one-layer models on synthetic pairs test the theorem's mechanism, not the 1B LM's
