@@ -291,10 +291,10 @@ cost variants `opus_window` (a random 16-token window of each 32-token sequence 
              title="gain vs FLOP overhead", template="scatter")
     rep.plot("overhead_vs_n", pl.DataFrame([{"N": r["N"], "flop_overhead": r["flop_overhead"],
                                              "time_overhead": r["time_overhead"]} for r in vn]), x="N",
-             y=["flop_overhead", "time_overhead"], title="scoring overhead vs buffer size N")
+             y=["flop_overhead", "time_overhead"])
     rep.plot("overhead_vs_m", pl.DataFrame([{"m": r["m"], "flop_overhead": r["flop_overhead"],
                                              "time_overhead": r["time_overhead"]} for r in vm]), x="m",
-             y=["flop_overhead", "time_overhead"], title="scoring overhead vs sketch size m")
+             y=["flop_overhead", "time_overhead"])
     rep.table("Sketch fidelity (CountSketch vs ghost-exact inner products)", pl.DataFrame(e["fidelity"]),
               note="align_pearson: correlation over documents of ⟨Π(PG(z)), Π(ḡ)⟩ with the exact "
                    "⟨PG(z), ḡ⟩ (ghost identity Σ_t b_tᵀ(D⊙ḡ)a_t); gram_*: sketched vs ghost-exact "
