@@ -267,6 +267,12 @@ Red-team pass on this design (what could make a verdict wrong, and what remains)
   {ev['passk_prompts']} prompts, an upper bound for a mean of per-prompt estimates in [0, 1].
 - **Min effects** (params `papers.justgrpo.report.claims`): 0.02 in accuracy / pass@k and 0.05 nats of
   fork entropy, fixed as the smallest gaps that matter on this eval size, not from results.
+- **Guessing saturates pass@k.** Answers are one digit mod {MOD}: a uniform guesser reaches pass@{kmax}
+  = 1 − (1 − 1/{MOD})^{kmax} ≈ {1 - (1 - CHANCE) ** kmax:.4f}, so `ar_coverage_at_large_k` compares two saturated
+  answer-level numbers and cannot show the coverage gap the paper means; it is kept at the k fixed before the
+  run, and trace-level (every step valid) pass@k at unsaturated k is open (issue 46).
+- **Logged loss.** The RL "loss" in the training log is the clipped surrogate's value (ratio ≡ 1 with one update
+  per rollout, as in the official code), ≈ 0 by construction; reward and held-out accuracy are the signals.
 - **Fork entropy** is measured at one explicit fork position per fork prompt
   ({ev['n_fork_prompts']} of {ev['passk_prompts']}); prompts without a fork do not enter it.
 - **Mechanism, not scale.** A tiny model on a synthetic task with a 14-token generation: the one-step
