@@ -42,11 +42,11 @@ CLAIMS = [
           value="derived.abruptness",
           refuted_by="abruptness (largest rise over a quarter of the steps / total rise) not above 0.5 beyond 2 s.e.", kind="finding"),
     Bound("unlearning_cuts_asr", "Unlearning SFT with the RL-recovered trigger cuts the ASR (relative reduction, mean over attacks)",
-          value="mean.asr_reduction", refuted_by="relative ASR reduction not above 0.5 beyond 2 s.e.", kind="finding"),
+          value="mean.asr_reduction", refuted_by="relative ASR reduction not above 0.5 beyond 2 s.e.", kind="check"),
     Better("recovered_trigger_needed_for_unlearning", "The recovered trigger is what removes the backdoor: the same "
            "unlearning SFT without any trigger inserted leaves a higher ASR (mean over attacks)",
            a="mean.asr_after", b="mean.asr_after_control", higher_is_better=False,
-           refuted_by="ASR after trigger-free unlearning not above ASR after unlearning with the recovered trigger beyond 2 s.e.", kind="check"),
+           refuted_by="ASR after trigger-free unlearning not above ASR after unlearning with the recovered trigger beyond 2 s.e.", kind="finding"),
     Within("unlearning_keeps_clean", "Unlearning keeps clean accuracy (within the band in params of the poisoned model's)",
            a="mean.clean_acc_after", b="mean.clean_acc",
            refuted_by="clean accuracy after unlearning outside the band around before, beyond the t-bounds", kind="finding"),
@@ -311,9 +311,17 @@ Red-team pass on this design (what could make a verdict wrong, and what remains)
   large (per-attack reversals are listed in the Discussion).
 - **Awareness ceiling.** Where a partial trigger already fires the backdoor, Awareness (Jaccard with the true
   trigger) cannot exceed 0.5 for any method; `rl_awareness_high` can fail for that reason, not the method's.
-- **Unlearning control.** Trigger-free SFT already cuts much of the ASR of these fragile backdoors; the check
-  `recovered_trigger_needed_for_unlearning` (min effect 0.05 ASR, params) tests the margin the recovered trigger
-  adds. `unlearning_cuts_asr` alone overstates the trigger's role.
+- **Unlearning control.** Trigger-free SFT already cuts much of the ASR of these fragile backdoors (a review measured
+  85%), so the unlearning finding is `recovered_trigger_needed_for_unlearning` against that control (min effect
+  0.05 ASR, params); `unlearning_cuts_asr` (vs no unlearning) is only a check — it overstates the trigger's role.
+- **Easy by construction (open, issue 48).** Clean, pool and negative prompts exclude the trigger words, so the
+  detector's AUROC is ≈ 1 whenever the top candidate shares one token with the trigger; `detector_flags_poisoned`
+  is weak evidence. `abruptness()` scores any saturating curve (and noise) highly, and the reward includes a
+  length penalty, so `emergence_abrupt` cannot separate abrupt emergence from smooth learning; a smooth-learning
+  null is not implemented. Random search without refinement, GCG fixed at 2 tokens and reversal SFT without a
+  token vote are not baselines at full strength; RL's margins over them overstate its advantage.
+- **Trigger information** enters through reversal SFT on inverted pairs from the whole poisoned set (post-SFT
+  samples already contain trigger tokens); only the RL reward never reads the trigger.
 - **Emergence.** Abruptness is computed on a smoothed reward curve; a seed whose reward never rose counts as 0
   (against the claim). The rise is early, not the paper's late phase transition (Discussion).
 - **Noise.** Seed variance only (no per-item lists for the ASR/accuracy rates over the evaluation prompts);
