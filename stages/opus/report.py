@@ -404,6 +404,11 @@ Red-team pass on this design (what could make a verdict wrong, and what remains)
 - **Planted structure.** Toxic documents, near-duplicates and the target chain are planted by `prepare`; the
   static-filter AUROCs are about those planted kinds, and the scoping (pool vs target-only) is fixed in the
   claim statements before the run.
+- **The raw-τ sampler vs random (open, issue 54).** A review measured official_raw_tau beating random on 3/3 seeds by
+  0.044 ± 0.008 nats while a control pair of near-identical arms differed by 0.005 ± 0.007; `raw_logit_sd` is a
+  median over diagnostic steps and may hide early-training spread (step 0 uses P = I). Read
+  `official_sampler_like_random` by its verdict, not by the word "consequently" in its statement; per-step
+  spread logging from step 0 and a second random-stream control are not implemented.
 - **Overhead** is counted in FLOPs (deterministic); wall-clock overheads are runtime fields and not claimed.
 - **Not reproduced:** GPT-2-XL / FineWeb scale, Muon, downstream benchmarks (Discussion).
 """)
