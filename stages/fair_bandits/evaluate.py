@@ -49,7 +49,8 @@ class Config(StageConfig):
                                                      "(the official worlds only: official_ref hard-codes them)")
     timing_ts: list[int] = Field(default=[100, 1000, 10000], min_length=2, max_length=8)
     timing_reps: int = Field(20, ge=1, le=1000)
-    timing_rounds: int = Field(200, ge=10, le=5000, description="rounds timed per round-time measurement")
+    timing_rounds: int = Field(400, ge=10, le=5000, description="rounds timed per round-time measurement (a run "
+                                "of this length at horizon 4× it, minus one of half the length)")
     mle_newton_steps: int = Field(3, ge=1, le=50, description="Newton steps of the history MLE per round")
 
     @field_validator("repro_rounds")
@@ -100,21 +101,29 @@ def cell_triples(world: World, ctx: np.ndarray) -> list[tuple[int, int, int]]:
 
 
 def round_timing(cfg: Config, world: World, ctx_row: np.ndarray, seeds: list[int]) -> dict:
-    """µs per round: the project's full DO-LogB round for 1 instance and for a batch of len(seeds)
-    instances (per instance), and the transcribed official loop (1 instance)."""
+    """µs per round (after the exploration rounds, setup excluded: the time of a run of R rounds minus
+    that of a run of R/2, over R/2): the project's full DO-LogB round for 1 instance and for a batch of
+    len(seeds) instances (per instance), and the transcribed official loop (1 instance)."""
     R = cfg.timing_rounds
     name = world.scm.name
     out = {"rounds": R}
+
+    def clock(fn) -> float:
+        t0 = time.perf_counter()
+        fn(R // 2)
+        t1 = time.perf_counter()
+        fn(R)
+        return 1e6 * ((time.perf_counter() - t1) - (t1 - t0)) / (R - R // 2)
+
     for label, ss in (("project, 1 instance", seeds[:1]), (f"project, batch of {len(seeds)} seeds", seeds)):
         ctxs = {(name, s): ctx_row for s in ss}
-        t0 = time.perf_counter()
-        run_group({name: world}, [Instance(name, "dologb", R, s) for s in ss], ctxs)
-        out[label] = 1e6 * (time.perf_counter() - t0) / R / len(ss)
-    T0, ex, us, mix = predraw(seeds[:1], R, world.K, "cpu")
-    t0 = time.perf_counter()
-    run_official(cell_triples(world, ctx_row[:R]), ex[0].numpy(), mix[0].numpy(), us[0].numpy(), R, world.tau,
-                 world.scm.effect_cells)
-    out["official loop (transcribed), 1 instance"] = 1e6 * (time.perf_counter() - t0) / R
+        out[label] = clock(lambda r: run_group({name: world}, [Instance(name, "dologb", 4 * R, s) for s in ss], ctxs,
+                                               rounds=r)) / len(ss)
+    T0, ex, us, mix = predraw(seeds[:1], 4 * R, world.K, "cpu")
+    trip = cell_triples(world, ctx_row[:R])
+    out["official loop (transcribed), 1 instance"] = clock(
+        lambda r: run_official(trip, ex[0].numpy(), mix[0].numpy(), us[0].numpy(), 4 * R, world.tau,
+                               world.scm.effect_cells, rounds=r))
     return out
 
 
@@ -231,7 +240,7 @@ def run(cfg: Config, ctx: StageContext) -> None:
     first = next(iter(pmeta["worlds"]))
     qname = "official_quirk" if "official_quirk" in pmeta["worlds"] else first
     qworld = World(load_scm(prep / f"{qname}.scm.json"))
-    R = cfg.timing_rounds
+    R = 4 * cfg.timing_rounds
     timing = {"estimator": estimator_timing(cfg, p), "newton_steps": cfg.mle_newton_steps, "reps": cfg.timing_reps,
               "round": round_timing(cfg, qworld, draw_contexts(qworld, seeds[0], R), seeds), "world": qname}
     write_json(ctx.out / "results.json", finite_json({"seeds": seeds, "late_fraction": cfg.late_fraction,

@@ -71,15 +71,20 @@ def draw_contexts(world: World, seed: int, T: int, stream: int = 0) -> np.ndarra
 
 
 def predraw(seeds: list[int], T: int, K: int, device: torch.device):
-    """Per seed: exploration arms (⌊√T⌋,), reward uniforms (T,), tie-break mixers (T, K)."""
+    """Per seed: exploration arms (⌊√T⌋,), reward uniforms (T,), tie-break mixers (T, K), each from
+    its own generator stream so that a shorter horizon's draws are a prefix of a longer one's."""
     T0 = int(math.floor(math.sqrt(T)))
     ex, us, mix = [], [], []
-    for s in seeds:
+
+    def gen(s: int, stream: int) -> torch.Generator:
         g = torch.Generator(device=device)
-        g.manual_seed(int(s))
-        ex.append(torch.randint(0, K, (max(T0, 1),), generator=g, device=device))
-        us.append(torch.rand(T, generator=g, device=device, dtype=torch.float64))
-        mix.append(torch.rand(T, K, generator=g, device=device, dtype=torch.float64))
+        g.manual_seed(int(s) * 3 + stream)
+        return g
+
+    for s in seeds:
+        ex.append(torch.randint(0, K, (max(T0, 1),), generator=gen(s, 0), device=device))
+        us.append(torch.rand(T, generator=gen(s, 1), device=device, dtype=torch.float64))
+        mix.append(torch.rand(T, K, generator=gen(s, 2), device=device, dtype=torch.float64))
     return T0, torch.stack(ex), torch.stack(us), torch.stack(mix)
 
 
@@ -102,9 +107,9 @@ def learner_key(world: World) -> str:
 
 def run_group(worlds: dict[str, World], instances: list[Instance], contexts: dict[tuple[str, int], np.ndarray],
               backend: str = "torch", rho: float = 10.0, beta_scale: float = 0.1, rec=None,
-              parity_round: int | None = None) -> dict[str, torch.Tensor]:
+              parity_round: int | None = None, rounds: int | None = None) -> dict[str, torch.Tensor]:
     """Run logistic-kind instances (dologb, dologb_scaled, ucb, primal_dual, oracle) of worlds that
-    share their learner tensors, all in one batch, for max horizon rounds.
+    share their learner tensors, all in one batch, for max horizon rounds (or the first `rounds`).
 
     contexts[(world, seed)]: (T_max,) context indices. Returns, over instances (in order):
     act (B, T_max) int16; excluded (B, T_max) int8 arms the optimistic test removed (0 during
@@ -157,7 +162,7 @@ def run_group(worlds: dict[str, World], instances: list[Instance], contexts: dic
     none = torch.full((B,), -1, dtype=torch.long, device=dev)
     inf = torch.tensor(torch.inf, dtype=f64, device=dev)
     name = "+".join(dict.fromkeys(kinds))
-    for t in range(1, T + 1):
+    for t in range(1, (T if rounds is None else min(rounds, T)) + 1):
         c = ctx_all[:, t - 1]
         ia = a_of_c[c]
         score, eff, xi = method.scores(t, c, ia)
@@ -251,6 +256,7 @@ def simulate(scm_path: Path, T: int, S: int, methods: list[str], device: torch.d
             continue
         summ = summarize(round_metrics(world, tau_b, ctx, logs[m]), T, t_min)
         result["methods"][m] = {"final": summ["final"], "exponents": summ["exponents"],
+                                "exponent_reasons": summ["exponent_reasons"],
                                 "mean_final": {k: float(np.mean(v)) for k, v in summ["final"].items()}}
     return finite_json(result)
 

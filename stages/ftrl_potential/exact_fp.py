@@ -16,6 +16,7 @@ computed exactly; every player then re-picks. T_ε is the first round whose prof
 overtakes is final: if its gap is above ε, FP never reaches an ε-NE (hit -1).
 
     hit, stages = exact_fp(T_int, eps)         # stages: [(profile, first round, length or None)]
+                                               # hit: round, -1 (stuck above ε), -2 (undecided)
 """
 from __future__ import annotations
 
@@ -46,8 +47,10 @@ def pure_gap(T: np.ndarray, a: tuple[int, ...]) -> int:
 
 def exact_fp(T: np.ndarray, eps, prio: list[list[int]] | None = None, max_stages: int = 1_000_000
              ) -> tuple[int, list[tuple[tuple[int, ...], int, int | None]]]:
-    """(hit round or -1, stages) of fictitious play on the integer payoff tensor T (shape (m,)*N or
-    (n1, n2, …)), ε in the same units; prio[p][j]: tie priority of player p's action j."""
+    """(hit round, stages) of fictitious play on the integer payoff tensor T (shape (m,)*N or
+    (n1, n2, …)), ε in the same units; prio[p][j]: tie priority of player p's action j. hit is -1 when
+    FP settles on a profile whose gap exceeds ε, -2 when max_stages stages pass undecided (pure play
+    can cycle: FP converges in empirical frequencies, not always in pure profiles)."""
     T = np.asarray(T)
     if T.dtype.kind not in "iu":
         raise ExactFPError(f"payoffs: need an integer tensor (got {T.dtype}); use integer_payoffs")
@@ -94,7 +97,7 @@ def exact_fp(T: np.ndarray, eps, prio: list[list[int]] | None = None, max_stages
             for j in range(sizes[p]):
                 U[p][j] += s_min * v[p][j]
         t += s_min
-    raise ExactFPError(f"more than {max_stages} stages")
+    return -2, stages                                                   # undecided within max_stages
 
 
 def path_followed(stages, path: list[tuple[int, ...]]) -> dict:

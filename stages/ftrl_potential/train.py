@@ -36,15 +36,17 @@ from stages.ftrl_potential.dynamics import Arm, run_arm, starts
 from stages.ftrl_potential.exact_fp import exact_fp, path_followed
 from stages.ftrl_potential.games import chain_cells
 
+# max_m: the largest chain size of an arm's uniform-start kernel run, set by cost (T_ε grows 10-20x per
+# unit m: MWU needs > 400k steps at m = 6, FP 353,421 — fictitious play also runs exactly to m = 8)
 DEFAULT_ARMS = [
-    Arm(name="fp", reg="fp"),
-    Arm(name="mwu", reg="entropic", eta=1.0),
+    Arm(name="fp", reg="fp", max_m=5),
+    Arm(name="mwu", reg="entropic", eta=1.0, max_m=5),
     Arm(name="mwu_eta0.1", reg="entropic", eta=0.1, max_m=5),
     Arm(name="mwu_sqrt", reg="entropic", eta=1.0, schedule="sqrt", max_m=5),
     Arm(name="euclidean", reg="euclidean", eta=0.1),
     Arm(name="euclidean_sqrt", reg="euclidean", eta=0.3, schedule="sqrt", max_m=5),
     Arm(name="logbarrier", reg="logbarrier", eta=1.0, cap=3000, max_m=4),
-    Arm(name="alt_mwu", reg="entropic", eta=1.0, alternating=True),
+    Arm(name="alt_mwu", reg="entropic", eta=1.0, alternating=True, max_m=5),
 ]
 
 
@@ -52,11 +54,11 @@ class Config(StageConfig):
     seed: Seed = 0
     eps_scale: float = Field(0.1, gt=0, le=1.0, description="ε = eps_scale / m on the chain games")
     fixed_eps: float = Field(0.05, gt=0, le=1.0, description="the fixed ε of the upper-bound experiment")
-    eps_sweep: list[float] = Field(default=[0.1, 0.07, 0.05, 0.035, 0.025, 0.02], min_length=3, max_length=16,
+    eps_sweep: list[float] = Field(default=[0.1, 0.07, 0.05, 0.035, 0.03, 0.025], min_length=3, max_length=16,
                                    description="ε values of the upper-bound sweep (decreasing)")
     eps_sweep_cap: int = Field(200_000, ge=10, le=10_000_000)
     cap: int = Field(20_000, ge=10, le=10_000_000, description="hitting-time cap of random starts and baselines")
-    uniform_cap: int = Field(200_000, ge=10, le=10_000_000, description="cap of the uniform-start chain runs")
+    uniform_cap: int = Field(100_000, ge=10, le=10_000_000, description="cap of the uniform-start chain runs")
     arms: list[Arm] = Field(default=DEFAULT_ARMS, min_length=1)
     start_seeds: Seeds = Field(default=[0, 1, 2, 3, 4], description="random starts per (arm, m); >= 3 for claims")
     tie_seeds: Seeds = Field(default=[0, 1, 2, 3, 4], description="random tie-break orders of fictitious play")
