@@ -189,8 +189,9 @@ def run(cfg: Config, ctx: StageContext) -> None:
                                 "reg": arm["reg"], "schedule": arm["schedule"], "alternating": arm["alternating"]}
         slopes = []
         for s in S:
-            ts, _, _ = hits_of(a.filter((pl.col("start") == "random") & (pl.col("seed") == s)))
-            slopes.append(log_slope(ms, ts))
+            part = a.filter((pl.col("start") == "random") & (pl.col("seed") == s)).sort("m")
+            ts, _, _ = hits_of(part)
+            slopes.append(log_slope(part["m"].to_list(), ts))
         random_start[arm["name"]] = {"slope": slopes, "capped_runs": int((a.filter(pl.col("start") == "random")["hit"] < 0).sum())}
     ftrl_arms = [a["name"] for a in arms if a["reg"] in FTRL_REGS and not a["alternating"]]
 

@@ -224,7 +224,7 @@ with the exact gap (kernel `ne_gap`): {s['verify']['hit_gap_violations']} hit vi
         row = {"arm": arm}
         for m in ms:
             h = part.filter(pl.col("m") == m).sort("seed")["hit"].to_list()
-            row[f"m={m}"] = " / ".join(fmt_hit(v, int(part["cap"][0])) for v in h)
+            row[f"m={m}"] = " / ".join(fmt_hit(v, int(part["cap"][0])) for v in h) if h else "not run"
         rs_rows.append(row)
     rep.table("Hitting times from random starts (one entry per start seed)", pl.DataFrame(rs_rows),
               note="Random interior starts sometimes land the best responses near the END of the chain and finish "

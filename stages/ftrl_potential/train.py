@@ -131,12 +131,13 @@ def run(cfg: Config, ctx: StageContext) -> None:
             A = (games["chain_int"][m].to(torch.float64) if k > 1 else games["chain"][m]).to(device)
             n = A.shape[0]
             eps = cfg.eps_scale / m
-            if arm.max_m is None or m <= arm.max_m:
-                u0, v0 = starts(1, n, arm, cfg.start_scale, None, device)          # uniform start
-                out = run_arm(arm, A[None].contiguous(), eps * k, ucap, u0, v0, rec, every=every)
-                keep("chain", arm, m, [-1], ["uniform"], out, ucap, eps, n)
-                traces[(arm.name, m)] = {"phi": out["phi"][0].cpu() / k, "gap": out["gap"][0].cpu() / k, "every": every}
-                ctx.tracker.log({f"hit/{arm.name}/m{m}": int(out["hit"][0])})
+            if arm.max_m is not None and m > arm.max_m:                         # cost: see DEFAULT_ARMS
+                continue
+            u0, v0 = starts(1, n, arm, cfg.start_scale, None, device)              # uniform start
+            out = run_arm(arm, A[None].contiguous(), eps * k, ucap, u0, v0, rec, every=every)
+            keep("chain", arm, m, [-1], ["uniform"], out, ucap, eps, n)
+            traces[(arm.name, m)] = {"phi": out["phi"][0].cpu() / k, "gap": out["gap"][0].cpu() / k, "every": every}
+            ctx.tracker.log({f"hit/{arm.name}/m{m}": int(out["hit"][0])})
             ur, vr = [], []
             for s in cfg.start_seeds:                                           # one stream per (seed, m)
                 g = generator(device, cfg.seed * 7919 + s * 104_729 + m)
@@ -148,7 +149,8 @@ def run(cfg: Config, ctx: StageContext) -> None:
 
     # fictitious play with random tie-breaking from U_0 = 0: the kernel (cap) on ms ...
     fp = Arm(name="fp_random_ties", reg="fp")
-    for m in meta["ms"]:
+    fp_max = arms["fp"].max_m if "fp" in arms and arms["fp"].max_m else max(meta["ms"])
+    for m in [m for m in meta["ms"] if m <= fp_max]:
         A = games["chain_int"][m].to(torch.float64).to(device)                  # exact ties (see above)
         n = A.shape[0]
         T = len(cfg.tie_seeds)
