@@ -11,7 +11,12 @@ export DVC_NO_ANALYTICS := 1
 export PREFECT_SERVER_ANALYTICS_ENABLED := false
 PYTEST_ARGS ?=
 
-.PHONY: install repro test ui wandb-sync bench contract plots mutants
+.PHONY: install system-deps repro test ui wandb-sync bench contract plots mutants
+
+## System packages the stages need (chromium for vision2web's verifier, git): installed with apt when
+## root, otherwise one line naming them. `make repro` requires them; `make test` only warns (tests skip).
+system-deps:
+	$(PY) -m stages.common.system_deps install
 
 $(STAMP): requirements.lock pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -21,15 +26,21 @@ $(STAMP): requirements.lock pyproject.toml
 
 install: $(STAMP)
 
-## Run every registered paper's pipeline at the default profile (DVC skips what is cached).
+## Run every registered paper's pipeline at the default profile (DVC skips what is cached). One paper's
+## failure does not stop the others (--keep-going); the run ends listing the papers that failed and why,
+## then logs every paper's committed report to W&B once (offline by default).
 repro: $(STAMP)
+	$(PY) -m stages.common.system_deps install --required
 	test -d .dvc || $(BIN)/dvc init -q
+	@mkdir -p .dvc/tmp
 	@# without a DVC remote, DVC's closing "Use `dvc push` ..." hint is noise: drop it
-	set -o pipefail; export PATH=$(abspath $(BIN)):$$PATH; \
-	if $(BIN)/dvc remote default >/dev/null 2>&1; then $(BIN)/dvc repro; \
-	else $(BIN)/dvc repro 2>&1 | sed -u '/^Use `dvc push`/d'; fi
-	PATH=$(abspath $(BIN)):$$PATH $(BIN)/python -m stages readme
-	PATH=$(abspath $(BIN)):$$PATH $(BIN)/python -m stages claims
+	@set -o pipefail; export PATH=$(abspath $(BIN)):$$PATH; \
+	$(BIN)/dvc repro --keep-going 2>&1 | sed -u '/^Use `dvc push`/d' | tee .dvc/tmp/repro.log; status=$$?; \
+	$(BIN)/python -m stages repro-failures .dvc/tmp/repro.log; \
+	$(BIN)/python -m stages readme || status=1; \
+	$(BIN)/python -m stages claims || status=1; \
+	$(BIN)/python -m stages wandb-log || status=1; \
+	exit $$status
 
 ## Every paper's plots as one offline HTML page (dvc_plots/index.html; DVC's own needs a CDN).
 plots: $(STAMP)
@@ -41,6 +52,7 @@ mutants: $(STAMP)
 
 ## The whole test suite (what CI runs).
 test: $(STAMP)
+	$(PY) -m stages.common.system_deps install
 	PATH=$(abspath $(BIN)):$$PATH $(BIN)/python -m pytest $(PYTEST_ARGS)
 
 ## Prefect server + scheduled deployments for every paper; prints the UI address.
@@ -52,8 +64,10 @@ wandb-sync: $(STAMP)
 	@ls -d wandb/offline-run-* >/dev/null 2>&1 || { echo "no offline W&B runs under wandb/ (run make repro first)"; exit 0; }
 	$(BIN)/wandb sync --yes wandb/offline-run-*
 
+## Kernel table (torch reference vs naive baseline on CPU; Triton vs torch + roofline on CUDA), then S solo runs vs one seed ensemble.
 bench: $(STAMP)
-	$(BIN)/python -m kernels.bench
+	PATH=$(abspath $(BIN)):$$PATH $(BIN)/python -m kernels.bench
+	PATH=$(abspath $(BIN)):$$PATH $(BIN)/python -m benchmarks.ensemble
 
 contract:
 	$(PY) ../shared/tools/check_contract.py
@@ -77,3 +91,13 @@ pool: $(STAMP)
 ## One process worker on this machine: make worker [POOL=papers] [QUEUE=<queue>]
 worker: $(STAMP)
 	PATH=$(abspath $(BIN)):$$PATH $(BIN)/prefect worker start --pool $(POOL) --type process $(if $(QUEUE),--work-queue $(QUEUE))
+
+# --- Profiling (benchmarks/profile.py) ---
+.PHONY: profile
+STAGE ?= train
+PROFILE ?= smoke
+
+## py-spy over one stage: make profile SLUG=<slug> [STAGE=train] [PROFILE=smoke] -> reports/profiles/<slug>-<stage>.{txt,svg}
+profile: $(STAMP)
+	@test -n "$(SLUG)" || { echo "error: usage: make profile SLUG=<slug> [STAGE=train] [PROFILE=smoke]" >&2; exit 2; }
+	PATH=$(abspath $(BIN)):$$PATH $(BIN)/python -m benchmarks.profile $(SLUG) --stage $(STAGE) --profile $(PROFILE)

@@ -24,7 +24,12 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from prefect import flow, get_run_logger, task
+if __name__ == "__main__":  # a bad slug/profile is one line and exit 2 in well under 2 s: before Prefect loads
+    from flows.precheck import precheck_paper_cli
+
+    precheck_paper_cli(sys.argv[1:])
+
+from prefect import flow, get_run_logger, task  # noqa: E402
 from prefect.artifacts import create_markdown_artifact, create_table_artifact
 from prefect.cache_policies import NO_CACHE
 
@@ -91,6 +96,22 @@ def repro_stage(stage: str, slug: str, root: str, sync: bool = False,
     return {"stage": stage, "dvc": dvc_status(out, target), "runtime_s": info.get("runtime_s")}
 
 
+@task(name="stage", task_run_name="{stage}@{slug} ({profile})", cache_policy=NO_CACHE, persist_result=False)
+def run_stage_task(stage: str, slug: str, root: str, profile: str, out_root: str,
+                   timeout_s: float = STAGE_TIMEOUT_S) -> dict[str, Any]:
+    """A non-default profile: ``python -m stages <stage> <slug> --profile <p> --root <out_root>``, so its
+    outputs land in ``runs/<profile>/`` and never replace the committed default-profile results (DVC's
+    lock file and reports/ describe the default profile only)."""
+    logger = get_run_logger()
+    cmd = [sys.executable, "-m", "stages", stage, slug, "--profile", profile, "--root", out_root]
+    run_streaming(cmd, Path(root), logger, timeout=timeout_s, what=f"{stage}@{slug} --profile {profile}")
+    from stages.common.runner import runtime_file
+
+    info_path = runtime_file(slug, stage, Path(out_root))
+    info = json.loads(info_path.read_text()) if info_path.exists() else {}
+    return {"stage": stage, "dvc": f"ran ({profile}, no DVC)", "runtime_s": info.get("runtime_s")}
+
+
 def embed_figures(markdown: str, report_dir: Path) -> str:
     """report.md with its relative ``figures/*.png`` links inlined as data URIs, so the figures
     render inside the Prefect UI's markdown artifact (which has no access to the checkout)."""
@@ -114,12 +135,16 @@ def compact_verdicts(markdown: str) -> str:
     out, i = [], 0
     while i < len(lines):
         line = lines[i]
-        if line.startswith("| claim | verdict |"):
+        if line.startswith("| claim | verdict |"):  # (finding and check tables alike)
             i += 2  # header and rule
             while i < len(lines) and lines[i].startswith("| "):
                 cells = [c.strip() for c in lines[i].strip().strip("|").split(" | ")]
-                if len(cells) >= 5:
+                if len(cells) >= 6:  # claim | verdict | statement | measured | thresholds | refuted
+                    name, verdict, statement, measured, thresholds, refuted = cells[:6]
+                    measured += f"  \n  *thresholds (params):* {thresholds}" if thresholds not in ("", "—") else ""
+                elif len(cells) >= 5:
                     name, verdict, statement, measured, refuted = cells[:5]
+                if len(cells) >= 5:
                     out.append(f"- **{name}** — {verdict}: {statement}  \n  *measured:* {measured}"
                                + (f"  \n  *would have refuted it:* {refuted}" if refuted not in ("", "—") else ""))
                 i += 1
@@ -152,10 +177,11 @@ def pull_task(slug: str, root: str) -> str:
     return label
 
 
-@task(name="publish-artifacts", cache_policy=NO_CACHE, persist_result=False)
-def publish(slug: str, root: str, stages: list[dict[str, Any]]) -> dict[str, Any]:
-    """report.md -> markdown artifact; claims + runtimes -> table artifact."""
-    report_dir = Path(root) / "reports" / slug
+@task(name="publish-artifacts", task_run_name="publish-{slug}", cache_policy=NO_CACHE, persist_result=False)
+def publish(slug: str, root: str, stages: list[dict[str, Any]], report_root: str | None = None) -> dict[str, Any]:
+    """report.md -> markdown artifact; claims + runtimes -> table artifact; the claims again as a
+    markdown list (wraps in the UI, findings first)."""
+    report_dir = Path(report_root or root) / "reports" / slug
     md = embed_figures(compact_verdicts((report_dir / "report.md").read_text()), report_dir)
     create_markdown_artifact(md, key=artifact_key(slug, "report"), description=f"{slug}: report.md")
     metrics = json.loads((report_dir / "metrics.json").read_text())
@@ -165,6 +191,17 @@ def publish(slug: str, root: str, stages: list[dict[str, Any]]) -> dict[str, Any
               "kind": "stage", "runtime_s": s["runtime_s"]} for s in stages]
     create_table_artifact(rows, key=artifact_key(slug, "claims"),
                           description=f"{slug}: claims (verdict and numbers) and what DVC did with each stage")
+    from stages.common.claims import findings_line
+
+    listing = [f"# {slug}: {findings_line(metrics.get('claims', []))}", ""]
+    for kind in ("finding", "check"):
+        group = [c for c in metrics.get("claims", []) if c.get("kind", "finding") == kind]
+        if group:
+            listing.append(f"## {kind}s")
+            listing += [f"- **{c['name']}** — {c.get('verdict')}: {c['statement']}" for c in group]
+            listing.append("")
+    create_markdown_artifact("\n".join(listing), key=artifact_key(slug, "verdicts"),
+                             description=f"{slug}: findings and checks (wrapped)")
     return {"claims": {c["name"]: c.get("verdict") or ("holds" if c["holds"] else "fails")
                        for c in metrics.get("claims", [])}}
 
@@ -180,11 +217,14 @@ def _has_default_remote(root: Path) -> bool:
         return False
 
 
-@flow(name="paper", flow_run_name="paper-{slug}", log_prints=True)
-def paper_flow(slug: str, remote: str | None = None, sync: bool | None = None, root: str | None = None,
-               stage_timeout_s: float = STAGE_TIMEOUT_S) -> dict[str, Any]:
+@flow(name="paper", flow_run_name="paper-{slug}-{profile}", log_prints=True)
+def paper_flow(slug: str, profile: str = "default", remote: str | None = None, sync: bool | None = None,
+               root: str | None = None, stage_timeout_s: float = STAGE_TIMEOUT_S) -> dict[str, Any]:
     """Run one paper's four stages through DVC; publish its report and claims.
 
+    profile: ``default`` runs ``dvc repro`` (cached, committed results); ``smoke`` / ``full`` run the stages
+             with that profile into ``runs/<profile>/`` of the checkout (no DVC: the lock file and reports/
+             describe the default profile), and publish that run's report.
     remote: a folder or URL made the default DVC remote of this checkout (``.dvc/config.local``).
     sync:   pull before / push after (default: whenever the checkout has a default remote).
     root:   the checkout (default: the one this module is imported from).
@@ -196,6 +236,23 @@ def paper_flow(slug: str, remote: str | None = None, sync: bool | None = None, r
     papers = read_params(checkout / "params.yaml")["papers"]
     if slug not in papers:
         raise ValueError(f"papers.{slug}: unknown paper (registered: {', '.join(sorted(papers)) or 'none'})")
+    from stages.common.config import PROFILES
+
+    if profile not in PROFILES:
+        raise ValueError(f"profile: must be one of {', '.join(PROFILES)} (got {profile!r})")
+    if profile != "default":
+        out_root = checkout / "runs" / profile
+        results, upstream = [], []
+        for stage in STAGES:
+            state = run_stage_task(stage, slug, str(checkout), profile, str(out_root), timeout_s=stage_timeout_s,
+                                   wait_for=upstream, return_state=True)
+            results.append(state.result())
+            upstream = [state]
+        published = publish(slug, str(checkout), results, report_root=str(out_root), wait_for=upstream)
+        from stages.common.summary import claims_line
+
+        logger.info(claims_line(slug, out_root))
+        return {"slug": slug, "profile": profile, "stages": {r["stage"]: r["dvc"] for r in results}, **published}
     if remote:
         dvc_remote.configure(remote, checkout, name="flow", local=True)
     if sync is None:
@@ -215,12 +272,13 @@ def paper_flow(slug: str, remote: str | None = None, sync: bool | None = None, r
     from stages.common.summary import claims_line
 
     logger.info(claims_line(slug, checkout))
-    return {"slug": slug, "stages": {r["stage"]: r["dvc"] for r in results}, **published}
+    return {"slug": slug, "profile": profile, "stages": {r["stage"]: r["dvc"] for r in results}, **published}
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m flows.paper_flow", description=__doc__.splitlines()[0])
     parser.add_argument("slug")
+    parser.add_argument("--profile", default="default", help="smoke | default | full (non-default: runs/<profile>/)")
     parser.add_argument("--remote", default=None, help="DVC remote folder/URL to pull from and push to")
     parser.add_argument("--no-sync", action="store_true", help="do not pull/push even if a remote is configured")
     args = parser.parse_args(argv)
@@ -228,7 +286,8 @@ def main(argv: list[str] | None = None) -> int:
 
     try:
         check_configured_api()
-        state = paper_flow(args.slug, remote=args.remote, sync=False if args.no_sync else None, return_state=True)
+        state = paper_flow(args.slug, profile=args.profile, remote=args.remote,
+                           sync=False if args.no_sync else None, return_state=True)
     except (ConfigError, dvc_remote.RemoteError, ServeError, ValueError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2

@@ -33,15 +33,20 @@ def _project() -> str:
 
 def logged_keys(slug: str, root: Path = ROOT) -> dict[str, list[str]]:
     """History and media keys the paper's stage runs logged (wandb/keys/<slug>.<stage>.json, written
-    by stages.common.tracking); figures under reports/<slug>/figures count as media keys too."""
+    by stages.common.tracking); figures under reports/<slug>/figures count as media keys too; ``stages``:
+    the pipeline stages whose runs were logged here (their runtimes)."""
     history: set[str] = set()
     media: set[str] = set()
+    stages: set[str] = set()
     for path in sorted((Path(root) / "wandb" / "keys").glob(f"{slug}.*.json")):
         data = json.loads(path.read_text())
         history.update(data.get("history", []))
         media.update(data.get("media", []))
+        stage = path.name[len(slug) + 1:].removesuffix(".json")
+        if stage in ("prepare", "train", "evaluate"):
+            stages.add(stage)
     media.update(f"figures/{p.stem}" for p in (Path(root) / "reports" / slug / "figures").glob("*.png"))
-    return {"history": sorted(history), "media": sorted(media)}
+    return {"history": sorted(history), "media": sorted(media), "stages": sorted(stages)}
 
 
 def _curve_panels(wr, history: list[str]) -> list:
@@ -82,11 +87,20 @@ def build_report(slug: str, root: Path = ROOT, entity: str | None = None, projec
 
     runs = wr.Runset(entity=entity, project=project, name=f"{slug} runs",
                      filters=f"Group = '{slug}'", groupby=["JobType"])  # one group per stage
-    panels = [wr.BarPlot(title="runtime per stage (s)", metrics=[wr.SummaryMetric("runtime_s")], groupby="JobType"),
-              wr.BarPlot(title="claim verdicts (1 holds, 0 inconclusive, -1 fails)",
-                         metrics=[wr.SummaryMetric(f"claim/{c['name']}") for c in claims] or
-                         [wr.SummaryMetric("claims_held")]),
-              *_curve_panels(wr, keys["history"])]
+    # only panels whose data exists: verdicts and findings come from the report run (the report stage,
+    # or `python -m stages wandb-log`, which logs the committed report when DVC skipped the stage);
+    # runtimes only when stage runs were logged here; curves and figures only for logged keys
+    panels = []
+    if claims:
+        panels.append(wr.BarPlot(title="findings (holds / fails / inconclusive) and checks passed",
+                                 metrics=[wr.SummaryMetric(k) for k in ("findings_holds", "findings_fails",
+                                                                        "findings_inconclusive", "checks_pass")]))
+        panels.append(wr.BarPlot(title="claim verdicts (1 holds, 0 inconclusive, -1 fails)",
+                                 metrics=[wr.SummaryMetric(f"claim/{c['name']}") for c in claims]))
+    if keys["stages"]:
+        panels.append(wr.BarPlot(title="runtime per stage (s)", metrics=[wr.SummaryMetric("runtime_s")],
+                                 groupby="JobType"))
+    panels += _curve_panels(wr, keys["history"])
     if keys["media"]:
         panels.append(wr.MediaBrowser(title="figures", media_keys=keys["media"], num_columns=2))
     panels.append(wr.RunComparer(diff_only=True))

@@ -1,6 +1,7 @@
 """Session-wide test set-up.
 
 - TRITON_INTERPRET=1 before anything imports triton, so every kernel's Triton path runs on the CPU.
+- Hugging Face hub and datasets offline (HF_HUB_OFFLINE=1 ...): nothing downloads.
 - W&B disabled unless a test opts in (tests/common/test_tracking.py runs it offline).
 - One session-wide Prefect test harness with a temporary PREFECT_HOME (fixture ``prefect_harness``).
 - ``smoke_run``: run a paper's stages at the smoke profile into a temporary root.
@@ -14,6 +15,10 @@ import tempfile
 
 os.environ.setdefault("TRITON_INTERPRET", "1")  # a GPU run may set 0 (tests/common/test_gpu_smoke.py)
 os.environ.setdefault("WANDB_MODE", "disabled")
+# nothing is downloaded in tests: Hugging Face hub/datasets offline (stages.common.sources.resolve_ref refuses
+# a hub name that is not cached with one line naming the key)
+for _var in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE", "HF_DATASETS_OFFLINE"):
+    os.environ.setdefault(_var, "1")
 os.environ["WANDB_SILENT"] = "true"
 if "PREFECT_HOME" not in os.environ:
     os.environ["PREFECT_HOME"] = tempfile.mkdtemp(prefix="prefect-home-")

@@ -176,6 +176,11 @@ def _is_num(v: Any) -> bool:
     return isinstance(v, (int, float)) and not isinstance(v, bool)
 
 
+def _num_or_nan(v: Any) -> bool:
+    """A measured value: a number, or None (a non-finite value written as JSON null) read as NaN."""
+    return v is None or _is_num(v)
+
+
 def _var(xs: list[float]) -> float:
     if len(xs) < 2:
         return math.inf
@@ -187,17 +192,19 @@ def _seed_operand(env: Mapping[str, Any], key: str, claim: str) -> _Operand:
     if key not in env:
         raise ClaimError(f"claim {claim!r}: metric {key!r} was not measured")
     value = env[key]
+    if value is None:
+        return _Operand([math.nan])
     if _is_num(value):
         return _Operand([float(value)])
     if isinstance(value, (list, tuple)) and value and all(isinstance(v, (list, tuple)) for v in value):
-        if not all(v and all(_is_num(x) for x in v) for v in value):
+        if not all(v and all(_num_or_nan(x) for x in v) for v in value):
             raise ClaimError(f"claim {claim!r}: metric {key!r} is not a per-seed list of per-item numbers")
-        items = [[float(x) for x in v] for v in value]
+        items = [[math.nan if x is None else float(x) for x in v] for v in value]
         return _Operand([sum(v) / len(v) for v in items], [_var(v) / len(v) for v in items], items,
                         [len(v) for v in items])
-    if not isinstance(value, (list, tuple)) or not all(_is_num(v) for v in value):
-        raise ClaimError(f"claim {claim!r}: metric {key!r} is not a per-seed list of numbers ({value!r:.80})")
-    return _Operand([float(v) for v in value])
+    if not isinstance(value, (list, tuple)) or not all(_num_or_nan(v) for v in value):
+        raise ClaimError(f"claim {claim!r}: metric {key!r} is not a per-seed list of numbers ({str(value)[:80]})")
+    return _Operand([math.nan if v is None else float(v) for v in value])
 
 
 def _seed_values(env: Mapping[str, Any], key: str, claim: str) -> list[float]:
@@ -496,7 +503,7 @@ class Claim(_Base):
         for key in _dotted_names(tree):
             if key.startswith(PARAM_PREFIX):
                 continue
-            value = env[key]
+            value = math.nan if env[key] is None else env[key]
             values[key] = float(value) if not isinstance(value, bool) else value
             if isinstance(values[key], float) and not math.isfinite(values[key]):
                 finite = False
@@ -640,7 +647,7 @@ def _eval(node: ast.AST, env: Mapping[str, Any], name: str) -> Any:
     if dotted is not None:
         if dotted not in env:
             raise ClaimError(f"claim {name!r}: metric {dotted!r} was not measured")
-        value = env[dotted]
+        value = math.nan if env[dotted] is None else env[dotted]  # JSON null: a non-finite measurement
         if not isinstance(value, (int, float, bool)):
             raise ClaimError(f"claim {name!r}: metric {dotted!r} is not a number ({value!r})")
         return value

@@ -117,16 +117,49 @@ def _mapping_no_duplicates(loader: _StrictLoader, node: yaml.MappingNode, deep: 
 _StrictLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _mapping_no_duplicates)
 
 
+MAX_PARAMS_BYTES = 2_000_000   # params.yaml is ~60 kB; a bigger file is a mistake or an attack
+MAX_YAML_ALIASES = 64          # anchors/aliases: a "billion laughs" file expands exponentially
+MAX_YAML_DEPTH = 32
+
+
+def _yaml_depth_ok(doc: Any, path: Path) -> None:
+    from stages.common.paths import structure_problem
+
+    problem = structure_problem(doc, MAX_YAML_DEPTH)
+    if problem:
+        raise ConfigError(f"{path}: {problem}")
+
+
 def load_yaml(path: Path) -> Any:
-    """Strict YAML: duplicate keys and syntax errors are one line, file:line:col, what."""
+    """Strict YAML: duplicate keys and syntax errors are one line, file:line:col, what. Bounded before
+    anything is built: file size, number of aliases (an alias bomb is refused at once), nesting depth
+    and integer size (a 5,000-digit number is one line, not a traceback)."""
+    path = Path(path)
+    size = path.stat().st_size
+    if size > MAX_PARAMS_BYTES:
+        raise ConfigError(f"{path}: {size:,} bytes (limit {MAX_PARAMS_BYTES:,})")
+    text = path.read_text()
     try:
-        return yaml.load(Path(path).read_text(), Loader=_StrictLoader)  # noqa: S506 (SafeLoader subclass)
+        aliases = 0
+        for tok in yaml.scan(text, Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader)):
+            if isinstance(tok, yaml.AliasToken):
+                aliases += 1
+                if aliases > MAX_YAML_ALIASES:
+                    raise ConfigError(f"{path}:{tok.start_mark.line + 1}: more than {MAX_YAML_ALIASES} YAML aliases "
+                                      "(refused: aliases can expand exponentially)")
+        doc = yaml.load(text, Loader=_StrictLoader)  # noqa: S506 (SafeLoader subclass)
+    except ConfigError:
+        raise
     except yaml.MarkedYAMLError as err:
         mark = err.problem_mark
         where = f"{path}:{mark.line + 1}:{mark.column + 1}" if mark is not None else str(path)
         raise ConfigError(f"{where}: {err.problem}") from None
     except yaml.YAMLError as err:
         raise ConfigError(f"{path}: not valid YAML ({str(err).splitlines()[0]})") from None
+    except (ValueError, RecursionError) as err:  # e.g. an integer too long to convert
+        raise ConfigError(f"{path}: unreadable value ({type(err).__name__}: {str(err).splitlines()[0][:100]})") from None
+    _yaml_depth_ok(doc, path)
+    return doc
 
 
 C = TypeVar("C", bound=StageConfig)

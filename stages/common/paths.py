@@ -7,6 +7,7 @@ stage function returned, so an interrupted or failing run leaves no half-written
 from __future__ import annotations
 
 import json
+import math
 import os
 import shutil
 import tempfile
@@ -92,12 +93,79 @@ def atomic_write_text(path: Path, text: str) -> None:
         raise
 
 
+def finite_json(obj: Any) -> Any:
+    """obj with every NaN/±inf float replaced by None: JSON has no such tokens (most readers reject the
+    bare NaN that Python's json writes). Where the reason matters, write a reason field beside it."""
+    if isinstance(obj, float):
+        return obj if math.isfinite(obj) else None
+    if isinstance(obj, dict):
+        return {k: finite_json(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [finite_json(v) for v in obj]
+    if hasattr(obj, "tolist") and not isinstance(obj, (str, bytes)):  # numpy / torch arrays and scalars
+        return finite_json(obj.tolist())
+    if hasattr(obj, "item") and not isinstance(obj, (str, bytes)):
+        return finite_json(obj.item())
+    return obj
+
+
 def write_json(path: Path, obj: Any) -> None:
-    atomic_write_text(path, json.dumps(obj, indent=2, sort_keys=True, default=_json_default) + "\n")
+    """Canonical JSON (sorted keys), never NaN/Infinity tokens (written as null), atomically."""
+    text = json.dumps(finite_json(obj), indent=2, sort_keys=True, default=_json_default, allow_nan=False)
+    atomic_write_text(path, text + "\n")
 
 
 def read_json(path: Path) -> Any:
     return json.loads(Path(path).read_text())
+
+
+class InputError(ValueError):
+    """A user-supplied input file is malformed or out of bounds (one line: the file and the problem)."""
+
+
+def load_json_bounded(path: Path, max_bytes: int = 50_000_000, max_depth: int = 64, what: str = "input") -> Any:
+    """json.load for files a user hands to a CLI: the size is checked before reading, nesting depth and
+    number sizes after parsing (a 100k-deep nesting or a 5,000-digit integer is one line, not a
+    traceback), NaN/Infinity tokens refused. Raises InputError naming the file and the problem."""
+    path = Path(path)
+    if not path.is_file():
+        raise InputError(f"{path}: {what} file not found")
+    size = path.stat().st_size
+    if size > max_bytes:
+        raise InputError(f"{path}: {what} file is {size:,} bytes (limit {max_bytes:,})")
+
+    def no_constant(name: str) -> Any:
+        raise ValueError(f"{name} is not valid JSON (use null)")
+
+    try:
+        doc = json.loads(path.read_bytes(), parse_constant=no_constant)
+    except RecursionError:
+        raise InputError(f"{path}: {what} nests deeper than Python can parse (limit {max_depth})") from None
+    except UnicodeDecodeError:
+        raise InputError(f"{path}: {what} is not UTF-8 text") from None
+    except ValueError as err:  # JSONDecodeError, NaN/Infinity, an integer too long to convert
+        raise InputError(f"{path}: not valid JSON ({str(err).splitlines()[0][:120]})") from None
+    problem = structure_problem(doc, max_depth)
+    if problem:
+        raise InputError(f"{path}: {what} {problem}")
+    return doc
+
+
+def structure_problem(doc: Any, max_depth: int) -> str | None:
+    """Why a parsed document is out of bounds (nesting deeper than max_depth, an integer beyond 64 bits),
+    or None; iterative, so a deep document cannot exhaust the stack."""
+    stack = [(doc, 1)]
+    while stack:
+        node, depth = stack.pop()
+        if depth > max_depth:
+            return f"nests deeper than {max_depth} levels"
+        if isinstance(node, dict):
+            stack.extend((v, depth + 1) for v in node.values())
+        elif isinstance(node, list):
+            stack.extend((v, depth + 1) for v in node)
+        elif isinstance(node, int) and not isinstance(node, bool) and abs(node) > 2 ** 63:
+            return f"holds an integer beyond 64 bits ({str(node)[:20]}...)"
+    return None
 
 
 def _json_default(obj: Any) -> Any:

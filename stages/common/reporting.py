@@ -17,6 +17,8 @@ Outputs in reports/<slug>/:
   <slug>.claim.<name> = "holds" | "fails" | "inconclusive", <slug>.findings.{holds,fails,inconclusive},
   <slug>.checks.{pass,total}, and every scalar a claim reads (<slug>.<claim>.<metric>; per-seed lists as
   their mean)
+- claims.json: {"slug", "profile", "findings", "claims"}: the verdicts without timings (a declared DVC
+  output: the summary stage depends on it)
 - plots/<name>.csv and plots/_specs.json (x, y, title per CSV; `python -m stages dvcplots` turns the
   specs into dvc.yaml's top-level `plots:`), figures/<name>.png
 - report.md. Timings (runtime_s) appear only in metrics.json and report.md, which are not DVC-hashed
@@ -209,6 +211,8 @@ class Report:
                "metrics": metrics}
         write_json(self.ctx.out / "metrics.json", doc)
         write_json(self.ctx.out / "dvc_metrics.json", flat_scalars(verdicts, self.ctx.slug))
+        write_json(self.ctx.out / "claims.json", {"slug": self.ctx.slug, "profile": self.ctx.profile,
+                                                  "findings": counts, "claims": verdicts})
         write_json(self.ctx.out / "plots" / "_specs.json", self.plots)
         self.section("Kernel paths", describe(kernels))
         atomic_write_text(self.ctx.out / "report.md", self._markdown(verdicts, runtime, command))

@@ -11,6 +11,7 @@ A paper ``<slug>`` is a package ``stages/<slug>/`` with one module per stage
 from __future__ import annotations
 
 import importlib
+import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -20,6 +21,7 @@ from stages.common.config import (PROFILES, STAGES, ConfigError, StageConfig, ac
                                   read_params, stage_block, validate)
 from stages.common.paths import ROOT, atomic_dir, read_json, stage_dir, write_json
 from stages.common.seeding import seed_everything
+from stages.common.sources import check_source_profiles
 from stages.common.trainer import global_rank, scratch_dir
 
 STAGE_INFO = "_stage.json"  # {slug, stage, profile}: inside the output, so deterministic (no timings)
@@ -33,6 +35,36 @@ def runtime_file(slug: str, stage: str, root: Path = ROOT) -> Path:
 
 class MissingInputError(RuntimeError):
     """A stage's declared input is absent (the upstream stage has not run)."""
+
+
+class InputModifiedError(RuntimeError):
+    """A stage wrote into an upstream stage's output (DVC would then see its dependency change)."""
+
+
+def input_fingerprint(slug: str, stage: str, root: Path = ROOT) -> dict[str, tuple[int, int]]:
+    """(size, mtime_ns) of every file in the paper's upstream stage outputs, by path relative to root."""
+    out: dict[str, tuple[int, int]] = {}
+    for up in STAGES[: STAGES.index(stage)]:
+        base = stage_dir(slug, up, root)
+        if not base.is_dir():
+            continue
+        for f in base.rglob("*"):
+            if f.is_file() or f.is_symlink():
+                st = f.lstat()
+                out[str(f.relative_to(root))] = (st.st_size, st.st_mtime_ns)
+    return out
+
+
+def check_inputs_untouched(before: dict[str, tuple[int, int]], after: dict[str, tuple[int, int]],
+                           where: str) -> None:
+    """Refuse a stage that added, removed or changed a file of an upstream output (issue 57)."""
+    changed = sorted(set(before) ^ set(after)) + sorted(k for k in set(before) & set(after) if before[k] != after[k])
+    if changed:
+        first = changed[0]
+        what = "added" if first not in before else "removed" if first not in after else "modified"
+        more = f" (+{len(changed) - 1} more)" if len(changed) > 1 else ""
+        raise InputModifiedError(f"{where}: {what} {first}{more} inside an upstream stage's output; a stage must "
+                                 "never write into its inputs (e.g. HF datasets cache files: use keep_in_memory=True)")
 
 
 @dataclass
@@ -95,6 +127,7 @@ def load_config(slug: str, stage: str, profile: str | None = None, params_path: 
         raise ConfigError(f"stages/{slug}/{stage}.py: defines no Config(StageConfig)")
     prof = active_profile(params, profile)
     cfg = load_stage_config(slug, stage, config_cls, prof, params_path)
+    check_source_profiles(params, slug, stage, config_cls)
     check_cross_stage(slug, params)
     if stage == "report":
         check_claim_thresholds(slug, module, cfg)
@@ -155,11 +188,17 @@ def run_stage(slug: str, stage: str, profile: str | None = None, root: Path = RO
     final = stage_dir(slug, stage, root)
     # DDP (Lightning "ddp", torchrun, SLURM) runs the whole stage once per rank: only global rank 0
     # writes and renames the outputs; other ranks write into a scratch dir that is then deleted.
+    for up in STAGES[: STAGES.index(stage)]:  # every upstream output must exist before any work (and
+        StageContext(slug=slug, stage=stage, profile=prof, out=final, root=root).input(up)  # before a W&B run)
+    inputs_before = input_fingerprint(slug, stage, root)
+    if "datasets" in sys.modules:  # HF datasets: map/filter caches go to temp files, never into an input
+        sys.modules["datasets"].disable_caching()
     with (atomic_dir(final) if global_rank() == 0 else scratch_dir(stage)) as tmp:
         ctx = StageContext(slug=slug, stage=stage, profile=prof, out=tmp, root=root, started=started, cfg=cfg)
         with stage_run(slug, stage, cfg.model_dump(mode="json"), prof, root) as tracker:
             ctx.tracker = tracker
             module.run(cfg, ctx)
+            check_inputs_untouched(inputs_before, input_fingerprint(slug, stage, root), f"{stage}@{slug}")
             runtime = time.perf_counter() - started
             tracker.summary({"runtime_s": runtime})
         write_json(tmp / STAGE_INFO, {"slug": slug, "stage": stage, "profile": prof})

@@ -25,6 +25,9 @@ def collect(root: Path = ROOT) -> dict[str, Any]:
                               f"{str(err).splitlines()[0][:80]})") from None
         if not isinstance(doc, dict) or "claims" not in doc or "runtime_s" not in doc:
             raise ConfigError(f"reports/{slug}/metrics.json: lacks 'claims' or 'runtime_s'")
+        claims_file = root / "reports" / slug / "claims.json"
+        if claims_file.exists():  # the declared output the summary stage depends on
+            doc = {**doc, "claims": read_json(claims_file)["claims"]}
         missing_kind = [c.get("name") for c in doc["claims"] if c.get("kind") not in ("finding", "check")]
         if missing_kind:
             raise ConfigError(f"reports/{slug}/metrics.json: claim {missing_kind[0]!r} has no kind "
@@ -77,6 +80,27 @@ def claims_line(slug: str, root: Path = ROOT) -> str:
         raise ConfigError(f"reports/{slug}/metrics.json: missing; run `dvc repro report@{slug}` first")
     doc = read_json(path)
     return f"{slug}: {findings_line(doc['claims'])}"
+
+
+def claims_table(slugs: list[str], root: Path = ROOT) -> str:
+    """Every claim of every paper, one row each (findings first): the cross-paper view of the verdicts."""
+    rows = []
+    for slug in slugs:
+        path = root / "reports" / slug / "metrics.json"
+        if not path.exists():
+            raise ConfigError(f"reports/{slug}/metrics.json: missing; run `dvc repro report@{slug}` first")
+        for c in read_json(path)["claims"]:
+            st = c.get("stats") or {}
+            gap = f"{st['mean']:.3g}" if "mean" in st else "—"
+            bounds = f"[{st['lower']:.3g}, {st['upper']:.3g}]" if "lower" in st else "—"
+            thr = ", ".join(f"{k} {v:g}" for k, v in (c.get("params") or {}).items() if isinstance(v, (int, float)))
+            rows.append((0 if c.get("kind") == "finding" else 1, slug, c.get("kind", "?"), c["name"], _verdict(c),
+                         gap, bounds, thr or "—"))
+    rows.sort(key=lambda r: (r[0], r[1]))
+    lines = ["| paper | kind | claim | verdict | gap | 95% t-bounds | thresholds |",
+             "| --- | --- | --- | --- | --- | --- | --- |"]
+    lines += [f"| {' | '.join(r[1:])} |" for r in rows]
+    return "\n".join(lines)
 
 
 def plots_section(root: Path = ROOT) -> list[dict[str, Any]]:
@@ -137,3 +161,24 @@ def update_readme(root: Path = ROOT) -> None:
     head, rest = text.split(START, 1)
     _, tail = rest.split(END, 1)
     atomic_write_text(readme, f"{head}{START}\n{results_table(summary)}\n{END}{tail}")
+
+
+def repro_failures(log_path: str | Path) -> list[str]:
+    """The papers whose stages failed in a `dvc repro --keep-going` log, each with the stage's own one-line
+    error (what `make repro` prints at the end so one failure does not hide eighteen results)."""
+    import re
+
+    path = Path(log_path)
+    if not path.exists():
+        return [f"dvc repro: no log at {path}"]
+    failed: dict[str, tuple[str, str]] = {}
+    last_error = ""
+    for line in path.read_text(errors="replace").splitlines():
+        if line.startswith("error: ") or "Error:" in line:
+            last_error = line.strip()
+        m = re.search(r"failed to reproduce '([a-z_]+)@([a-z0-9_]+)'", line)
+        if m and m.group(2) not in failed:
+            failed[m.group(2)] = (m.group(1), last_error or line.strip())
+    if not failed:
+        return []
+    return [f"{len(failed)} paper(s) failed:"] + [f"  {slug}: {stage} — {why}" for slug, (stage, why) in failed.items()]

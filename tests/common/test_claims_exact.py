@@ -294,3 +294,10 @@ def test_param_marks_a_stage_config_threshold():
     assert out["verdict"] == "holds" and out["params"] == {"target": 4.0, "target_from": "evaluate.target"}
     with pytest.raises(ClaimError, match="threshold target=4 is written in code"):
         Claim("c", "s", "r >= param.target", kind="finding", thresholds={"target": 4})
+
+
+def test_json_null_reads_as_a_non_finite_measurement():
+    out = evaluate_claims([Better("x", "s", kind="finding", a="a", b="b"),
+                           Claim("c", "s", "v > 0", kind="check")],
+                          {"a": [1.0, None, 2.0], "b": [0.0, 0.0, 0.0], "v": None}, {"x": {"min_effect": 0}})
+    assert [o["verdict"] for o in out] == ["inconclusive", "inconclusive"]

@@ -109,3 +109,29 @@ def test_shared_seeds_and_distinct_types_reject_duplicates_naming_the_key():
             validate(Grid, block, "x")
         assert needle in str(err.value)
     assert validate(Grid, {"seeds": [3, 1], "arms": ["b", "a"]}, "x").seeds == [3, 1]
+
+
+@pytest.mark.parametrize("text, needle", [
+    ("profile: default\npapers:\n  opus:\n    prepare: {seed: " + "9" * 5000 + "}\n", "unreadable value"),
+    ("profile: default\npapers:\n  opus:\n    prepare: {seed: 36893488147419103232}\n", "integer beyond 64 bits"),
+    ("a: &a [x, x, x, x, x, x, x, x, x]\nc: [" + ", ".join(["*a"] * 70) + "]\n", "more than 64 YAML aliases"),
+    ("papers: " + "[" * 40 + "]" * 40 + "\n", "nests deeper than 32 levels"),
+])
+def test_hostile_params_are_one_line_and_fast(tmp_path, text, needle):
+    """Issue 40: a huge integer, an alias bomb or deep nesting in params.yaml is refused up front."""
+    from stages.common.config import ConfigError, read_params
+
+    path = tmp_path / "params.yaml"
+    path.write_text(text)
+    with pytest.raises(ConfigError, match=needle) as err:
+        read_params(path)
+    assert "\n" not in str(err.value)
+
+
+def test_oversized_params_file_is_refused_before_reading(tmp_path):
+    from stages.common.config import ConfigError, read_params
+
+    path = tmp_path / "params.yaml"
+    path.write_text("profile: default\n# " + "x" * 2_100_000 + "\npapers: {}\n")
+    with pytest.raises(ConfigError, match="limit 2,000,000"):
+        read_params(path)

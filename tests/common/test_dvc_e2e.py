@@ -38,6 +38,9 @@ def test_repro_cache_and_partial_rerun(tmp_path):
 
     second = repro(root, "report@reversal_curse")
     assert ran(second) == set() and skipped(second) == set(STAGES)
+    status = subprocess.run(["dvc", "status", *STAGES], cwd=root, env=tool_env(), capture_output=True,
+                            text=True, check=True).stdout
+    assert "Data and pipelines are up to date" in status, status  # no stage wrote into another's output
 
     # results where DVC users look: metrics show reads the flat scalars, plots are declared
     shown = subprocess.run(["dvc", "metrics", "show", "--json"], cwd=root, env=tool_env(),
@@ -45,8 +48,8 @@ def test_repro_cache_and_partial_rerun(tmp_path):
     (workspace,) = json.loads(shown).values()  # DVC keys the workspace as "" (older versions: "workspace")
     flat = workspace["data"]["reports/reversal_curse/dvc_metrics.json"]["data"]
     verdicts = json.loads((root / "reports/reversal_curse/metrics.json").read_text())["claims"]
-    assert {k: v for k, v in flat.items() if k.startswith("claim.") and not k.endswith(".verdict")} == \
-        {f"claim.{c['name']}": int(c["holds"]) for c in verdicts}
+    assert {k: v for k, v in flat.items() if k.startswith("reversal_curse.claim.")} == \
+        {f"reversal_curse.claim.{c['name']}": c["verdict"] for c in verdicts}  # keyed by paper, 3-way verdict
 
     # byte-identical outputs: a forced rerun of prepare gives the same hash, so train stays cached
     lock_before = (root / "dvc.lock").read_text()

@@ -13,10 +13,12 @@ from stages.common.summary import END, START, results_table
 def test_summary_stage_depends_on_every_registered_paper():
     dvc = yaml.safe_load((ROOT / "dvc.yaml").read_text())
     deps = dvc["stages"]["summary"]["deps"]
-    expected = {f"reports/{slug}/metrics.json" for slug in registered_papers()}
+    expected = {f"reports/{slug}/claims.json" for slug in registered_papers()}
     assert {d for d in deps if d.startswith("reports/")} == expected
     for name in ("prepare", "train", "evaluate", "report"):
         assert dvc["stages"][name]["foreach"] == "${papers}"
+    outs = [next(iter(o)) if isinstance(o, dict) else o for o in dvc["stages"]["report"]["do"]["outs"]]
+    assert "reports/${key}/claims.json" in outs  # the summary's inputs are declared outputs (dvc dag)
 
 
 def test_every_registered_paper_has_its_stage_modules_and_tests():

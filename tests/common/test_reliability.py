@@ -239,3 +239,36 @@ def test_sigkill_temp_is_removed_by_next_run(tmp_path):
     again.send_signal(signal.SIGTERM)
     again.communicate(timeout=60)
     assert not list(parent.glob(".train.tmp-*"))
+
+
+def test_a_stage_that_writes_into_its_input_is_refused(tmp_path, monkeypatch):
+    """Issue 57: the runner fingerprints the upstream outputs and fails a stage that changed them
+    (e.g. HF datasets cache files written into data/<slug>/prepare), leaving no output behind."""
+    import importlib
+
+    from stages.common.runner import InputModifiedError, run_stage
+
+    run_stage("ftrl_potential", "prepare", profile="smoke", root=tmp_path)
+    prep = tmp_path / "data" / "ftrl_potential" / "prepare"
+    train_mod = importlib.import_module("stages.ftrl_potential.train")
+
+    def writes_into_input(cfg, ctx):
+        (ctx.input("prepare") / "cache-0001.arrow").write_bytes(b"x")
+
+    monkeypatch.setattr(train_mod, "run", writes_into_input)
+    with pytest.raises(InputModifiedError, match=r"train@ftrl_potential: added data/ftrl_potential/prepare/"
+                                                 r"cache-0001.arrow inside an upstream stage's output"):
+        run_stage("ftrl_potential", "train", profile="smoke", root=tmp_path)
+    assert not (tmp_path / "data" / "ftrl_potential" / "train").exists()
+    assert (prep / "cache-0001.arrow").exists()  # (the guard reports; it does not undo)
+
+
+def test_missing_upstream_is_refused_before_any_tracking(tmp_path, monkeypatch):
+    from stages.common import tracking
+    from stages.common.runner import MissingInputError, run_stage
+
+    opened = []
+    monkeypatch.setattr(tracking, "stage_run", lambda *a, **k: opened.append(a))
+    with pytest.raises(MissingInputError, match="evaluate@ftrl_potential: input data/ftrl_potential/prepare"):
+        run_stage("ftrl_potential", "evaluate", profile="smoke", root=tmp_path)
+    assert opened == []  # no (empty, failed) W&B run for a stage that did no work

@@ -135,3 +135,39 @@ def test_cli_unreachable_api_is_one_line(paper_repo, tmp_path):
     err = out.stderr.strip()
     assert err.startswith(f"error: Prefect API {url}: no answer within 5 s") and "\n" not in err
     assert not (paper_repo / "data").exists()
+
+
+def test_paper_flow_at_another_profile_leaves_committed_results_alone(prefect_harness, paper_repo, tool_path):
+    state = paper_flow(SLUG, profile="smoke", root=str(paper_repo), sync=False, return_state=True)
+    assert state.is_completed(), state.message
+    result = state.result()
+    assert result["profile"] == "smoke" and set(result["stages"]) == set(STAGES)
+    run_dir = paper_repo / "runs" / "smoke"
+    metrics = json.loads((run_dir / "reports" / SLUG / "metrics.json").read_text())
+    assert metrics["profile"] == "smoke"
+    assert result["claims"] == {c["name"]: c["verdict"] for c in metrics["claims"]}
+    assert not (paper_repo / "data" / SLUG).exists() and not (paper_repo / "reports" / SLUG / "claims.json").exists()
+    arts = read_artifacts(state.state_details.flow_run_id)
+    verdicts = arts[artifact_key(SLUG, "verdicts")]
+    assert verdicts.type == "markdown" and all(f"- **{c['name']}** — " in verdicts.data for c in metrics["claims"])
+    names = {t.name for t in task_runs(state.state_details.flow_run_id)}
+    assert f"publish-{SLUG}" in names and f"train@{SLUG} (smoke)" in names
+    bad = paper_flow(SLUG, profile="huge", root=str(paper_repo), sync=False, return_state=True)
+    assert bad.is_failed() and "profile: must be one of" in bad.message
+
+
+@pytest.mark.parametrize("argv, needle", [(["no_such_paper"], "papers.no_such_paper: unknown paper"),
+                                          ([SLUG, "--profile", "huge"], "profile: must be one of")])
+def test_cli_rejects_bad_names_in_one_line_before_prefect(argv, needle):
+    import subprocess
+    import sys
+
+    from stages.common.paths import ROOT
+
+    code = ("import runpy, sys; sys.argv = ['flows.paper_flow', *sys.argv[1:]]\n"
+            "try:\n    runpy.run_module('flows.paper_flow', run_name='__main__')\n"
+            "except SystemExit as e:\n    assert 'prefect' not in sys.modules, 'prefect imported'\n    raise\n")
+    out = subprocess.run([sys.executable, "-c", code, *argv], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 2, out.stderr
+    assert out.stderr.strip().splitlines() == [f"error: {out.stderr.strip().removeprefix('error: ')}"]
+    assert needle in out.stderr and "Traceback" not in out.stderr

@@ -84,3 +84,23 @@ def test_unknown_paper(report_root):
     (report_root / "params.yaml").write_text("profile: default\npapers:\n  toy_paper: {}\n")
     with pytest.raises(wandb_report.PublishError, match="papers.nope: unknown paper"):
         wandb_report.build_report("nope", root=report_root, entity="e", project="p")
+
+
+def test_only_panels_with_data(report_root):
+    """A fresh clone (no stage runs logged here, only the committed report) gets the verdict panels but
+    no empty runtime or curve panels; stage runs add the runtime panel."""
+    import shutil
+
+    import wandb_workspaces.reports.v2 as wr
+
+    shutil.rmtree(report_root / "wandb" / "keys")
+    grid = wandb_report.build_report("toy_paper", root=report_root, entity="e", project="p").blocks[-1]
+    titles = [p.title for p in grid.panels if isinstance(p, wr.BarPlot)]
+    assert titles == ["findings (holds / fails / inconclusive) and checks passed",
+                      "claim verdicts (1 holds, 0 inconclusive, -1 fails)"]
+    assert not [p for p in grid.panels if isinstance(p, wr.LinePlot)]
+    keys = report_root / "wandb" / "keys"
+    keys.mkdir(parents=True)
+    (keys / "toy_paper.train.json").write_text(json.dumps({"history": [], "media": []}))
+    grid = wandb_report.build_report("toy_paper", root=report_root, entity="e", project="p").blocks[-1]
+    assert "runtime per stage (s)" in [p.title for p in grid.panels if isinstance(p, wr.BarPlot)]
