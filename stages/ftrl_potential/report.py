@@ -349,7 +349,7 @@ DEVIATIONS = """
 | --- | --- | --- | --- |
 | two-player game | the paper's identical-payoff construction (not retrieved) | a derived chain gadget with padding and graded negatives | only the abstract was available; the derivation above explains the mechanism |
 | multi-player game | the paper's FP construction (not retrieved) | a snake-in-the-box game (ours), FP computed exactly by events | the previous Gray-code snake was shortcut; an induced path cannot be shortcut by one player's move |
-| ε | ≤ 1/(8m) | 0.1/m (lower bound); a sweep 0.1 … 0.02 for the upper bound | just inside the paper's regime |
+| ε | ≤ 1/(8m) | 0.1/m (lower bound); a sweep over ε (`train.eps_sweep`) for the upper bound | just inside the paper's regime |
 | sizes | asymptotic in m, N | m ≤ 6 with the kernel (per-arm limits by cost), m ≤ 8 exact FP, N ≤ 6 | CPU minutes; exact FP has no cap |
 | FP ties | any rule | lowest index AND random priority orders per run | the lowest index starts FP at the chain's first cell |
 | FP | best response to the product of empirical marginals (classical FP) | best response to cumulative realized utilities (FTRL with η → ∞), simultaneous moves | the abstract calls FP the extreme version of FTRL |
@@ -363,6 +363,11 @@ THREATS = """
 - **Fits over few sizes.** Slopes over 4-5 sizes and the ε exponent over 6 ε values; capped runs count at the
   cap (lower bounds). The ε-sweep exponent k depends on which sizes the max runs over; the hardest size is
   inside the range only where the table says "saturated".
+- **The k ≤ 2 part of `upper_bound_eps_sweep` is weak.** With no run capped, T_max(ε) ≤ eps_sweep_cap and the
+  sweep spans a factor of 4 in 1/ε, so log log T_max can rise by only ~1.5 over ~1.4 units of log(1/ε): the
+  fitted k can hardly exceed ~1.1, well below 2, whatever the dynamics do. What could refute the finding is a
+  capped run (T_ε above the cap for some (ε, m)), not the exponent; the fit shows T_max stays small and
+  saturates in m, it does not separate exp(C/ε²) from slower growth.
 - **Tie-breaking.** With the lowest-index rule FP starts at the chain's first cell; random tie-breaking can start
   it anywhere (table); the multi-player claim uses the designated start (the path's first profile), which the
   statement "can take" allows; random tie-breaks are reported beside it.
