@@ -238,13 +238,16 @@ def curve_point(ensemble, spec: dict) -> dict:
     ensemble.eval()
     C, H, Wl = spec["context"], spec["horizon"], spec["long_window"]
     rngs = [np.random.default_rng([s, spec["eval_seed"]]) for s in ensemble.seeds]
-    curves = []
+    curves, per_group = [], {}
     for key, data in spec["val"].items():
         pred = ensemble_rollout(ensemble, data[:, :C], H, spec["bcs"][key], rngs, spec["template"])
-        curves.append(vrmse(pred, data[None, :, C:C + H]).mean(1))                    # (S, H)
+        cg = vrmse(pred, data[None, :, C:C + H]).mean(1).nan_to_num(nan=1e3, posinf=1e3).clamp(max=1e3)   # (S, H)
+        curves.append(cg)
+        per_group[key] = cg[:, H - Wl:].mean(1).tolist()
     c = torch.stack(curves).mean(0)                                                    # (S, H)
     ensemble.train(was)
-    return {"one_step": c[:, 0].tolist(), "long": c[:, H - Wl:].mean(1).tolist(), "curve": c.tolist()}
+    return {"one_step": c[:, 0].tolist(), "long": c[:, H - Wl:].mean(1).tolist(), "curve": c.tolist(),
+            "groups": per_group}
 
 
 # -------------------------------------------------------------------------------------------------
