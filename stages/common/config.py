@@ -123,17 +123,11 @@ MAX_YAML_DEPTH = 32
 
 
 def _yaml_depth_ok(doc: Any, path: Path) -> None:
-    stack = [(doc, 1)]
-    while stack:
-        node, depth = stack.pop()
-        if depth > MAX_YAML_DEPTH:
-            raise ConfigError(f"{path}: nested deeper than {MAX_YAML_DEPTH} levels")
-        if isinstance(node, dict):
-            stack.extend((v, depth + 1) for v in node.values())
-        elif isinstance(node, list):
-            stack.extend((v, depth + 1) for v in node)
-        elif isinstance(node, int) and not isinstance(node, bool) and abs(node) > 2 ** 63:
-            raise ConfigError(f"{path}: an integer beyond 64 bits ({str(node)[:20]}...)")
+    from stages.common.paths import structure_problem
+
+    problem = structure_problem(doc, MAX_YAML_DEPTH)
+    if problem:
+        raise ConfigError(f"{path}: {problem}")
 
 
 def load_yaml(path: Path) -> Any:

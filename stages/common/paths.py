@@ -145,18 +145,27 @@ def load_json_bounded(path: Path, max_bytes: int = 50_000_000, max_depth: int = 
         raise InputError(f"{path}: {what} is not UTF-8 text") from None
     except ValueError as err:  # JSONDecodeError, NaN/Infinity, an integer too long to convert
         raise InputError(f"{path}: not valid JSON ({str(err).splitlines()[0][:120]})") from None
+    problem = structure_problem(doc, max_depth)
+    if problem:
+        raise InputError(f"{path}: {what} {problem}")
+    return doc
+
+
+def structure_problem(doc: Any, max_depth: int) -> str | None:
+    """Why a parsed document is out of bounds (nesting deeper than max_depth, an integer beyond 64 bits),
+    or None; iterative, so a deep document cannot exhaust the stack."""
     stack = [(doc, 1)]
     while stack:
         node, depth = stack.pop()
         if depth > max_depth:
-            raise InputError(f"{path}: {what} nests deeper than {max_depth} levels")
+            return f"nests deeper than {max_depth} levels"
         if isinstance(node, dict):
             stack.extend((v, depth + 1) for v in node.values())
         elif isinstance(node, list):
             stack.extend((v, depth + 1) for v in node)
         elif isinstance(node, int) and not isinstance(node, bool) and abs(node) > 2 ** 63:
-            raise InputError(f"{path}: {what} holds an integer beyond 64 bits ({str(node)[:20]}...)")
-    return doc
+            return f"holds an integer beyond 64 bits ({str(node)[:20]}...)"
+    return None
 
 
 def _json_default(obj: Any) -> Any:

@@ -115,7 +115,7 @@ def test_shared_seeds_and_distinct_types_reject_duplicates_naming_the_key():
     ("profile: default\npapers:\n  opus:\n    prepare: {seed: " + "9" * 5000 + "}\n", "unreadable value"),
     ("profile: default\npapers:\n  opus:\n    prepare: {seed: 36893488147419103232}\n", "integer beyond 64 bits"),
     ("a: &a [x, x, x, x, x, x, x, x, x]\nc: [" + ", ".join(["*a"] * 70) + "]\n", "more than 64 YAML aliases"),
-    ("papers: " + "[" * 40 + "]" * 40 + "\n", "nested deeper than 32 levels"),
+    ("papers: " + "[" * 40 + "]" * 40 + "\n", "nests deeper than 32 levels"),
 ])
 def test_hostile_params_are_one_line_and_fast(tmp_path, text, needle):
     """Issue 40: a huge integer, an alias bomb or deep nesting in params.yaml is refused up front."""
