@@ -65,7 +65,7 @@ def claims_for(env: str, arms: list[str]) -> list:
                          f"{E}: baseline sanity — the no-info DT beats the uniform-random policy on training tasks "
                          "(normalised return > 0)",
                          value=f"{env}.seen.dt", 
-                         refuted_by="the no-info DT at or below the random policy (a degenerate baseline)", kind="finding"))
+                         refuted_by="the no-info DT at or below the random policy (a degenerate baseline)", kind="check"))
     return out
 
 
@@ -130,7 +130,7 @@ def run(cfg: Config, ctx) -> None:
             "HalfCheetah-v5 is not in this profile (CPU budget): it runs in the smoke and full profiles."
             if "halfcheetah" not in pcfg["envs"] else "")))
     rep.table("Results: normalised return per arm (mean, sd over seeds)", pl.DataFrame(rows))
-    rep.plot("return_by_arm", pl.DataFrame(plot_rows), x="arm", y=["seen", "unseen"],
+    rep.plot("return_by_arm", pl.DataFrame(plot_rows), x="arm", y=["seen", "unseen"], template="bar_horizontal",
              title="normalised return, seen vs unseen tasks")
 
     fig, axes = plt.subplots(1, len(envs), figsize=(5.5 * len(envs), 3.6), squeeze=False)
@@ -179,7 +179,7 @@ def run(cfg: Config, ctx) -> None:
                 .with_columns((pl.col("env") + "/" + pl.col("arm")).alias("run"))
                 .pivot(on="run", index="step", values="mse").sort("step"))
         wide = wide.select("step", *sorted(c for c in wide.columns if c != "step"))  # column order fixed
-        rep.plot("training_mse", wide, x="step", title="training action MSE per env/arm (mean over seeds)")
+        rep.plot("training_mse", wide, x="step", y=[c for c in wide.columns if c != "step"], title="training action MSE per env/arm (mean over seeds)")
 
     for env in envs:
         r = ev["envs"][env]["retrieval"].get("tgdt")

@@ -479,13 +479,15 @@ def test_report_claims_are_seed_aware():
     gawr = next(c for c in report.claims_for("halfcheetah", ["speed"], cfg) if c.name == "gawr_adds_return_halfcheetah")
     below = {"halfcheetah": {"norm_return": {"gawr": [-0.1, -0.11, -0.09], "sciql": [-0.5, -0.52, -0.48]}}}
     above = {"halfcheetah": {"norm_return": {"gawr": [0.6, 0.61, 0.59], "sciql": [0.2, 0.22, 0.18]}}}
-    assert evaluate_claims([gawr], below)[0]["verdict"] == "inconclusive"
-    assert evaluate_claims([gawr], above)[0]["verdict"] == "holds"
+    th = {"gawr_adds_return_*": {"min_effect": 0.05}, "random_relabel_beats_mixed_*": {"min_effect": 0.05}}
+    assert gawr.kind == "finding"
+    assert evaluate_claims([gawr], below, th)[0]["verdict"] == "inconclusive"
+    assert evaluate_claims([gawr], above, th)[0]["verdict"] == "holds"
     claim = report.ablation_claim("position", [0.0, 0.0, 1.0], "[0.2, 0.5, 0.3]")
 
     def verdict(main, abl):
         m = {"circle2d": {"per_style": {"position": {"alignment": {"sciql": main}}}}, "ablation": {"alignment": {"sciql": abl}}}
-        return evaluate_claims([claim], m)[0]["verdict"]
+        return evaluate_claims([claim], m, th)[0]["verdict"]
 
     assert verdict([0.5, 0.52, 0.48], [0.3, 0.31, 0.29]) == "holds"
     assert verdict([0.3, 0.31, 0.29], [0.5, 0.52, 0.48]) == "fails"

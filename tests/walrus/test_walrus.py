@@ -206,12 +206,12 @@ def test_patch_line_statistic_detects_a_patch_periodic_artifact():
     base = torch.fft.ifft2(torch.fft.fft2(noise) * (kx ** 2 + ky ** 2 + 1).pow(-1.2)).real
     j = torch.arange(n, dtype=torch.float64)
     bump = torch.exp(-((j % 8) - 3.5) ** 2)                 # period 8 = p in both directions
-    art = 0.05 * base.std() * (bump[:, None] + bump[None, :])
+    art = 0.2 * base.std() * (bump[:, None] + bump[None, :])
     assert patch_harmonics(n, n_tok, 2 / 3) == [4, 8]
     clean = patch_line_stat(base, (n_tok, n_tok), 2 / 3)
     dirty = patch_line_stat(base + art, (n_tok, n_tok), 2 / 3)
     assert dirty - clean > 0.3
-    off = 0.05 * base.std() * torch.cos(2 * math.pi * 5 * j / n)[None, :].expand(n, n)   # k = 5: a neighbour
+    off = 0.3 * base.std() * torch.cos(2 * math.pi * 5 * j / n)[None, :].expand(n, n)   # k = 5: a neighbour
     assert patch_line_stat(base + off, (n_tok, n_tok), 2 / 3) - clean < -0.1
     # marginal power by hand on a single mode: all of it at |kx| = 3
     u = torch.cos(2 * math.pi * 3 * j / n)[None, :].expand(n, n)
