@@ -39,7 +39,7 @@ class Circle2DData(EnvData):
     center_box: float = Field(30.0, gt=0.0, le=40.0)         # behaviour circle centres ~ U(±this)²
     radius_min: float = Field(3.0, gt=0.0, le=10.0)          # behaviour radii ~ U(radius_min, radius_max)
     radius_max: float = Field(10.0, gt=0.0, le=10.0)         # (centre_box + radius_max < walls at 50)
-    task_margin: float = Field(2.0, ge=0.0, le=10.0)         # redraw circles with |c−c*| + |R−R*| < this
+    task_margin: float = Field(2.0, ge=0.0, le=10.0)         # redraw circles whose mean distance to the task ring < this·σ
 
 
 class HalfCheetahData(EnvData):

@@ -399,8 +399,14 @@ DEVIATIONS = [
     ("updates", "all networks take one Adam step on the sum of their (detached-target) losses",
      "separate optimisers, sequential updates", "one optimiser step per batch; gradients are the same"),
     ("Circle2D episodes", "100 steps, 300 episodes", "1000 steps", "CPU budget"),
-    ("Circle2D observation", "(x/50, y/50, cos θ, sin θ)", "history of 2 states + start state",
-     "the labels used here need no history"),
+    ("Circle2D observation", "(x/50, y/50, cos θ, sin θ), the current state only",
+     "history of 4 states, no start state (official yaml: `history: 4, include_start_state: False`)",
+     "not matched yet: the labels used here are functions of the current step and its window; a 4-state "
+     "history would let the policy infer the episode's circle"),
+    ("no-demonstration filter", "redraw behaviour circles whose mean distance to the task ring is below "
+     "2σ (σ = 5, the reward width): no dataset episode earns half the on-ring per-step reward",
+     "(not stated: the official generator draws random circles)",
+     "the task return must come from stitching; the earlier |Δc| + |ΔR| < 2 rule let near-task circles in"),
     ("baselines", "BC, CBC, task-only IQL", "also SORL, SCBC, BC-PMI", "not reproduced"),
     ("task-return normalisation", "(R − R_random) / (R_expert − R_random), expert = circle controller on the task circle",
      "the paper's return bounds", "no reference bounds offline; the random policy stays near the start (close to "

@@ -118,13 +118,17 @@ def test_dataset_follows_circles_and_never_draws_the_task_circle():
         assert np.ptp(ep["speed"]) < 1e-9                       # constant speed per episode
         assert np.abs(ep["xy"]).max() < 45.0                    # never at the ±50 walls
         assert np.mean(env.ring_distance(ep["xy"]) < 1.0) < 0.5  # not a demonstration of the task circle
+        assert env.ring_distance(ep["xy"]).mean() > 1.5 * env.sigma  # far from the ring on average (issue 54)
+        assert env.task_reward(ep["xy"][1:]).mean() < 0.5            # under half the on-ring per-step reward (1)
     # a circle follower without noise stays near its own circle: fit a circle to its positions
     xy = eps[0]["xy"]
     A = np.c_[2 * xy, np.ones(len(xy))]
     c = np.linalg.lstsq(A, (xy ** 2).sum(1), rcond=None)[0]
     r = np.linalg.norm(xy - c[:2], axis=1)
     assert r.std() < 0.1 * r.mean()
-    assert D.near_task_circle((0.5, 5.5), 5.2, env, 2.0) and not D.near_task_circle((10, 5), 5, env, 2.0)
+    assert D.near_task_circle((0.5, 5.5), 5.2, env, 2.0) and not D.near_task_circle((30, 5), 5, env, 2.0)
+    # a concentric circle 8 units larger: mean ring distance 8 < 2σ = 10 (the old |Δc| + |ΔR| < 2 rule let it in)
+    assert D.near_task_circle((0.0, 5.0), 13.0, env, 2.0) and not D.near_task_circle((0.0, 5.0), 13.0, env, 1.5)
 
 
 # ---------------------------------------------------------------------------------------------- relabelling
