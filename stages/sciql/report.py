@@ -14,7 +14,7 @@ import polars as pl
 from pydantic import Field
 
 from kernels.record import merge_records
-from stages.common.claims import Better, evaluate_claims, Param
+from stages.common.claims import _no_number_in_code, gap_verdict, Better, evaluate_claims, Param
 from stages.common.config import ReportConfig
 from stages.common.paths import read_json
 from stages.common.reporting import Report
@@ -48,6 +48,32 @@ class ReturnBetter(Better):
         return out
 
 
+@dataclass(frozen=True)
+class AlignmentGated(Better):
+    """Better on alignment, but ``inconclusive`` unless style-only SCIQL's alignment on the env is above the
+    chance level (1 / #promptable labels, mean over criteria) by ``gate_min`` under the shared rule (the
+    check ``sciql_above_chance_<env>``): "keeps alignment" needs an alignment to keep."""
+    gate: str = ""                      # the env prefix: reads <gate>.alignment.sciql and <gate>.chance
+    gate_min: float | None = None       # from params, = sciql_above_chance_<env>.min_effect
+    PARAMS = ("b", "min_effect", "gate_min")
+    REQUIRED = ("min_effect", "gate_min")
+
+    def __post_init__(self):
+        super().__post_init__()
+        _no_number_in_code(self, "gate_min")
+
+    def evaluate(self, env: Mapping[str, Any]) -> dict[str, Any]:
+        out = super().evaluate(env)
+        sciql, chance = env[f"{self.gate}.alignment.sciql"], float(env[f"{self.gate}.chance"])
+        gate, _ = gap_verdict([float(x) - chance for x in sciql], float(self.gate_min))
+        out["gate"] = gate
+        if gate != "holds":
+            out.update(verdict="inconclusive", holds=False)
+        out["check"] += (f"; inconclusive unless SCIQL's alignment is above chance ({chance:.3g}) by "
+                         f"{float(self.gate_min):g} (gate: {gate})")
+        return out
+
+
 def claims_for(env: str, styles: list[str], cfg: Config) -> list:
     E = "HalfCheetah" if env == "halfcheetah" else "Circle2D"
     out = [
@@ -62,11 +88,17 @@ def claims_for(env: str, styles: list[str], cfg: Config) -> list:
                      a=f"{env}.norm_return.gawr", b=f"{env}.norm_return.sciql",
                      refuted_by="GAWR's return below SCIQL's beyond 2 s.e. on most seeds (fails); inconclusive "
                                 "when within noise or when both are below the random policy", kind="finding"),
-        Better(f"gawr_keeps_alignment_{env}",
+        Better(f"sciql_above_chance_{env}",
+               f"{E}: style-only SCIQL follows commanded styles above chance (1 / #promptable labels, mean over "
+               "criteria): the precondition of the GAWR alignment claim",
+               a=f"{env}.alignment.sciql", b=f"{env}.chance",
+               refuted_by="SCIQL's alignment not above chance by the min effect (then GAWR has no alignment to keep)",
+               kind="check"),
+        AlignmentGated(f"gawr_keeps_alignment_{env}",
                f"{E}: GAWR keeps style alignment (at least SCIQL's minus {cfg.keep_alignment_tol:g}, per seed)",
                a=f"{env}.alignment.gawr", b=f"{env}.alignment.sciql", min_effect=Param(-cfg.keep_alignment_tol, "report.keep_alignment_tol (negated)"),
                refuted_by=f"GAWR's alignment more than {cfg.keep_alignment_tol:g} below SCIQL's beyond 2 s.e. "
-                          "on most seeds", kind="finding"),
+                          "on most seeds; inconclusive when SCIQL itself is not above chance", kind="finding", gate=env),
     ]
     if env == "circle2d":
         out += [

@@ -496,3 +496,25 @@ def test_report_claims_are_seed_aware():
     assert verdict([0.5, 0.52, 0.48], [0.3, 0.31, 0.29]) == "holds"
     assert verdict([0.3, 0.31, 0.29], [0.5, 0.52, 0.48]) == "fails"
     assert verdict([0.5, 0.3, 0.4], [0.3, 0.5, 0.4]) == "inconclusive"
+
+
+def test_gawr_alignment_claim_is_gated_on_sciql_above_chance():
+    """issue 54: GAWR 'keeps alignment' is inconclusive unless SCIQL's own alignment is above chance by the
+    gate's min effect (the same per-seed rule), even when GAWR is above SCIQL on every seed."""
+    from stages.common.claims import evaluate_claims
+    from stages.sciql import report
+
+    cfg = report.Config(keep_alignment_tol=0.05)
+    names = ("gawr_keeps_alignment_halfcheetah", "sciql_above_chance_halfcheetah")
+    cl = [c for c in report.claims_for("halfcheetah", ["speed"], cfg) if c.name in names]
+    th = {"sciql_above_chance_*": {"min_effect": 0.05}, "gawr_keeps_alignment_*": {"gate_min": 0.05}}
+
+    def verdicts(sciql):
+        m = {"halfcheetah": {"alignment": {"sciql": sciql, "gawr": [x + 0.01 for x in sciql]}, "chance": 1 / 3}}
+        return {v["name"]: v["verdict"] for v in evaluate_claims(cl, m, th)}
+
+    near = verdicts([0.36, 0.42, 0.38])            # HalfCheetah's committed numbers: near chance
+    assert near == {"sciql_above_chance_halfcheetah": "inconclusive", "gawr_keeps_alignment_halfcheetah": "inconclusive"}
+    far = verdicts([0.80, 0.82, 0.79])
+    assert far == {"sciql_above_chance_halfcheetah": "holds", "gawr_keeps_alignment_halfcheetah": "holds"}
+    assert {c.name: c.kind for c in cl} == {"sciql_above_chance_halfcheetah": "check", "gawr_keeps_alignment_halfcheetah": "finding"}
