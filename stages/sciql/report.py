@@ -428,7 +428,7 @@ Red-team pass on this design (what was fixed is in the design; what remains is l
 - **Scale.** A few thousand Adam steps with 2×64 networks on 100-step episodes: alignment and especially task
   return (which needs stitching) are far from converged; a null verdict says little about the full scale.
 - **No demonstration of the task.** Behaviour circles whose mean distance to the task ring is below 2σ are
-  redrawn (issue 54: the earlier |Δc| + |ΔR| < 2 rule let near-task circles in); a test bounds every dataset
+  redrawn (issue 54: the earlier |Δc| + |ΔR| < 2 rule let near-task circles in); a test bounds every generated
   episode's mean per-step task reward below half the on-ring reward. Circles that cross the ring still earn
   some reward on part of the episode.
 - **Saturated criteria.** `speed` and `turn` labels are set by per-episode generator parameters, so both
