@@ -80,12 +80,12 @@ def claims_for(env: str, styles: list[str], cfg: Config) -> list:
         Better(f"sciql_beats_cbc_{env}",
                f"{E}: SCIQL (style-only) follows commanded styles better than CBC (alignment averaged over the "
                f"criteria {', '.join(styles)})",
-               a=f"{env}.alignment.sciql", b=f"{env}.alignment.cbc",
+               a=f"{env}.alignment_items.sciql", b=f"{env}.alignment_items.cbc",
                refuted_by="CBC's alignment above SCIQL's by more than 2 s.e. on most seeds (fails); a gap within "
                           "2 s.e. or a split of seeds (inconclusive)", kind="finding"),
         ReturnBetter(f"gawr_adds_return_{env}",
                      f"{E}: GAWR raises normalised task return over style-only SCIQL",
-                     a=f"{env}.norm_return.gawr", b=f"{env}.norm_return.sciql",
+                     a=f"{env}.norm_return_items.gawr", b=f"{env}.norm_return_items.sciql",
                      refuted_by="GAWR's return below SCIQL's beyond 2 s.e. on most seeds (fails); inconclusive "
                                 "when within noise or when both are below the random policy", kind="finding"),
         Better(f"sciql_above_chance_{env}",
@@ -96,7 +96,7 @@ def claims_for(env: str, styles: list[str], cfg: Config) -> list:
                kind="check"),
         AlignmentGated(f"gawr_keeps_alignment_{env}",
                f"{E}: GAWR keeps style alignment (at least SCIQL's minus {cfg.keep_alignment_tol:g}, per seed)",
-               a=f"{env}.alignment.gawr", b=f"{env}.alignment.sciql", min_effect=Param(-cfg.keep_alignment_tol, "report.keep_alignment_tol (negated)"),
+               a=f"{env}.alignment_items.gawr", b=f"{env}.alignment_items.sciql", min_effect=Param(-cfg.keep_alignment_tol, "report.keep_alignment_tol (negated)"),
                refuted_by=f"GAWR's alignment more than {cfg.keep_alignment_tol:g} below SCIQL's beyond 2 s.e. "
                           "on most seeds; inconclusive when SCIQL itself is not above chance", kind="finding", gate=env),
     ]
@@ -106,13 +106,13 @@ def claims_for(env: str, styles: list[str], cfg: Config) -> list:
                    f"Circle2D: task-only IQL ignores the commanded style: its alignment is at least "
                    f"{cfg.ignores_style_margin:g} below SCIQL's, per seed (task-IQL's mean over commands is the "
                    "chance level by construction; the claim can fail through SCIQL)",
-                   a="circle2d.alignment.sciql", b="circle2d.alignment.task_iql", min_effect=Param(cfg.ignores_style_margin, "report.ignores_style_margin"),
+                   a="circle2d.alignment_items.sciql", b="circle2d.alignment_items.task_iql", min_effect=Param(cfg.ignores_style_margin, "report.ignores_style_margin"),
                    refuted_by=f"SCIQL's alignment less than {cfg.ignores_style_margin:g} above task-IQL's beyond "
                               "2 s.e. on most seeds", kind="check"),
             ReturnBetter("task_iql_return_above_bc_circle2d",
                          "Circle2D: task-only IQL reaches a higher normalised task return than BC (it optimises "
                          "the task reward the dataset never demonstrates; BC imitates random circles)",
-                         a="circle2d.norm_return.task_iql", b="circle2d.norm_return.bc",
+                         a="circle2d.norm_return_items.task_iql", b="circle2d.norm_return_items.bc",
                          refuted_by="BC's return above task-IQL's beyond 2 s.e. on most seeds (fails); inconclusive "
                                     "within noise or when both are below random", kind="check"),
         ]
@@ -120,7 +120,7 @@ def claims_for(env: str, styles: list[str], cfg: Config) -> list:
                        + (" (label set by a per-episode generator parameter — commanded speed, circle direction — "
                           "so both methods can saturate at 1: a check of the machinery, not a test of the paper)" if s in cfg.constant_label_styles
                           else ""),
-                       a=f"circle2d.per_style.{s}.alignment.sciql", b=f"circle2d.per_style.{s}.alignment.cbc",
+                       a=f"circle2d.per_style.{s}.alignment_items.sciql", b=f"circle2d.per_style.{s}.alignment_items.cbc",
                        refuted_by="CBC above SCIQL on this criterion beyond 2 s.e. on most seeds",
                        kind="check" if s in cfg.constant_label_styles else "finding")
                 for s in styles]
@@ -142,6 +142,15 @@ def _per_seed(d: pl.DataFrame, seeds: list[int], method: str, col: str) -> list[
     return [float(s.filter(pl.col("seed") == k)[col].mean()) for k in seeds]
 
 
+def _items(d: pl.DataFrame, seeds: list[int], method: str, col: str) -> list[list[float]]:
+    """Per seed, one value per evaluation start (episode index; the same starts for every method, so the
+    lists pair per item): the mean over criteria (each weighing equally) of the mean over commanded z. The
+    mean of a seed's list is that seed's value in the per-seed lists."""
+    per = (d.filter(pl.col("method") == method).group_by("seed", "style", "episode").agg(pl.col(col).mean())
+           .group_by("seed", "episode").agg(pl.col(col).mean()).sort("seed", "episode"))
+    return [per.filter(pl.col("seed") == k)[col].to_list() for k in seeds]
+
+
 def env_metrics(df: pl.DataFrame, env: str) -> dict:
     """Per-seed lists (same seed order everywhere): a seed's value is its mean over style criteria (each
     criterion weighs equally), commanded z and episodes."""
@@ -150,10 +159,13 @@ def env_metrics(df: pl.DataFrame, env: str) -> dict:
     per_style_seed = d.group_by("seed", "style", "method", maintain_order=True).agg(pl.col("alignment").mean(), pl.col("norm_return").mean())
     per_seed = per_style_seed.group_by("seed", "method", maintain_order=True).agg(pl.col("alignment").mean(), pl.col("norm_return").mean())
     styles = sorted(d["style"].unique().to_list())
-    out: dict[str, Any] = {"seeds": seeds, "alignment": {}, "norm_return": {}, "mean": {}, "per_style": {}}
+    out: dict[str, Any] = {"seeds": seeds, "alignment": {}, "norm_return": {}, "mean": {}, "per_style": {},
+                           "alignment_items": {}, "norm_return_items": {}}
     for m in METHODS:
         out["alignment"][m] = _per_seed(per_seed, seeds, m, "alignment")
         out["norm_return"][m] = _per_seed(per_seed, seeds, m, "norm_return")
+        out["alignment_items"][m] = _items(d, seeds, m, "alignment")       # seeds x evaluation starts (paired)
+        out["norm_return_items"][m] = _items(d, seeds, m, "norm_return")
         out["mean"][m] = {"alignment": float(np.mean(out["alignment"][m])),
                           "norm_return": float(np.mean(out["norm_return"][m])),
                           "alignment_seed_std": float(np.std(out["alignment"][m], ddof=1)) if len(seeds) > 1 else 0.0,
@@ -161,7 +173,9 @@ def env_metrics(df: pl.DataFrame, env: str) -> dict:
     for s in styles:
         ps = per_style_seed.filter(pl.col("style") == s)
         out["per_style"][s] = {"alignment": {m: _per_seed(ps, seeds, m, "alignment") for m in METHODS},
-                               "norm_return": {m: _per_seed(ps, seeds, m, "norm_return") for m in METHODS}}
+                               "norm_return": {m: _per_seed(ps, seeds, m, "norm_return") for m in METHODS},
+                               "alignment_items": {m: _items(d.filter(pl.col("style") == s), seeds, m, "alignment")
+                                                   for m in METHODS}}
     out["chance"] = float(np.mean([1.0 / len(LABELLERS[env][s].promptable) for s in styles]))
     return out
 
@@ -436,8 +450,9 @@ Red-team pass on this design (what was fixed is in the design; what remains is l
 - **HalfCheetah.** Scripted open-loop gaits (with a gait clock in the observation), one criterion (speed):
   SCIQL's alignment there may sit near chance; the GAWR "keeps alignment" finding is inconclusive unless the
   check `sciql_above_chance_halfcheetah` holds.
-- **Item noise.** Per-seed values are means over commanded styles and evaluation episodes; episode-level
-  noise is not in the verdicts (per-episode lists are not stored yet).
+- **Item noise.** The findings read per-seed lists over evaluation starts (each start averaged over criteria
+  and commanded styles; the same starts for every method, so the shared rule pairs them per item); the
+  relabelling ablation still compares per-seed means (its suite draws its own starts).
 - **Observation.** The official Circle2D uses a 4-state history; here the current state only (Deviations).
 - **Thresholds** (min effects, the keep-alignment tolerance, the gate) were fixed in params before the run.
 """)

@@ -481,8 +481,9 @@ def test_report_claims_are_seed_aware():
 
     cfg = report.Config()
     gawr = next(c for c in report.claims_for("halfcheetah", ["speed"], cfg) if c.name == "gawr_adds_return_halfcheetah")
-    below = {"halfcheetah": {"norm_return": {"gawr": [-0.1, -0.11, -0.09], "sciql": [-0.5, -0.52, -0.48]}}}
-    above = {"halfcheetah": {"norm_return": {"gawr": [0.6, 0.61, 0.59], "sciql": [0.2, 0.22, 0.18]}}}
+    below = {"halfcheetah": {"norm_return_items": {"gawr": [-0.1, -0.11, -0.09], "sciql": [-0.5, -0.52, -0.48]}}}
+    above = {"halfcheetah": {"norm_return_items": {"gawr": [[0.6, 0.62], [0.61, 0.6], [0.59, 0.6]],
+                                                   "sciql": [[0.2, 0.21], [0.22, 0.2], [0.18, 0.2]]}}}
     th = {"gawr_adds_return_*": {"min_effect": 0.05}, "random_relabel_beats_mixed_*": {"min_effect": 0.05}}
     assert gawr.kind == "finding"
     assert evaluate_claims([gawr], below, th)[0]["verdict"] == "inconclusive"
@@ -510,7 +511,9 @@ def test_gawr_alignment_claim_is_gated_on_sciql_above_chance():
     th = {"sciql_above_chance_*": {"min_effect": 0.05}, "gawr_keeps_alignment_*": {"gate_min": 0.05}}
 
     def verdicts(sciql):
-        m = {"halfcheetah": {"alignment": {"sciql": sciql, "gawr": [x + 0.01 for x in sciql]}, "chance": 1 / 3}}
+        gawr = [x + 0.01 for x in sciql]
+        m = {"halfcheetah": {"alignment": {"sciql": sciql, "gawr": gawr}, "chance": 1 / 3,
+                             "alignment_items": {"sciql": sciql, "gawr": gawr}}}
         return {v["name"]: v["verdict"] for v in evaluate_claims(cl, m, th)}
 
     near = verdicts([0.36, 0.42, 0.38])            # HalfCheetah's committed numbers: near chance
@@ -518,3 +521,28 @@ def test_gawr_alignment_claim_is_gated_on_sciql_above_chance():
     far = verdicts([0.80, 0.82, 0.79])
     assert far == {"sciql_above_chance_halfcheetah": "holds", "gawr_keeps_alignment_halfcheetah": "holds"}
     assert {c.name: c.kind for c in cl} == {"sciql_above_chance_halfcheetah": "check", "gawr_keeps_alignment_halfcheetah": "finding"}
+
+
+def test_item_lists_pair_per_start_and_average_to_the_seed_value():
+    """env_metrics' item lists: one value per evaluation start (criteria weigh equally, z averaged), whose mean
+    is the seed's value in the per-seed list — by hand on a 2-criterion, 2-start, 2-seed frame."""
+    import polars as pl
+    from stages.sciql import report
+
+    rows = []
+    for seed in (0, 1):
+        for style, zs in (("speed", (0, 1, 2)), ("position", (0, 1))):
+            for z in zs:
+                for e in (0, 1):
+                    for m in report.METHODS:
+                        val = 0.1 * seed + (0.3 if style == "speed" else 0.05) * z + 0.01 * e
+                        rows.append({"env": "circle2d", "seed": seed, "style": style, "method": m, "z": z,
+                                     "episode": e, "alignment": val, "norm_return": -val})
+    out = report.env_metrics(pl.DataFrame(rows), "circle2d")
+    # seed 0, start 0: speed mean over z of 0.3 z = 0.3, position 0.025 -> (0.3 + 0.025) / 2; start 1 adds 0.01
+    assert out["alignment_items"]["sciql"][0] == pytest.approx([0.1625, 0.1725])
+    assert out["alignment_items"]["sciql"][1] == pytest.approx([0.2625, 0.2725])
+    for k in range(2):
+        assert np.mean(out["alignment_items"]["cbc"][k]) == pytest.approx(out["alignment"]["cbc"][k])
+        assert np.mean(out["norm_return_items"]["bc"][k]) == pytest.approx(out["norm_return"]["bc"][k])
+    assert out["per_style"]["position"]["alignment_items"]["sciql"][0] == pytest.approx([0.025, 0.035])
