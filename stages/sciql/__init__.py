@@ -8,6 +8,7 @@ SOURCES = [Source(
     loader="stages.sciql.minari_source:load_minari_episodes",
     fixture_test="tests/sciql/test_real_source.py::test_minari_halfcheetah_into_sciql_episodes",
     note="HalfCheetah episodes in the generators' format (gait clock appended, x_velocity from infos or "
-         "qvel[0]); fixture written by Minari's DataCollector on the project's HalfCheetah-v5. Not yet wired "
-         "into prepare (full still runs the scripted generator); Circle2D is the official toy world (no release)",
+         "qvel[0]); fixture written by Minari's DataCollector on the project's HalfCheetah-v5; full sets "
+         "prepare.source {kind: file, dataset: mujoco/halfcheetah/medium-v0}; Circle2D is the official toy world "
+         "(no release)",
 )]

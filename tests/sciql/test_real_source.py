@@ -74,3 +74,19 @@ def test_minari_errors_are_one_line(hc_dataset, tmp_path):
         load_minari_episodes("test/halfcheetah/nothing-v0", "halfcheetah", root=root)
     with pytest.raises(SourceError, match="unknown SCIQL environment"):
         load_minari_episodes("test/halfcheetah/sciql-v0", "circle2d", root=root)
+
+
+def test_prepare_reads_the_minari_source_when_full_names_it(hc_dataset):
+    """prepare's HalfCheetah episodes come from the Minari dataset when source.kind is file (at most
+    halfcheetah.episodes of them); a missing dataset is a one-line error naming the params key."""
+    from stages.sciql import prepare
+
+    root, seen = hc_dataset
+    base = {"circle2d": {"episodes": 2, "max_steps": 10, "styles": ["speed"]},
+            "halfcheetah": {"episodes": 2, "max_steps": 10, "noise": 0.1, "gaits": 4, "styles": ["speed"]}}
+    cfg = prepare.Config(**base, source={"kind": "file", "dataset": str(root / "test/halfcheetah/sciql-v0")})
+    eps = prepare.halfcheetah_episodes(cfg, cfg.halfcheetah)
+    assert len(eps) == 2 and all(np.allclose(e["obs"], np.stack(s["obs"]), atol=1e-6) for e, s in zip(eps, seen))
+    with pytest.raises(SourceError, match="papers.sciql.prepare.source.dataset"):
+        bad = prepare.Config(**base, source={"kind": "file", "dataset": str(root / "missing")})
+        prepare.halfcheetah_episodes(bad, bad.halfcheetah)
