@@ -9,5 +9,6 @@ SOURCES = [Source(
     fixture_test="tests/tgdt/test_real_source.py::test_minari_pointmass_tasks_into_prepare_rows",
     note="rows in prepare's table schema (HalfCheetah: gait clock appended, task reward recomputed from "
          "x_velocity); fixtures written by Minari's DataCollector on the project's point mass and HalfCheetah-v5. "
-         "Not yet wired into prepare (full still runs the scripted experts)",
+         "prepare reads it with source {kind: file, dataset: <Minari root>} and minari_tasks (per env, task name "
+         "-> dataset id); no public Minari release has these per-task datasets, so params keep the scripted experts",
 )]

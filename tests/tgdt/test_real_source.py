@@ -109,3 +109,19 @@ def test_minari_errors_are_one_line(minari_root):
         load_minari_tasks({"forward fast": "test/pointmass/north-fast-v0"}, "halfcheetah", root=root)
     with pytest.raises(SourceError, match="not found"):
         load_minari_tasks({"north fast": "test/pointmass/nothing-v0"}, "pointmass", root=root)
+
+
+def test_prepare_rows_from_minari_when_full_names_it(minari_root):
+    """prepare's per-task rows come from the task's Minari dataset when source.kind is file; a task without
+    a dataset is a one-line error naming the params key."""
+    from stages.tgdt import prepare
+
+    root, seen = minari_root
+    block = {"expert_episodes": 1, "medium_episodes": 0, "max_steps": 6}
+    cfg = prepare.Config(envs=["pointmass"], pointmass=block, source={"kind": "file", "dataset": str(root)},
+                         minari_tasks={"pointmass": {"north fast": "test/pointmass/north-fast-v0"}})
+    task = _task("pointmass", "north fast")
+    rows = prepare.minari_rows(cfg, "pointmass", task, cfg.pointmass)
+    assert rows["task"] == [task.index] and np.allclose(rows["obs"][0], np.stack(seen["north fast"][0]["obs"]), atol=1e-7)
+    with pytest.raises(SourceError, match="papers.tgdt.prepare.minari_tasks.pointmass"):
+        prepare.minari_rows(cfg, "pointmass", _task("pointmass", "west slow"), cfg.pointmass)
