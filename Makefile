@@ -9,7 +9,8 @@ export WANDB_SILENT := true
 export PYTHONDONTWRITEBYTECODE := 1
 export DVC_NO_ANALYTICS := 1
 export PREFECT_SERVER_ANALYTICS_ENABLED := false
-PYTEST_ARGS ?=
+## two xdist workers (every test is single-threaded; CI has 2 cores); PYTEST_ARGS= runs serially
+PYTEST_ARGS ?= -n 2 --dist loadgroup
 
 .PHONY: install system-deps repro test ui wandb-sync bench contract plots mutants
 

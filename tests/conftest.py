@@ -52,3 +52,16 @@ def smoke_run(tmp_path):
 
     run.root = tmp_path
     return run
+
+
+def pytest_collection_modifyitems(config, items):
+    """`make test` runs two pytest-xdist workers with ``--dist loadgroup`` (one per core: every test is single-
+    threaded). Each test file is one group, so a file's module/session fixtures are built once; every test under
+    tests/flows shares one group, so the session-wide Prefect harness and repo template are started on one worker
+    only (one Prefect server per run). Files whose tests share no fixtures beyond one test (the per-paper
+    determinism runs, ~19 smoke pipelines twice) are spread test by test. Without xdist the marker is inert."""
+    per_test = {"tests/common/test_determinism.py"}
+    for item in items:
+        rel = item.nodeid.split("::", 1)[0]
+        group = "flows" if rel.startswith("tests/flows/") else item.nodeid if rel in per_test else rel
+        item.add_marker(pytest.mark.xdist_group(group))
