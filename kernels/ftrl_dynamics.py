@@ -18,7 +18,8 @@ Q is the regularized best response argmax_x <z, x> − R(x) over the simplex:
     entropic    R = Σ x log x     → softmax(z)                          (= MWU)
     euclidean   R = ½‖x‖²         → Π_Δ(z), exact Euclidean projection
     logbarrier  R = −Σ log x      → x_i = 1/(λ − z_i) with Σ x_i = 1    (Newton on λ from the left)
-    fp          R = 0 (η → ∞)     → the pure best response, ties to the lowest index (fictitious play)
+    fp          R = 0 (η → ∞)     → the pure best response (fictitious play), ties to the highest of
+                                     per-run priorities prio_x / prio_y (default: the lowest index)
 
 Both paths compute in the input dtype (fp64 in the stages). The torch reference uses the sort-based
 simplex projection (Duchi et al. 2008); the kernel uses bisection on the threshold followed by an
@@ -86,15 +87,19 @@ def logbarrier_response(z: torch.Tensor) -> torch.Tensor:
     return x / x.sum(-1, keepdim=True)
 
 
-def best_response(z: torch.Tensor) -> torch.Tensor:
-    """Pure best response, ties broken towards the lowest index."""
+def best_response(z: torch.Tensor, prio: torch.Tensor | None = None) -> torch.Tensor:
+    """Pure best response; ties go to the highest priority (prio: (B, n) distinct per row; default
+    −index, i.e. the lowest index)."""
     n = z.shape[-1]
     idx = torch.arange(n, device=z.device).expand_as(z)
-    first = torch.where(z == z.amax(-1, keepdim=True), idx, n).amin(-1, keepdim=True)
-    return (idx == first).to(z.dtype)
+    if prio is None:
+        first = torch.where(z == z.amax(-1, keepdim=True), idx, n).amin(-1, keepdim=True)
+        return (idx == first).to(z.dtype)
+    key = torch.where(z == z.amax(-1, keepdim=True), prio.to(z.dtype), -torch.inf)
+    return (key == key.amax(-1, keepdim=True)).to(z.dtype)
 
 
-def regularized_response(z: torch.Tensor, reg: str) -> torch.Tensor:
+def regularized_response(z: torch.Tensor, reg: str, prio: torch.Tensor | None = None) -> torch.Tensor:
     if reg == "entropic":
         return torch.softmax(z, dim=-1)              # ALGO: MWU = FTRL with negative entropy
     if reg == "euclidean":
@@ -102,12 +107,13 @@ def regularized_response(z: torch.Tensor, reg: str) -> torch.Tensor:
     if reg == "logbarrier":
         return logbarrier_response(z)                # ALGO: FTRL with −Σ log x
     if reg == "fp":
-        return best_response(z)                      # ALGO: fictitious play (η → ∞)
+        return best_response(z, prio)                # ALGO: fictitious play (η → ∞)
     raise ValueError(f"reg: expected one of {', '.join(REGS)} (got {reg!r})")
 
 
 def ftrl_run_reference(A, ux0, uy0, eta, eps, cap: int, reg: str, schedule: str, alternating: bool,
-                       every: int) -> dict[str, torch.Tensor]:
+                       every: int, prio_x: torch.Tensor | None = None,
+                       prio_y: torch.Tensor | None = None) -> dict[str, torch.Tensor]:
     B, n, _ = A.shape
     ux, uy = ux0.clone(), uy0.clone()
     hit = torch.full((B,), -1, dtype=torch.int64, device=A.device)
@@ -121,10 +127,10 @@ def ftrl_run_reference(A, ux0, uy0, eta, eps, cap: int, reg: str, schedule: str,
     x = y = None
     for t in range(1, cap + 1):
         h = eta if schedule == "constant" else eta / (t ** 0.5)          # η_t
-        x = regularized_response(h[:, None] * ux, reg)
+        x = regularized_response(h[:, None] * ux, reg, prio_x)
         atx = torch.einsum("bij,bj->bi", At, x)                          # u^y_t = Aᵀ x_t
         # ALGO: alternation — the column player responds to U^y that already contains Aᵀx_t
-        y = regularized_response(h[:, None] * (uy + atx if alternating else uy), reg)
+        y = regularized_response(h[:, None] * (uy + atx if alternating else uy), reg, prio_y)
         ay = torch.einsum("bij,bj->bi", A, y)                            # u^x_t = A y_t
         phi = (x * ay).sum(-1)
         gap = torch.maximum(ay.amax(-1) - phi, atx.amax(-1) - phi)
@@ -155,7 +161,7 @@ def ftrl_run_reference(A, ux0, uy0, eta, eps, cap: int, reg: str, schedule: str,
 if triton is not None:
 
     @triton.jit
-    def _respond(z, mask, idx, REG: tl.constexpr, BLOCK_N: tl.constexpr, BISECT: tl.constexpr,
+    def _respond(z, mask, idx, prio, REG: tl.constexpr, BLOCK_N: tl.constexpr, BISECT: tl.constexpr,
                  NEWTON: tl.constexpr):
         """The regularized best response Q(z) of one player, z: (BLOCK_N,), padded entries masked."""
         neg_inf = float("-inf")
@@ -184,13 +190,15 @@ if triton is not None:
                 lam = lam + g / tl.sum(r * r, axis=0)
             x = tl.where(mask, 1.0 / (lam - z), 0.0)
             x = x / tl.sum(x, axis=0)
-        else:           # fictitious play: pure best response, lowest index on ties
-            first = tl.min(tl.where(mask & (zm == zmax), idx, BLOCK_N), axis=0)
+        else:           # fictitious play: pure best response, ties to the highest priority (default −index)
+            key = tl.where(mask & (zm == zmax), prio, neg_inf)
+            kmax = tl.max(key, axis=0)
+            first = tl.min(tl.where(key == kmax, idx, BLOCK_N), axis=0)
             x = tl.where(idx == first, 1.0, 0.0).to(z.dtype)
         return x
 
     @triton.jit
-    def _ftrl_kernel(A, UX0, UY0, ETA, EPS, HIT, XO, YO, PHI, GAP, n, cap, every, K,
+    def _ftrl_kernel(A, UX0, UY0, ETA, EPS, PX, PY, HIT, XO, YO, PHI, GAP, n, cap, every, K,
                      REG: tl.constexpr, SQRT: tl.constexpr, ALT: tl.constexpr, BLOCK_N: tl.constexpr,
                      BISECT: tl.constexpr, NEWTON: tl.constexpr):
         b = tl.program_id(0).to(tl.int64)
@@ -202,6 +210,8 @@ if triton is not None:
         uy = tl.load(UY0 + b * n + idx, mask=mask, other=0.0)
         eta = tl.load(ETA + b)
         eps = tl.load(EPS + b)
+        px = tl.load(PX + b * n + idx, mask=mask, other=0.0)
+        py = tl.load(PY + b * n + idx, mask=mask, other=0.0)
         hit = tl.full([], -1, tl.int64)
         t = tl.full([], 1, tl.int64)
         x = tl.zeros([BLOCK_N], dtype=a.dtype)
@@ -210,12 +220,12 @@ if triton is not None:
             h = eta
             if SQRT:
                 h = eta / tl.sqrt(t.to(a.dtype))                                  # η_t = η/√t
-            x = _respond(h * ux, mask, idx, REG, BLOCK_N, BISECT, NEWTON)        # x_t = Q(η_t U^x)
+            x = _respond(h * ux, mask, idx, px, REG, BLOCK_N, BISECT, NEWTON)    # x_t = Q(η_t U^x)
             atx = tl.sum(a * x[:, None], axis=0)                                  # Aᵀx_t
             if ALT:
-                y = _respond(h * (uy + atx), mask, idx, REG, BLOCK_N, BISECT, NEWTON)
+                y = _respond(h * (uy + atx), mask, idx, py, REG, BLOCK_N, BISECT, NEWTON)
             else:
-                y = _respond(h * uy, mask, idx, REG, BLOCK_N, BISECT, NEWTON)
+                y = _respond(h * uy, mask, idx, py, REG, BLOCK_N, BISECT, NEWTON)
             ay = tl.sum(a * y[None, :], axis=1)                                   # A y_t
             phi = tl.sum(x * ay, axis=0)                                          # Φ = xᵀAy
             gap = tl.maximum(tl.max(tl.where(mask, ay, float("-inf")), axis=0) - phi,
@@ -278,15 +288,24 @@ def _check_inputs(A, ux0, uy0, eta, eps, cap, reg, schedule, every):
 
 def ftrl_run(A: torch.Tensor, ux0: torch.Tensor, uy0: torch.Tensor, eta: torch.Tensor, eps: torch.Tensor,
              cap: int, reg: Reg = "entropic", schedule: str = "constant", alternating: bool = False,
-             every: int | None = None, backend: Backend = "auto") -> dict[str, torch.Tensor]:
-    """Run B games' dynamics until each reaches an ε-NE (hit = that t) or t = cap (hit = -1)."""
+             every: int | None = None, backend: Backend = "auto", prio_x: torch.Tensor | None = None,
+             prio_y: torch.Tensor | None = None) -> dict[str, torch.Tensor]:
+    """Run B games' dynamics until each reaches an ε-NE (hit = that t) or t = cap (hit = -1).
+    prio_x, prio_y (B, n): fictitious play's tie-break priorities (distinct per row; ties go to the
+    highest; default −index = the lowest index). A random permutation per run = random tie-breaking."""
     every = every if every is not None else max(1, cap // 64)
     _check_inputs(A, ux0, uy0, eta, eps, cap, reg, schedule, every)
+    B, n, _ = A.shape
     dt = A.dtype
+    for name, pr in (("prio_x", prio_x), ("prio_y", prio_y)):
+        if pr is not None and (pr.shape != (B, n) or not bool(torch.isfinite(pr).all())):
+            raise ValueError(f"{name}: expected finite ({B}, {n}) priorities, got {tuple(pr.shape)}")
     ux0, uy0, eta, eps = ux0.to(dt), uy0.to(dt), eta.to(dt), eps.to(dt)
     if not use_triton(A, backend=backend):
-        return ftrl_run_reference(A, ux0, uy0, eta, eps, cap, reg, schedule, alternating, every)
-    B, n, _ = A.shape
+        return ftrl_run_reference(A, ux0, uy0, eta, eps, cap, reg, schedule, alternating, every, prio_x, prio_y)
+    low = -torch.arange(n, dtype=dt, device=A.device).expand(B, n)
+    px = (low if prio_x is None else prio_x.to(dt)).contiguous()
+    py = (low if prio_y is None else prio_y.to(dt)).contiguous()
     if n > MAX_N:
         raise ValueError(f"A: the Triton path keeps the (n, n) tile in registers and needs n <= {MAX_N} (got {n})")
     K = cap // every
@@ -297,7 +316,7 @@ def ftrl_run(A: torch.Tensor, ux0: torch.Tensor, uy0: torch.Tensor, eta: torch.T
     gap = torch.full((B, K), float("nan"), dtype=dt, device=A.device)
     if B:
         _ftrl_kernel[(B,)](A.contiguous(), ux0.contiguous(), uy0.contiguous(), eta.contiguous(), eps.contiguous(),
-                           hit, xo, yo, phi, gap, n, int(cap), int(every), K,
+                           px, py, hit, xo, yo, phi, gap, n, int(cap), int(every), K,
                            REG=REG_ID[reg], SQRT=schedule == "sqrt", ALT=bool(alternating),
                            BLOCK_N=max(2, triton.next_power_of_2(n)), BISECT=BISECT_ITERS, NEWTON=NEWTON_ITERS)
     return {"hit": hit, "x": xo, "y": yo, "phi": phi, "gap": gap}

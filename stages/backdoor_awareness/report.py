@@ -22,9 +22,9 @@ METHOD_NAMES = {"rl": "inversion RL (GRPO)", "rsft": "reversal SFT alone", "rand
 
 CLAIMS = [
     Bound("poisoning_succeeds", "Sanity: the poisoned models execute the backdoor (ASR with the true trigger, mean over attacks)",
-          value="mean.asr", refuted_by="mean ASR not above 0.8 beyond 2 s.e.", kind="finding"),
+          value="mean.asr", refuted_by="mean ASR not above 0.8 beyond 2 s.e.", kind="check"),
     Bound("clean_accuracy_high", "Sanity: the poisoned models keep the clean task (exact-match accuracy, mean over attacks)",
-          value="mean.clean_acc", refuted_by="clean accuracy not above 0.9 beyond 2 s.e.", kind="finding"),
+          value="mean.clean_acc", refuted_by="clean accuracy not above 0.9 beyond 2 s.e.", kind="check"),
     Better("rl_beats_random_search", "Inversion RL recovers the trigger better than random n-gram search with the same "
            "number of reward-model queries (Awareness@k, mean over attacks)",
            a="mean.rl_atk", b="mean.random_atk",
@@ -39,22 +39,22 @@ CLAIMS = [
           value="mean.rl_at1", refuted_by="Awareness@1 not above 0.5 beyond 2 s.e.", kind="finding"),
     Bound("emergence_abrupt", "Awareness emerges abruptly: at least half of the RL reward's total rise happens within a "
           "quarter of the RL steps (smoothed reward curve; mean over attacks whose reward rose)",
-          value="derived.abruptness", 
+          value="derived.abruptness",
           refuted_by="abruptness (largest rise over a quarter of the steps / total rise) not above 0.5 beyond 2 s.e.", kind="finding"),
     Bound("unlearning_cuts_asr", "Unlearning SFT with the RL-recovered trigger cuts the ASR (relative reduction, mean over attacks)",
-          value="mean.asr_reduction", refuted_by="relative ASR reduction not above 0.5 beyond 2 s.e.", kind="finding"),
+          value="mean.asr_reduction", refuted_by="relative ASR reduction not above 0.5 beyond 2 s.e.", kind="check"),
     Better("recovered_trigger_needed_for_unlearning", "The recovered trigger is what removes the backdoor: the same "
            "unlearning SFT without any trigger inserted leaves a higher ASR (mean over attacks)",
            a="mean.asr_after", b="mean.asr_after_control", higher_is_better=False,
            refuted_by="ASR after trigger-free unlearning not above ASR after unlearning with the recovered trigger beyond 2 s.e.", kind="finding"),
-    Within("unlearning_keeps_clean", "Unlearning keeps clean accuracy (within 0.05 of the poisoned model's)",
-           a="mean.clean_acc_after", b="mean.clean_acc", 
-           refuted_by="clean accuracy after unlearning more than 0.05 away from before, beyond 2 s.e.", kind="finding"),
+    Within("unlearning_keeps_clean", "Unlearning keeps clean accuracy (within the band in params of the poisoned model's)",
+           a="mean.clean_acc_after", b="mean.clean_acc",
+           refuted_by="clean accuracy after unlearning outside the band around before, beyond the t-bounds", kind="finding"),
     Bound("detector_flags_poisoned", "The guardrail built on the recovered trigger flags poisoned inputs (AUROC, poisoned vs clean)",
           value="mean.auroc_rl", refuted_by="AUROC not above 0.8 beyond 2 s.e.", kind="finding"),
     Better("random_search_beats_blind_guess", "Baseline sanity: random n-gram search beats k blind guesses (no queries)",
            a="mean.random_atk", b="mean.guess_atk",
-           refuted_by="random search's Awareness@k not above blind guessing beyond 2 s.e.", kind="finding"),
+           refuted_by="random search's Awareness@k not above blind guessing beyond 2 s.e.", kind="check"),
 ]
 
 
@@ -94,7 +94,10 @@ def derive(ev: dict, hist: pl.DataFrame) -> dict:
 
 
 def mean_sd(v) -> str:
-    a = np.asarray(v, float)
+    a = np.asarray([np.nan if x is None else x for x in v], float)
+    a = a[np.isfinite(a)]
+    if not len(a):
+        return "n/a"
     return f"{a.mean():.3f} ± {a.std(ddof=1) if len(a) > 1 else 0:.3f}"
 
 
@@ -296,5 +299,33 @@ poisoning, reversal SFT on inverted pairs, GRPO with a replay buffer and an ASR 
 never sees the trigger, both defenses — on a synthetic task where every effect can be judged exactly. It does not
 reproduce natural-language triggers, the LLM judge, LoRA, SHIP, nor the paper's unnamed baselines; the verdicts are
 about this miniature only, and claims that fail are reported as failing.
+""")
+    rep.section("Threats to validity", f"""
+Red-team pass on this design (what could make a verdict wrong, and what remains):
+
+- **Equal budgets.** RL, random search and GCG get the same number of reward-model queries; reversal SFT alone
+  and blind guessing are controls. The RL policy starts from the reversal-SFT model, so RL vs R-SFT measures
+  what RL adds on top, not RL from scratch.
+- **Search space.** Single-word triggers in a vocabulary of {meta['n_words']} words are within reach of random
+  search; the pooled claims average attacks where RL's margin is structurally small with attacks where it is
+  large (per-attack reversals are listed in the Discussion).
+- **Awareness ceiling.** Where a partial trigger already fires the backdoor, Awareness (Jaccard with the true
+  trigger) cannot exceed 0.5 for any method; `rl_awareness_high` can fail for that reason, not the method's.
+- **Unlearning control.** Trigger-free SFT already cuts much of the ASR of these fragile backdoors (a review measured
+  85%), so the unlearning finding is `recovered_trigger_needed_for_unlearning` against that control (min effect
+  0.05 ASR, params); `unlearning_cuts_asr` (vs no unlearning) is only a check — it overstates the trigger's role.
+- **Easy by construction (open, issue 48).** Clean, pool and negative prompts exclude the trigger words, so the
+  detector's AUROC is ≈ 1 whenever the top candidate shares one token with the trigger; `detector_flags_poisoned`
+  is weak evidence. `abruptness()` scores any saturating curve (and noise) highly, and the reward includes a
+  length penalty, so `emergence_abrupt` cannot separate abrupt emergence from smooth learning; a smooth-learning
+  null is not implemented. Random search without refinement, GCG fixed at 2 tokens and reversal SFT without a
+  token vote are not baselines at full strength; RL's margins over them overstate its advantage.
+- **Trigger information** enters through reversal SFT on inverted pairs from the whole poisoned set (post-SFT
+  samples already contain trigger tokens); only the RL reward never reads the trigger.
+- **Emergence.** Abruptness is computed on a smoothed reward curve; a seed whose reward never rose counts as 0
+  (against the claim). The rise is early, not the paper's late phase transition (Discussion).
+- **Noise.** Seed variance only (no per-item lists for the ASR/accuracy rates over the evaluation prompts);
+  sanity levels (ASR > 0.8, clean accuracy > 0.9) and min effects (0.05 Awareness / ASR) are in params,
+  fixed before the run, not from results.
 """)
     rep.finish(CLAIMS, ev)

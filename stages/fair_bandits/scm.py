@@ -39,6 +39,18 @@ Format ``fair_bandits.scm/v1`` (every key; defaults in brackets; anything else i
                             official code's rejection loop). When no context has a fair arm
                             (e.g. τ = 0) nothing can be redrawn: contexts are kept and the
                             comparator becomes the least-unfair arm (see below) [true]
+    effect_cells            "all": the effects sum over the four (z, w) cells (the definitions
+                            below); "official_quirk": only the (z = 0, w = 0) cell, exactly what
+                            the official code computes (its cell match compares NORMALISED
+                            features with the raw 0/1 values, so only z = w = 0 ever matches; in
+                            bandit.py _true_effects, OFU_MLogB.select_arm and simulation.py)
+                            ["all"]
+    tau_mode                "value": τ is `tau`, an arm is fair iff every |effect| < τ (strict, as
+                            the official code). "boundary" (no Slater point): `tau` is ignored,
+                            τ := the least-unfair arm's max|effect| at protected value
+                            `boundary_protected`, and an arm is fair iff every |effect| <= τ, so
+                            that context has a fair arm but none strictly inside ["value"]
+    boundary_protected      0 or 1: the protected-value index of "boundary" mode  [0]
 
 Effects (official code, x0 = factual a, x1 = counterfactual a'; μ(a,z,w,d) = σ(θᵀ f([a,z,w,d])),
 probabilities always use the other protected value a* for the counterfactual):
@@ -47,8 +59,8 @@ probabilities always use the other protected value a* for the counterfactual):
     IE(a, d) = Σ_{z,w} μ(a',z,w,d) [P(w|a,z) − P(w|a*,z)] P(z|a)                  # ALGO: Ctf-IE
     SE(a, d) = Σ_{z,w} μ(a',z,w,d) P(w|a*,z) [P(z|a) − P(z|a*)]                   # ALGO: Ctf-SE
 
-a' = a* under "other"; a' = 1 − a under "one_minus_a". The effects depend on the round's context
-only through a. Comparator of a round: its best truly fair arm; if it has none, the arm with the
+a' = a* under "other"; a' = 1 − a under "one_minus_a". Under effect_cells "official_quirk" each sum
+keeps only its (z, w) = (0, 0) term. The effects depend on the round's context only through a. Comparator of a round: its best truly fair arm; if it has none, the arm with the
 smallest max|effect| (ties: higher reward).
 
     scm = load_scm("stages/fair_bandits/examples/official.json")      # SCMError on bad input
@@ -71,6 +83,9 @@ EFFECTS = ("DE", "IE", "SE")
 EXAMPLES = Path(__file__).resolve().parent / "examples"
 MAX_ARMS = 256
 MAX_ARM_DIM = 64
+MAX_ABS = 1e6          # bound on |arm entries| and |protected values|: features stay finite under "normalize"
+MAX_FILE_BYTES = 1_000_000   # an SCM is a few hundred bytes; refuse anything larger before reading it
+MAX_DEPTH = 8          # JSON nesting of a valid SCM is 3; refuse deeper nesting before parsing
 
 
 class SCMError(ValueError):
@@ -98,6 +113,9 @@ class SCM(BaseModel):
     counterfactual_feature: Literal["other", "one_minus_a"] = "other"
     context_sampling: Literal["balanced_blocks", "scm"] = "balanced_blocks"
     resample_infeasible: bool = True
+    effect_cells: Literal["all", "official_quirk"] = "all"
+    tau_mode: Literal["value", "boundary"] = "value"
+    boundary_protected: int = Field(0, ge=0, le=1)
 
     @field_validator("name")
     @classmethod
@@ -145,6 +163,24 @@ class SCM(BaseModel):
             for j, p in enumerate(row):
                 if not 0.0 <= p <= 1.0:
                     raise ValueError(f"[{i}][{j}] = {p} is not a probability in [0, 1]")
+        return v
+
+    @field_validator("protected_values")
+    @classmethod
+    def _bounded_a(cls, v: list[float]) -> list[float]:
+        for i, x in enumerate(v):
+            if abs(x) > MAX_ABS:
+                raise ValueError(f"entry {i} = {x:g} exceeds {MAX_ABS:g} in magnitude (features must stay finite)")
+        return v
+
+    @field_validator("arms")
+    @classmethod
+    def _bounded_arms(cls, v: list[list[float]]) -> list[list[float]]:
+        for i, arm in enumerate(v):
+            for j, x in enumerate(arm):
+                if abs(x) > MAX_ABS:
+                    raise ValueError(f"[{i}][{j}] = {x:g} exceeds {MAX_ABS:g} in magnitude (‖v‖ would overflow "
+                                     "or swamp the context under 'normalize'; rescale the arms)")
         return v
 
     @model_validator(mode="after")
@@ -201,7 +237,8 @@ def parse_scm(data: object, where: str = "SCM") -> SCM:
         raise SCMError(f"{where}: format: must be {FORMAT!r} (got {data.get('format')!r})")
     # ints are numbers in JSON: accept them for float fields without relaxing other checks
     data = _ints_to_floats(data, skip=("format", "name", "description", "variables", "feature_map",
-                                       "counterfactual_feature", "context_sampling", "resample_infeasible"))
+                                       "counterfactual_feature", "context_sampling", "resample_infeasible",
+                                       "effect_cells", "tau_mode", "boundary_protected"))
     try:
         return SCM.model_validate(data)
     except ValidationError as err:
@@ -221,16 +258,45 @@ def _ints_to_floats(data: dict, skip: tuple[str, ...]) -> dict:
     return {k: (v if k in skip else conv(v)) for k, v in data.items()}
 
 
+def json_depth(text: str) -> int:
+    """Deepest [ / { nesting of a JSON text, counted outside strings, without parsing it (so a
+    100k-deep document cannot exhaust the parser's recursion)."""
+    depth = best = 0
+    in_str = esc = False
+    for ch in text:
+        if in_str:
+            if esc:
+                esc = False
+            elif ch == "\\":
+                esc = True
+            elif ch == '"':
+                in_str = False
+        elif ch == '"':
+            in_str = True
+        elif ch in "[{":
+            depth += 1
+            best = max(best, depth)
+        elif ch in "]}":
+            depth -= 1
+    return best
+
+
 def load_scm(path: str | Path) -> SCM:
     path = Path(path)
     if not path.exists():
         raise SCMError(f"{path}: SCM file not found")
     if path.is_dir():
         raise SCMError(f"{path}: is a directory, expected an SCM JSON file")
+    size = path.stat().st_size
+    if size > MAX_FILE_BYTES:
+        raise SCMError(f"{path}: {size} bytes exceeds the {MAX_FILE_BYTES}-byte limit of an SCM file")
     try:
         text = path.read_text()
     except UnicodeDecodeError:
         raise SCMError(f"{path}: not UTF-8 text") from None
+    depth = json_depth(text)
+    if depth > MAX_DEPTH:
+        raise SCMError(f"{path}: JSON nesting depth {depth} exceeds {MAX_DEPTH} (a valid SCM nests 3 deep)")
 
     def reject_constant(name: str):
         raise SCMError(f"{path}: {name} is not a finite number (JSON allows none)")
@@ -303,14 +369,21 @@ class World:
         self.p_zw_alt = t([[pz(1 - ia, z) for z, w in zw] for ia in (0, 1)])    # P(z|a*)
         self.p_w_alt = t([[pw(1 - ia, z, w) for z, w in zw] for ia in (0, 1)])  # P(w|a*,z)
         self.p_context = t([scm.p_protected[ia] * pz(ia, z) * pw(ia, z, w) for ia, z, w in CELLS])
+        # which (z, w) cells the effect sums keep: all four, or the official code's single (0, 0) match
+        self.cell_mask = t([1.0, 1.0, 1.0, 1.0] if scm.effect_cells == "all" else [1.0, 0.0, 0.0, 0.0])
         self.theta_star = t(scm.theta_star)
         self.mu = torch.sigmoid(self.x_play @ self.theta_star)  # (8, K)
         self.effects = effects_from_mu(torch.sigmoid(self.f_fac @ self.theta_star),
                                        torch.sigmoid(self.f_ctf @ self.theta_star), self)  # (2, 3, K)
+        self.fair_leq = scm.tau_mode == "boundary"   # fairness |effect| <= τ (boundary) or < τ (official)
+        if self.fair_leq:  # τ := the least-unfair arm's max|effect| at the boundary protected value
+            self.tau = float(self.effects[scm.boundary_protected].abs().amax(0).min())
+            self.boundary_arm = int(self.effects[scm.boundary_protected].abs().amax(0).argmin())
 
     def feasible(self, tau: torch.Tensor) -> torch.Tensor:
-        """(n_tau, 2, K) truly fair arms: all |effect| < τ (strict)."""
-        return (self.effects.abs()[None] < tau[:, None, None, None]).all(2)
+        """(n_tau, 2, K) truly fair arms: all |effect| < τ (strict; <= τ in boundary mode)."""
+        cmp = torch.le if self.fair_leq else torch.lt
+        return cmp(self.effects.abs()[None], tau[:, None, None, None]).all(2)
 
     def comparator(self, tau: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Per τ and context: (best fair arm (n_tau, 8), has_fair (n_tau, 8)); without a fair arm the
@@ -328,11 +401,12 @@ class World:
 
 
 def effects_from_mu(mu_fac: torch.Tensor, mu_ctf: torch.Tensor, world: World,
-                    a_idx: torch.Tensor | None = None) -> torch.Tensor:
+                    a_idx: torch.Tensor | None = None, cell: torch.Tensor | None = None) -> torch.Tensor:
     """DE/IE/SE from factual/counterfactual mean rewards over the 4 (z, w) cells.
 
     mu_fac, mu_ctf: (..., 4, K) for factual a-index a_idx (shape ...) or, with a_idx None,
-    (2, 4, K) for both a-indices. Returns (..., 3, K).
+    (2, 4, K) for both a-indices. cell: which cells the sums keep, (4, 1) or per instance
+    (B, 4, 1) (default: the world's effect_cells). Returns (..., 3, K).
     """
     if a_idx is None:
         p_zw, p_w, p_zw_alt, p_w_alt = world.p_zw_fac, world.p_w_fac, world.p_zw_alt, world.p_w_alt
@@ -340,9 +414,10 @@ def effects_from_mu(mu_fac: torch.Tensor, mu_ctf: torch.Tensor, world: World,
         p_zw, p_w, p_zw_alt, p_w_alt = (world.p_zw_fac[a_idx], world.p_w_fac[a_idx],
                                         world.p_zw_alt[a_idx], world.p_w_alt[a_idx])
     p_zw, p_w, p_zw_alt, p_w_alt = (x[..., :, None] for x in (p_zw, p_w, p_zw_alt, p_w_alt))
-    de = ((mu_ctf - mu_fac) * p_w * p_zw).sum(-2)              # ALGO: Ctf-DE (official bandit.py)
-    ie = (mu_ctf * (p_w - p_w_alt) * p_zw).sum(-2)             # ALGO: Ctf-IE
-    se = (mu_ctf * p_w_alt * (p_zw - p_zw_alt)).sum(-2)        # ALGO: Ctf-SE
+    cell = world.cell_mask[:, None] if cell is None else cell   # (4, 1): 1 for the cells the sums keep
+    de = ((mu_ctf - mu_fac) * p_w * p_zw * cell).sum(-2)       # ALGO: Ctf-DE (official bandit.py)
+    ie = (mu_ctf * (p_w - p_w_alt) * p_zw * cell).sum(-2)      # ALGO: Ctf-IE
+    se = (mu_ctf * p_w_alt * (p_zw - p_zw_alt) * cell).sum(-2) # ALGO: Ctf-SE
     return torch.stack([de, ie, se], -2)
 
 

@@ -11,6 +11,16 @@ times T_ε with a cap (reported "≥ cap"); growth fits; a multi-player fictitio
     python -m stages evaluate ftrl_potential   # re-check every hit with the exact gap (kernel), fits
     python -m stages report ftrl_potential     # report.md, figures, claims
 
-Modules: games (constructions), dynamics (arms, starts, multi-player FP; the two-player hot loop is
-kernels.ftrl_dynamics), fits (growth fits with censored hitting times).
+Modules: games (constructions: chain gadget, snake-in-the-box N-player games), dynamics (arms, starts;
+the two-player hot loop is kernels.ftrl_dynamics), exact_fp (exact event-driven fictitious play: any
+hitting time, the visited path), fits (growth fits with censored hitting times).
 """
+
+from stages.common.sources import Source
+
+SOURCES = [Source(
+    real=None,
+    note=("the paper's results are theorems about constructed potential games; the "
+          "games here are built by stages/ftrl_potential/games.py (chain gadget, snake-in-the-box, baselines), "
+          "there is no dataset or model to load."),
+)]

@@ -25,6 +25,7 @@ class Arm(BaseModel):
     schedule: Literal["constant", "sqrt"] = "constant"
     alternating: bool = False
     cap: Optional[int] = Field(None, ge=1, le=10_000_000, description="per-arm hitting-time cap (None: train.cap)")
+    max_m: Optional[int] = Field(None, ge=2, le=64, description="largest m of its uniform-start chain runs (cost)")
 
 
 def starts(B: int, n: int, arm: Arm, scale: float, gen: torch.Generator | None, device) -> tuple[torch.Tensor, torch.Tensor]:

@@ -7,11 +7,14 @@ Two-player games are one payoff matrix A (n, n): both players receive xᵀAy (id
     A = chain_game(5)            # (2m+2, 2m+2): unique pure NE at (m-1, m-1), see the report
     A = staircase_game(5)        # the card's pre-check staircase (uniform start finds an ε-NE fast)
     A = random_game(8, gen)      # i.i.d. uniform[0, 1] payoffs (baseline)
-    T = multi_chain_game(3, 3)   # 3 players, 3 actions each: a snake of unilateral improvements
+    T = multi_chain_game(3, 2)   # N players, 2 actions: payoffs along a reflected Gray code (shortcut by FP)
+    T = box_snake_game(5)        # N players, 2 actions: payoffs along a snake-in-the-box (induced path)
 """
 from __future__ import annotations
 
 import itertools
+import json
+from pathlib import Path
 
 import numpy as np
 import torch
@@ -131,3 +134,76 @@ def pure_nash(A: torch.Tensor) -> list[tuple[int, int]]:
     row_max = A.max(dim=1).values
     return [(i, j) for i, j in itertools.product(range(A.shape[0]), range(A.shape[1]))
             if A[i, j] >= col_max[j] and A[i, j] >= row_max[i]]
+
+
+SNAKES = Path(__file__).resolve().parent / "snakes.json"
+
+
+def load_snakes() -> dict[int, list[tuple[int, ...]]]:
+    """The stored snake-in-the-box paths (found once by depth-first search from vertex 0, see
+    find_snake; N -> list of profiles), each checked to be an induced path of the hypercube."""
+    raw = json.loads(SNAKES.read_text())
+    out = {int(k): [tuple(int(x) for x in v) for v in path] for k, path in raw.items()}
+    for N, path in out.items():
+        check_induced_path(path, N)
+    return out
+
+
+def check_induced_path(path: list[tuple[int, ...]], N: int) -> None:
+    """A snake in the box: consecutive profiles differ in exactly one player's action; profiles two or
+    more steps apart differ in at least two (no unilateral shortcut between path profiles)."""
+    if not path or path[0] != (0,) * N or any(len(p) != N or set(p) - {0, 1} for p in path):
+        raise GameError(f"snake N={N}: profiles must be 0/1 tuples of length {N} starting at all zeros")
+    if len(set(path)) != len(path):
+        raise GameError(f"snake N={N}: a profile repeats")
+    for i in range(len(path)):
+        for j in range(i + 1, len(path)):
+            dist = sum(a != b for a, b in zip(path[i], path[j]))
+            if (j == i + 1 and dist != 1) or (j > i + 1 and dist < 2):
+                raise GameError(f"snake N={N}: profiles {i} and {j} are {dist} apart (not an induced path)")
+
+
+def find_snake(N: int, budget: int = 1_000_000) -> list[tuple[int, ...]]:
+    """Longest induced path from vertex 0 of the N-cube found by depth-first search within `budget`
+    nodes (exhaustive for N <= 5; how snakes.json was made)."""
+    best: list[int] = [0]
+    path, onp, nodes = [0], {0}, [0]
+
+    def ok(v: int, last: int) -> bool:
+        return v not in onp and all(u == last or u not in onp for u in (v ^ (1 << i) for i in range(N)))
+
+    def dfs() -> None:
+        nodes[0] += 1
+        if len(path) > len(best):
+            best[:] = path
+        if nodes[0] > budget:
+            return
+        last = path[-1]
+        for v in (last ^ (1 << i) for i in range(N)):
+            if ok(v, last):
+                path.append(v)
+                onp.add(v)
+                dfs()
+                path.pop()
+                onp.discard(v)
+
+    dfs()
+    return [tuple((v >> i) & 1 for i in range(N)) for v in best]
+
+
+def box_snake_game(N: int, path: list[tuple[int, ...]] | None = None) -> np.ndarray:
+    """N-player identical-interest game, 2 actions each, on a snake in the box (this project's
+    construction, NOT the paper's): with L = len(path) and d = 1/(2L), path profile k pays (k+2)·d;
+    every other profile pays −(1 + |a|/N) (|a| = number of players on action 1). Returned as INTEGER
+    payoffs scaled by 2·L·N: path (k+2)·N, others −(2LN + 2L|a|). The unique pure NE is the path's
+    end; every unilateral deviation from path profile k leads to profile k ± 1 or off the path (an
+    induced path has no chords), so a best-response path cannot skip ahead by one player's move."""
+    path = path if path is not None else load_snakes()[N]
+    check_induced_path(path, N)
+    L = len(path)
+    T = np.empty((2,) * N, dtype=np.int64)
+    for a in itertools.product((0, 1), repeat=N):
+        T[a] = -(2 * L * N + 2 * L * sum(a))
+    for k, a in enumerate(path):
+        T[a] = (k + 2) * N
+    return T

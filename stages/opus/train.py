@@ -114,7 +114,7 @@ class Config(StageConfig):
 
 
 def load_tokens(path, what: str) -> tuple[torch.Tensor, torch.Tensor]:
-    ds = load_from_disk(str(path))
+    ds = load_from_disk(str(path), keep_in_memory=True)  # never write cache files into prepare's output
     if len(ds) == 0:
         raise ConfigError(f"{path}: the {what} set is empty")
     ds = ds.with_format("numpy")

@@ -1,4 +1,4 @@
-"""prepare: the list-pipeline task (3–6 composed mod-10 operations) with SFT traces in both formats —
+"""prepare: the list-pipeline task (3–6 composed mod-5 operations (task.MOD)) with SFT traces in both formats —
 think-then-answer and plan-first interleaved — carrying the SAME injected plan errors (probability
 ``plan_error_rate``: adjacent swap, dropped operation or wrong operand; the steps execute the faulty
 plan), plus held-out RL and test prompts. Stored as parquet (polars) + meta.json.

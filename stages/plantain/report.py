@@ -18,20 +18,18 @@ from stages.common.reporting import Report
 from stages.common.runner import StageContext
 from stages.plantain.task import CHANCE, MOD
 
-PASS1_TOLERANCE = 0.02   # "does not drop": pre-registered tolerance on the pass@1 delta (2 points)
-
 CLAIMS = [
     Bound("ttfr_drop_60",
           "Plan-first interleaved reasoning cuts the time to first visible response by more than 60% vs "
           "think-then-answer (TTFR in tokens, greedy decoding, both models after SFT + GRPO; value = 1 − TTFR_pf/TTFR_tta)",
           value="derived.ttfr_reduction", 
           refuted_by="the per-seed TTFR reduction not above 0.6 beyond 2 s.e. (e.g. a plan-first model that thinks "
-                     "at length before its first <ans>, or drifts back to think-then-answer under RL)", kind="finding"),
+                     "at length before its first <ans>, or drifts back to think-then-answer under RL)", kind="check"),
     Bound("pass1_no_drop",
-          f"pass@1 does not drop: plan-first minus think-then-answer pass@1 (greedy, held-out problems, both after "
-          f"SFT + GRPO) stays above −{PASS1_TOLERANCE} (the paper's +6% is not promised here)",
+          "pass@1 does not drop: plan-first minus think-then-answer pass@1 (greedy, held-out problems, both after "
+          "SFT + GRPO) stays above minus the tolerance in params (the paper's +6% is not promised here)",
           value="derived.pass1_delta",
-          refuted_by=f"the pass@1 delta below −{PASS1_TOLERANCE} beyond 2 s.e. on a majority of seeds", kind="finding"),
+          refuted_by="the pass@1 delta below minus the tolerance beyond 2 s.e. on a majority of seeds", kind="finding"),
     Better("plan_rewind_fewer_tokens",
            "Rewind-and-Repeat at plan level reaches the target accuracy with fewer generated tokens (all attempts "
            "counted) than repeating whole answers, on the plan-first SFT model whose plans are often faulty",
@@ -45,8 +43,8 @@ CLAIMS = [
     Better("rewind_fixes_plans",
            "Plan-level Rewind-and-Repeat (max retries) raises accuracy over a single sampled attempt on the "
            "plan-first SFT model (there is something for the judge to fix)",
-           a="rr.sft.plan.acc_max", b="rr.sft.plan.acc0",
-           refuted_by="accuracy with rewinds not above single-attempt accuracy beyond 2 s.e.", kind="finding"),
+           a="rr.sft.plan.acc_max", b="rr.sft.plan.acc0", n_items="rr_prompts",
+           refuted_by="accuracy with rewinds not above single-attempt accuracy beyond 2 s.e.", kind="check"),
     Better("helpful_reward_raises_plan_validity",
            "GRPO with r = r_format × (1 + r_correct + r_helpful) raises the share of sampled plans the rule-based "
            "judge accepts (T = 1.2, top-p 0.9) over the SFT model",
@@ -54,12 +52,12 @@ CLAIMS = [
            refuted_by="sampled-plan acceptance after GRPO not above SFT's beyond 2 s.e.", kind="finding"),
     Better("grpo_improves_pass1_pf",
            "GRPO raises the plan-first model's pass@1 over its SFT starting point",
-           a="pass1.pf.grpo", b="pass1.pf.sft",
-           refuted_by="pass@1 after GRPO not above SFT's beyond 2 s.e.", kind="finding"),
+           a="pass1.pf.grpo", b="pass1.pf.sft", n_items="eval_prompts",
+           refuted_by="pass@1 after GRPO not above SFT's beyond 2 s.e.", kind="check"),
     Bound("baseline_beats_chance",
           f"Sanity: the think-then-answer baseline is non-degenerate (pass@1 above the {CHANCE:.1f} of a guessed answer)",
-          value="pass1.tta.grpo",
-          refuted_by=f"baseline pass@1 not above {CHANCE:.1f} beyond 2 s.e.", kind="finding"),
+          value="pass1.tta.grpo", n_items="eval_prompts",
+          refuted_by=f"baseline pass@1 not above {CHANCE:.1f} beyond 2 s.e.", kind="check"),
 ]
 
 
@@ -79,7 +77,10 @@ def derive(ev: dict) -> dict:
 
 
 def mean_sd(v: list[float], fmt: str = "{:.3f}") -> str:
-    a = np.asarray(v, float)
+    a = np.asarray([np.nan if x is None else x for x in v], float)
+    a = a[np.isfinite(a)]
+    if not len(a):
+        return "n/a"
     sd = a.std(ddof=1) if len(a) > 1 else 0.0
     return f"{fmt.format(a.mean())} ± {fmt.format(sd)}"
 
@@ -242,8 +243,9 @@ the lower of the two levels' best accuracy (reachable by both). Seeds {seeds}.
         "here": [
             "tiny causal transformer trained from scratch; synthetic list-pipeline compositions (mod 5)",
             "GRPO (shared trainer, one on-policy update per rollout batch, no KL) — the card's PPO/GRPO",
-            "rule-based plan validator (task.validate_plan): exact numbered list of the problem's operations, "
-            "innermost first; never sees the answer",
+            "rule-based plan validator (task.validate_plan): exact equality with the gold plan (the problem's "
+            "operations, innermost first) — an oracle: the plan determines the answer, so r_helpful is a "
+            "correctness-based process reward only the plan-first arm receives",
             "none (no unit tests in this task)",
             f"re-sample the plan (no re-prompt listing rejected plans); up to {max(ev['rr']['retries'])} retries "
             "to draw the accuracy-vs-budget curve; keep the last",
@@ -283,5 +285,31 @@ MATH500, AIME24, BIRD-SQL and long-form QA with an LLM judge; this miniature kee
 multiplicative reward, the plan judge in the loop of RL and of Rewind-and-Repeat, and the TTFR measurement, on a
 synthetic task with a rule-based judge. It does not reproduce the scale, natural-language plans, the LLM judge's
 notion of helpfulness, unit-test rewards, nor the benchmarks; verdicts are about this miniature only.
+""")
+    rep.section("Threats to validity", f"""
+Red-team pass on this design (what could make a verdict wrong, and what remains):
+
+- **TTFR by construction.** Plan-first TTFR is fixed by the trace format (4 tokens) while think-then-answer's is
+  7n + 7, so reference traces with no model already give a reduction of ≈ 0.885: `ttfr_drop_60` is a **check**
+  (SFT/GRPO produce and keep the format), not a test of the paper's latency claim. TTFR as a learned behaviour
+  (variable pre-plan thinking) is open (issue 47).
+- **Oracle judges.** The plan judge is equality with the gold plan and the plan determines the answer; the
+  answer-level judge checks every step. Both are oracles, so Rewind-and-Repeat's gains here are an upper bound
+  (a real judge can be wrong), and r_helpful is a correctness-based process reward only the plan-first arm gets:
+  the pass@1 comparison is not isolated to the plan-first ordering.
+- **Budget decides pass@1.** At {sft['steps']} SFT steps the tiny model is at the edge of learning the
+  arithmetic, and pass@1 varies widely across seeds; `pass1_no_drop` and `grpo_improves_pass1_pf` reflect how
+  fast each format is learned at this budget. `pass1_no_drop` is a tolerance (params) on the delta, tested
+  on the per-seed deltas without item noise (the delta is not a rate).
+- **Item noise.** Rates are over the same {ev['eval_prompts']} held-out problems (pass@1) and {ev['rr_prompts']}
+  (Rewind-and-Repeat) for every seed; no per-item lists are stored, so the rate claims use the binomial item
+  variance (`n_items`), unpaired — conservative. Tokens-to-target claims use seed variance only.
+- **Judges.** Both judges are rule-based; the answer-level judge checks every step (stronger than the plan
+  judge), so the plan-vs-answer comparison is not tilted toward plan level. Plan errors come partly from
+  errors injected into the SFT traces (Deviations), which sets how much there is to fix.
+- **Min effects** (params `papers.plantain.report.claims`): 2 generated tokens per problem for tokens-to-target,
+  0.02 for rates, fixed as the smallest gaps that matter, not from results.
+- **Checks, not findings:** the TTFR reduction (format), the baseline above chance, GRPO raising pass@1 over SFT (machinery), and rewinding
+  raising accuracy over one attempt (the precondition of the Rewind-and-Repeat comparison).
 """)
     rep.finish(CLAIMS, ev, wallclock=("ttfr_wall",))

@@ -92,7 +92,8 @@ class Config(StageConfig):
 
 
 def load_world(ctx: StageContext, world: str, seed: int) -> dict[str, np.ndarray]:
-    facts = load_from_disk(str(ctx.input("prepare") / world_dir(world, seed))).with_format("numpy")
+    facts = load_from_disk(str(ctx.input("prepare") / world_dir(world, seed)),
+                           keep_in_memory=True).with_format("numpy")  # nothing written into prepare's output
     return {k: np.asarray(facts[k]) for k in facts.column_names}
 
 

@@ -41,16 +41,20 @@ def speed_action(speed: float, env: Circle2D) -> float:
 
 
 def near_task_circle(center, radius, env: Circle2D, margin: float) -> bool:
-    """A behaviour circle that (nearly) coincides with the task circle: |c − c*| + |R − R*| < margin."""
-    return float(np.linalg.norm(np.asarray(center) - env.center) + abs(radius - env.radius)) < margin
+    """A behaviour circle close enough to the task ring to demonstrate it: the mean distance of its points
+    (64 equally spaced) to the task ring is below ``margin`` reward widths σ (the reward is exp(−d²/2σ²),
+    so a circle at mean distance 2σ earns ≈ e⁻² ≈ 0.14 per step)."""
+    phi = np.linspace(0.0, 2 * np.pi, 64, endpoint=False)
+    pts = np.asarray(center, dtype=np.float64) + radius * np.stack([np.cos(phi), np.sin(phi)], 1)
+    return float(env.ring_distance(pts).mean()) < margin * env.sigma
 
 
 def generate_circle2d(n_episodes: int, max_steps: int, turn_noise_max: float, center_box: float,
                       radius_range: tuple[float, float], task_margin: float, seed: int) -> list[dict]:
     """Official traj2d data: one circle-follower per episode — centre U(±center_box)², radius
     U(radius_range), direction ±1, constant speed U(0.5, 3), turn noise std U(0, turn_noise_max)
-    (radians, on Δθ), starting on its circle heading along it. Circles within ``task_margin`` of
-    the task circle are redrawn: the dataset holds no demonstration of the task, so task return must
+    (radians, on Δθ), starting on its circle heading along it. Circles whose mean distance to the task
+    ring is below ``task_margin`` reward widths σ are redrawn: the dataset holds no demonstration of the task, so task return must
     come from stitching."""
     rng = np.random.default_rng(seed)
     env = Circle2D(max_steps=max_steps)

@@ -19,6 +19,7 @@ from typing import Literal
 from pydantic import Field, model_validator
 
 from stages.common.config import Seed, StageConfig
+from stages.common.sources import SourceConfig
 from stages.common.paths import write_json
 from stages.sciql import data as D
 from stages.sciql.envs import LABELLERS, make_env
@@ -39,7 +40,7 @@ class Circle2DData(EnvData):
     center_box: float = Field(30.0, gt=0.0, le=40.0)         # behaviour circle centres ~ U(±this)²
     radius_min: float = Field(3.0, gt=0.0, le=10.0)          # behaviour radii ~ U(radius_min, radius_max)
     radius_max: float = Field(10.0, gt=0.0, le=10.0)         # (centre_box + radius_max < walls at 50)
-    task_margin: float = Field(2.0, ge=0.0, le=10.0)         # redraw circles with |c−c*| + |R−R*| < this
+    task_margin: float = Field(2.0, ge=0.0, le=10.0)         # redraw circles whose mean distance to the task ring < this·σ
 
 
 class HalfCheetahData(EnvData):
@@ -53,6 +54,7 @@ class Config(StageConfig):
     reference_episodes: int = Field(8, ge=1, le=1000)  # episodes to measure the random / expert returns
     circle2d: Circle2DData
     halfcheetah: HalfCheetahData | None = None      # null drops the MuJoCo part
+    source: SourceConfig = SourceConfig()            # full only: kind file, dataset = a Minari HalfCheetah id/folder
 
     @model_validator(mode="after")
     def _styles_exist(self):
@@ -65,6 +67,17 @@ class Config(StageConfig):
         if self.circle2d.radius_min > self.circle2d.radius_max:
             raise ValueError("circle2d.radius_min: must not exceed circle2d.radius_max")
         return self
+
+
+def halfcheetah_episodes(cfg: "Config", block: "HalfCheetahData") -> list[dict]:
+    """The HalfCheetah episodes: the scripted generator (toy source) or a Minari dataset (kind file, the
+    `full` profile's real source; at most ``block.episodes`` episodes, labelled like the generator's)."""
+    if cfg.source.kind == "file":
+        from stages.sciql.minari_source import load_minari_episodes
+
+        return load_minari_episodes(cfg.source.dataset, "halfcheetah", key="papers.sciql.prepare.source.dataset",
+                                    max_episodes=block.episodes)
+    return D.generate_halfcheetah(block.episodes, block.max_steps, block.noise, block.gaits, cfg.seed)
 
 
 def reference_returns(env_name: str, max_steps: int, episodes: int, seed: int, best_gait=None) -> dict[str, float]:
@@ -107,7 +120,7 @@ def run(cfg: Config, ctx) -> None:
                                            (block.radius_min, block.radius_max), block.task_margin, cfg.seed)
             act_dim = 2
         else:
-            episodes = D.generate_halfcheetah(block.episodes, block.max_steps, block.noise, block.gaits, cfg.seed)
+            episodes = halfcheetah_episodes(cfg, block)
             act_dim = 6
         D.label_episodes(env_name, episodes, block.styles)
         table = D.to_table(episodes, block.styles)
@@ -127,7 +140,7 @@ def run(cfg: Config, ctx) -> None:
             extra["wall_step_share"] = float(np.mean([np.mean(np.abs(ep["xy"][1:]).max(-1) >= lim) for ep in episodes]))
         meta = {"env": env_name, "styles": block.styles, "labels": labels, "obs_dim": int(table["obs"].shape[1]),
                 "act_dim": act_dim, "max_steps": block.max_steps, "transitions": int(len(table["reward"])),
-                "episodes": block.episodes, "obs_mean": table["obs"].mean(0).tolist(),
+                "episodes": len(episodes), "obs_mean": table["obs"].mean(0).tolist(),
                 "obs_std": table["obs"].std(0).tolist(), "reference_return": refs,
                 "dataset_return": {"mean": float(np.mean(ep_returns)), "max": float(np.max(ep_returns)),
                                    "min": float(np.min(ep_returns))}, **extra}

@@ -143,7 +143,7 @@ class PointMassVel(gym.Env):
 
 
 if POINTMASS_ID not in gym.registry:
-    gym.register(POINTMASS_ID, entry_point=PointMassVel)
+    gym.register(POINTMASS_ID, entry_point="stages.tgdt.envs:PointMassVel")   # a string: Minari serialises the spec
 
 
 # ----------------------------------------------------------------------------------------------

@@ -149,6 +149,9 @@ def run(cfg: Config, ctx) -> None:
                 per["seen"].append(float(norm[~held].mean()))
                 per["unseen"].append(float(norm[held].mean()))
                 per["per_task"].append(norm.tolist())
+                items = (raw - rand[:, None]) / denom[:, None]                 # per (task, episode), paired across arms
+                per.setdefault("unseen_items", []).append(items[held].ravel().tolist())
+                per.setdefault("seen_items", []).append(items[~held].ravel().tolist())
                 if arm in TEXT_ARMS:
                     hit, sim = retrieval(model, data, cfg.retrieval_rounds, rec, cfg.seed + seed, device,
                                          parity=not parity_done, label=f"{env}/{arm} seed {seed}")

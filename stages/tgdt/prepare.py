@@ -21,6 +21,7 @@ from pydantic import Field, field_validator, model_validator
 
 from stages.common.config import Seed, StageConfig, unique_items
 from stages.common.paths import write_json
+from stages.common.sources import SourceConfig, SourceError
 from stages.tgdt import envs as E
 
 EnvName = Literal["pointmass", "halfcheetah"]
@@ -41,6 +42,10 @@ class Config(StageConfig):
     reference_episodes: int = Field(4, ge=1, le=1000)    # episodes per task for the random / expert returns
     pointmass: EnvData | None = None
     halfcheetah: EnvData | None = None
+    source: SourceConfig = SourceConfig()                # full only: kind file, dataset = a Minari datasets root
+    minari_tasks: dict[str, dict[str, str]] = Field(default_factory=dict, description="with source kind file: "
+                                                    "per env, task name '<direction> <speed>' -> Minari dataset id "
+                                                    "under source.dataset (every task of the env, held-out ones too)")
 
     @field_validator("envs")
     @classmethod
@@ -106,6 +111,18 @@ def best_gait(vel: np.ndarray, ctrl: np.ndarray, target: float) -> int:
     return int(np.argmax(-(np.abs(vel - target) + ctrl).sum(1)))
 
 
+def minari_rows(cfg: Config, env: str, task: E.Task, block: EnvData) -> dict[str, list]:
+    """One task's rows from its Minari dataset (stages/tgdt/minari_source.py), at most expert_episodes."""
+    from stages.tgdt.minari_source import load_minari_tasks
+
+    name = f"{task.direction} {task.speed}"
+    key = f"papers.tgdt.prepare.minari_tasks.{env}"
+    ref = cfg.minari_tasks.get(env, {}).get(name)
+    if ref is None:
+        raise SourceError(f"{key}: no Minari dataset for task {name!r} (source kind file needs every task)")
+    return load_minari_tasks({name: ref}, env, root=cfg.source.dataset, key=key, max_episodes=block.expert_episodes)
+
+
 def build_env(name: str, block: EnvData, cfg: Config, out) -> dict:
     rng = np.random.default_rng([cfg.seed, E.ENV_NAMES.index(name)])
     tasks = E.tasks_of(name)
@@ -121,13 +138,17 @@ def build_env(name: str, block: EnvData, cfg: Config, out) -> dict:
             gait = gaits[0][j]
             gait_info.append({"task": task.index, "gait": j, "gait_velocity": float(gaits[1][j].mean())})
         pol = controllers(task, env, rng, block, gait)
-        for quality, n in (("expert", block.expert_episodes), ("medium", block.medium_episodes)):
-            for _ in range(n):
-                O, A, R = rollout(env, pol[quality], int(rng.integers(2**31)), block.max_steps)
-                for k, v in (("task", task.index), ("held_out", task.held_out), ("quality", quality),
-                             ("obs", O.tolist()), ("action", A.tolist()), ("reward", R.tolist()),
-                             ("ret", float(R.sum()))):
-                    rows[k].append(v)
+        if cfg.source.kind == "file":                    # the real source: this task's Minari dataset
+            for k, v in minari_rows(cfg, name, task, block).items():
+                rows[k] += v
+        else:
+            for quality, n in (("expert", block.expert_episodes), ("medium", block.medium_episodes)):
+                for _ in range(n):
+                    O, A, R = rollout(env, pol[quality], int(rng.integers(2**31)), block.max_steps)
+                    for k, v in (("task", task.index), ("held_out", task.held_out), ("quality", quality),
+                                 ("obs", O.tolist()), ("action", A.tolist()), ("reward", R.tolist()),
+                                 ("ret", float(R.sum()))):
+                        rows[k].append(v)
         ref = {}
         for kind in ("random", "expert"):
             rets = [rollout(env, pol[kind], int(rng.integers(2**31)), block.max_steps)[2].sum()

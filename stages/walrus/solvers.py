@@ -8,6 +8,14 @@ time stepping is the integrating-factor (Lawson) RK4. Each scenario stores two f
   burgers     u_t + (u·∇) u = ν Δu                         vector field (u, v)
   advdiff     c_t + a·∇c = κ_i Δc, two scalars (c1, c2)     constant velocity a per trajectory
   wave        u_tt = c² Δu                                  (u, u_t)
+  channel     Kolmogorov-type forced flow between two free-slip walls (rows 0 and N are walls,
+              columns periodic): ω_t + u·∇ω = ν Δω − α ω + k_f sin(k_f y), stored as (u, v)
+
+channel is the one non-periodic scenario (its rows see wall boundaries, so the model takes the
+non-periodic jitter branch there). It is solved exactly on the doubled periodic domain: the vorticity
+and stream function are odd about both walls (a sine series in y), the advection term keeps that
+symmetry, so ψ = 0 (no penetration, v = 0) and ∂u/∂y = 0 (free slip) hold on the walls at every step;
+the stored fields are the physical half, y = jπ/N for j = 0..N−1 (row 0 is the wall).
 
 advdiff and wave have exact Fourier solutions (``advdiff_exact``, ``wave_exact``) used by the tests.
 """
@@ -18,8 +26,12 @@ from dataclasses import dataclass
 
 import torch
 
-SCENARIOS = ("kolmogorov", "burgers", "advdiff", "wave")
-FIELDS = {"kolmogorov": ("u", "v"), "burgers": ("u", "v"), "advdiff": ("c1", "c2"), "wave": ("u", "u_t")}
+SCENARIOS = ("kolmogorov", "burgers", "advdiff", "wave", "channel")
+FIELDS = {"kolmogorov": ("u", "v"), "burgers": ("u", "v"), "advdiff": ("c1", "c2"), "wave": ("u", "u_t"),
+          "channel": ("u", "v")}
+# boundary conditions per axis (rows, columns) as (low, high), The Well's names
+BOUNDARIES = {name: (("periodic", "periodic"), ("periodic", "periodic")) for name in SCENARIOS}
+BOUNDARIES["channel"] = (("wall", "wall"), ("periodic", "periodic"))
 
 
 @dataclass(frozen=True)
@@ -39,6 +51,7 @@ PHYSICS = {
     "burgers": Physics(nu=0.03, dt=0.02, frame_every=3),
     "advdiff": Physics(nu=0.01, nu2=0.03, dt=0.04, frame_every=3),
     "wave": Physics(speed=1.0, dt=0.01, frame_every=5),
+    "channel": Physics(nu=0.02, drag=0.1, kf=4, dt=0.02, frame_every=5, burn_in=200),
 }
 
 
@@ -80,7 +93,7 @@ class Scenario:
     """One scenario at one resolution: spectral operators, initial state, state -> stored fields."""
 
     def __init__(self, name: str, n: int, device: torch.device, physics: Physics | None = None):
-        if name not in SCENARIOS:
+        if name not in SCENARIOS or name == "channel":
             raise ValueError(f"unknown scenario {name!r} (known: {', '.join(SCENARIOS)})")
         self.name, self.n, self.device = name, n, device
         self.p = physics or PHYSICS[name]
@@ -189,3 +202,75 @@ def wave_exact(u0: torch.Tensor, speed: float, t: float) -> torch.Tensor:
     ky, kx = wavenumbers(n, u0.device)
     k = torch.sqrt(kx ** 2 + ky ** 2)
     return torch.fft.ifft2(torch.fft.fft2(u0) * torch.cos(speed * k * t)).real
+
+
+class ChannelScenario:
+    """Forced 2D flow between free-slip walls (rows) with periodic columns, on the doubled domain.
+
+    Physical channel: y ∈ [0, π] (walls at 0 and π), x ∈ [0, π) periodic, N x N points. The solver
+    grid is 2N rows (y ∈ [0, 2π), vorticity odd about y = 0 and y = π) by N columns (kx ∈ 2ℤ)."""
+
+    def __init__(self, n: int, device: torch.device, physics: Physics | None = None):
+        self.name, self.n, self.device = "channel", n, device
+        self.p = physics or PHYSICS["channel"]
+        ky = torch.fft.fftfreq(2 * n, d=1.0 / (2 * n), device=device).to(torch.float64)
+        kx = 2.0 * torch.fft.fftfreq(n, d=1.0 / n, device=device).to(torch.float64)
+        self.ky, self.kx = torch.meshgrid(ky, kx, indexing="ij")
+        self.k2 = self.kx ** 2 + self.ky ** 2
+        kmax_y, kmax_x = (2 * n) / 3.0, 2.0 * n / 3.0          # 2/3 rule on both axes
+        self.mask = ((self.ky.abs() < kmax_y) & (self.kx.abs() < kmax_x)).to(torch.float64)
+        y = torch.arange(2 * n, device=device, dtype=torch.float64) * (math.pi / n)
+        self.y = y[:, None].expand(2 * n, n)
+        p = self.p
+        self.lin = (-p.nu * self.k2 - p.drag)[None, None]
+        self.forcing = torch.fft.fft2(p.kf * torch.sin(p.kf * self.y))[None, None]
+
+    def _dx(self, uh):
+        return torch.fft.ifft2(1j * self.kx * uh).real
+
+    def _dy(self, uh):
+        return torch.fft.ifft2(1j * self.ky * uh).real
+
+    def velocity_from_vorticity(self, wh):
+        psih = wh / torch.where(self.k2 == 0, torch.ones_like(self.k2), self.k2) * (self.k2 > 0)
+        return self._dy(psih), -self._dx(psih)
+
+    def nonlinear(self, wh):
+        u, v = self.velocity_from_vorticity(wh)
+        return -torch.fft.fft2(u * self._dx(wh) + v * self._dy(wh)) * self.mask + self.forcing
+
+    def odd_in_y(self, w: torch.Tensor) -> torch.Tensor:
+        """(w(y) - w(-y)) / 2 on the doubled grid (row j <-> row (2N - j) mod 2N)."""
+        refl = torch.roll(torch.flip(w, dims=(-2,)), shifts=1, dims=-2)
+        return 0.5 * (w - refl)
+
+    def initial(self, batch: int, gen: torch.Generator) -> torch.Tensor:
+        noise = torch.randn(batch, 1, 2 * self.n, self.n, generator=gen, device=self.device, dtype=torch.float64)
+        k = torch.sqrt(self.k2)
+        w = torch.fft.ifft2(torch.fft.fft2(noise) * torch.exp(-(k / 4.0) ** 2) * (k > 0)).real
+        w = self.odd_in_y(w)
+        w = 2.0 * w / w.pow(2).mean(dim=(-2, -1), keepdim=True).sqrt().clamp_min(1e-12)
+        return torch.fft.fft2(w)
+
+    def fields(self, wh: torch.Tensor) -> torch.Tensor:
+        u, v = self.velocity_from_vorticity(wh[:, 0])
+        return torch.stack([u, v], 1)[..., : self.n, :]            # the physical half: rows 0..N-1
+
+    def step(self, wh):
+        return ifrk4_step(wh, self.lin, self.nonlinear, self.p.dt)
+
+    def trajectories(self, batch: int, frames: int, gen: torch.Generator) -> torch.Tensor:
+        wh = self.initial(batch, gen)
+        for _ in range(self.p.burn_in):
+            wh = self.step(wh)
+        out = []
+        for f in range(frames):
+            if f:
+                for _ in range(self.p.frame_every):
+                    wh = self.step(wh)
+            out.append(self.fields(wh))
+        return torch.stack(out, 1)
+
+
+def make_scenario(name: str, n: int, device: torch.device):
+    return ChannelScenario(n, device) if name == "channel" else Scenario(name, n, device)

@@ -63,6 +63,8 @@ def _brute(spec: dict):
         for k, d in enumerate(spec["arms"]):
             de = ie = se = 0.0
             for z, w in itertools.product((0, 1), (0, 1)):
+                if spec.get("effect_cells") == "official_quirk" and (z, w) != (0, 0):
+                    continue                      # the official code's exact-float cell match: only (0, 0)
                 m1, m0 = mu(a_ctf, z, w, d), mu(a_vals[ia], z, w, d)
                 de += (m1 - m0) * pw(ia, z, w) * pz(ia, z)
                 ie += m1 * (pw(ia, z, w) - pw(alt, z, w)) * pz(ia, z)
@@ -77,7 +79,9 @@ def _brute(spec: dict):
     {**ODD, "feature_map": "normalize", "counterfactual_feature": "one_minus_a"},
     json.loads((EXAMPLES / "official.json").read_text()),
     json.loads((EXAMPLES / "binding.json").read_text()),
-], ids=["identity", "normalize", "one_minus_a", "official", "binding"])
+    json.loads((EXAMPLES / "official_quirk.json").read_text()),
+    {**ODD, "effect_cells": "official_quirk"},
+], ids=["identity", "normalize", "one_minus_a", "official", "binding", "official_quirk", "odd_quirk"])
 def test_world_tensors_match_brute_force(spec):
     spec = {"feature_map": "identity", **spec}
     w = World(parse_scm(spec))
@@ -228,4 +232,45 @@ def test_load_scm_file_errors(tmp_path):
     assert str(err.value) == f"{p}: -Infinity is not a finite number (JSON allows none)"
     p = tmp_path / "ok.json"
     p.write_text((EXAMPLES / "binding.json").read_text())
-    assert load_scm(str(p)).name == "binding_other_cf"  # a str path works too
+    assert load_scm(str(p)).name == "binding"  # a str path works too
+
+
+def test_boundary_mode_has_no_slater_point():
+    """tau_mode boundary: τ is the least-unfair arm's max|effect| at the boundary protected value, that arm
+    is fair (|effect| <= τ) and no arm there is strictly inside (every arm has some |effect| >= τ)."""
+    for ia in (0, 1):
+        w = World(parse_scm({**ODD, "feature_map": "normalize", "tau_mode": "boundary", "boundary_protected": ia}))
+        worst = w.effects.abs().amax(1)
+        assert w.tau == float(worst[ia].min()) and w.boundary_arm == int(worst[ia].argmin())
+        feas = w.feasible(torch.tensor([w.tau], dtype=torch.float64))[0]
+        assert bool(feas[ia, w.boundary_arm]) and int(feas[ia].sum()) == int((worst[ia] == worst[ia].min()).sum())
+        assert not ((w.effects[ia].abs() < w.tau).all(0)).any()                  # no strictly feasible arm
+    b = World(load_scm(EXAMPLES / "boundary.json"))
+    assert b.tau == float(b.effects[0].abs().amax(0).min()) and b.tau < 0.06
+
+
+def test_quirk_keeps_only_the_first_cell_and_binds_for_a_plus():
+    q = World(load_scm(EXAMPLES / "official_quirk.json"))
+    fair = q.feasible(torch.tensor([q.tau], dtype=torch.float64))[0]
+    assert fair[1].tolist() == [True] * 5 + [False] * 5 and not fair[0].any()    # arms 0-4 fair for a = +1
+    se = q.effects[1, 2].abs()
+    assert torch.allclose(se[:5], torch.full((5,), 0.156, dtype=torch.float64), atol=6e-4)
+    assert torch.allclose(se[5:], torch.full((5,), 0.317, dtype=torch.float64), atol=6e-4)
+
+
+def test_bounded_numbers_depth_and_size(tmp_path):
+    with pytest.raises(SCMError) as err:
+        parse_scm({**ODD, "arms": [[1e308, 0.3], [0.4, -0.5], [0.8, 0.6]]}, "x.json")
+    assert str(err.value).startswith("x.json: arms: [0][0] = 1e+308 exceeds 1e+06 in magnitude")
+    with pytest.raises(SCMError, match=r"protected_values: entry 1 = -1e\+300 exceeds"):
+        parse_scm({**ODD, "protected_values": [1.0, -1e300]}, "x.json")
+    p = tmp_path / "deep.json"
+    p.write_text('{"a": ' + "[" * 50 + "]" * 50 + "}")
+    with pytest.raises(SCMError, match="nesting depth 51 exceeds 8"):
+        load_scm(p)
+    p.write_text('{"description": "[[[[[[[[[[[[[[[[[[[[", "x": [[1]]}')              # brackets inside strings
+    from stages.fair_bandits.scm import json_depth
+    assert json_depth(p.read_text()) == 3
+    p.write_text(" " * 1_000_001)
+    with pytest.raises(SCMError, match="byte limit"):
+        load_scm(p)

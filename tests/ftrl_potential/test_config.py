@@ -23,7 +23,7 @@ def test_params_load_for_every_profile(stage, profile):
     ({"ms": [1, 2, 3]}, ["prepare.ms", ">= 2", "[2, 24]"]),
     ({"ms": [3, 2, 4]}, ["ms", "increasing"]),
     ({"ms": [2, 2, 3]}, ["ms", "duplicate"]),
-    ({"multi_players": [2, 3, 13], "multi_m": 2}, ["multi_players", "4096"]),
+    ({"multi_players": [3, 4, 9]}, ["multi_players", "no stored snake-in-the-box for N = 9"]),
     ({"random_game_seeds": [0, 0, 1]}, ["random_game_seeds", "duplicate"]),
     ({"sizes": [2]}, ["prepare.sizes"]),
 ])
@@ -43,6 +43,9 @@ def test_prepare_bad_input(block, keys):
     ({"arms": [{"name": "mwu", "reg": "entropic", "eta": -1.0}]}, ["arms", "eta"]),
     ({"staircase_arm": "nope"}, ["staircase_arm", "nope"]),
     ({"start_seeds": [1, 1, 2]}, ["start_seeds", "duplicate"]),
+    ({"tie_seeds": [4, 4]}, ["tie_seeds", "duplicate"]),
+    ({"eps_sweep": [0.05, 0.1, 0.02]}, ["eps_sweep", "decreasing"]),
+    ({"arms": [{"name": "fp", "reg": "fp", "max_m": 1}]}, ["arms", "max_m"]),
 ])
 def test_train_bad_input(block, keys):
     with pytest.raises(ConfigError) as err:

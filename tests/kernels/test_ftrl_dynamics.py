@@ -124,3 +124,23 @@ def test_bench_small_runs():
     for label, make, kern, ref, _, _ in BENCHMARKS_SMALL:
         inputs = make("cpu")
         torch.testing.assert_close(kern(*inputs)["x"], ref(*inputs)["x"], atol=1e-10, rtol=0)
+
+
+def test_fp_tie_priorities_triton_matches_reference_and_prefers_the_highest():
+    """Random tie-breaking: with per-run priority permutations the Triton path (interpreter) and the
+    reference give identical trajectories, and ties go to the highest priority."""
+    gen = torch.Generator().manual_seed(3)
+    B, n = 5, 6
+    A = torch.randint(-2, 3, (B, n, n), generator=gen).to(torch.float64)      # integer payoffs: many ties
+    z = torch.zeros(B, n, dtype=torch.float64)
+    px = torch.stack([torch.randperm(n, generator=gen) for _ in range(B)]).to(torch.float64)
+    py = torch.stack([torch.randperm(n, generator=gen) for _ in range(B)]).to(torch.float64)
+    args = (A, z, z.clone(), torch.ones(B, dtype=torch.float64), torch.full((B,), 1e-9, dtype=torch.float64), 9, "fp")
+    ref = ftrl_run(*args, every=1, backend="torch", prio_x=px, prio_y=py)
+    tri = ftrl_run(*args, every=1, backend="triton", prio_x=px, prio_y=py)
+    assert torch.equal(ref["hit"], tri["hit"]) and torch.equal(ref["x"], tri["x"]) and torch.equal(ref["y"], tri["y"])
+    one = ftrl_run(A, z, z.clone(), torch.ones(B, dtype=torch.float64), torch.full((B,), 1e-9, dtype=torch.float64), 1,
+                   "fp", every=1, backend="torch", prio_x=px, prio_y=py)
+    assert torch.equal(one["x"].argmax(1), px.argmax(1)) and torch.equal(one["y"].argmax(1), py.argmax(1))
+    with pytest.raises(ValueError, match="prio_x"):
+        ftrl_run(*args, backend="torch", prio_x=px[:, :3])

@@ -44,5 +44,7 @@ def test_smoke_pipeline(smoke_run):
         assert (out["report"] / "figures" / f"{fig}.png").stat().st_size > 1000
     assert (out["report"] / "plots" / "val_loss_curves.csv").exists()
     report = (out["report"] / "report.md").read_text()
-    assert "## Verdicts" in report and "## Deviations" in report and "opus_adamw" in report
+    assert "## Findings" in report and "## Checks" in report and "## Threats to validity" in report
+    assert "## Deviations" in report and "opus_adamw" in report
+    assert report.index("## Findings") < report.index("## Checks")  # findings first (Report.finish)
     assert "through the Triton kernel" not in report

@@ -191,7 +191,9 @@ def test_smoke_pipeline_end_to_end(smoke_run):
     doc = json.loads((report / "metrics.json").read_text())
     from stages.reversal_curse.report import CLAIMS
 
-    assert [c["name"] for c in doc["claims"]] == [c.name for c in CLAIMS]
+    # findings first, then checks (Report.finish), each in CLAIMS order
+    assert [c["name"] for c in doc["claims"]] == [c.name for c in sorted(CLAIMS, key=lambda c: c.kind != "finding")]
+    assert {c["kind"] for c in doc["claims"]} == {"finding", "check"}
     for claim in doc["claims"]:
         assert claim["verdict"] in ("holds", "fails", "inconclusive") and claim["values"] and claim["refuted_by"]
     assert set(doc["runtime_s"]) == {"prepare", "train", "evaluate", "report"}

@@ -118,13 +118,17 @@ def test_dataset_follows_circles_and_never_draws_the_task_circle():
         assert np.ptp(ep["speed"]) < 1e-9                       # constant speed per episode
         assert np.abs(ep["xy"]).max() < 45.0                    # never at the ±50 walls
         assert np.mean(env.ring_distance(ep["xy"]) < 1.0) < 0.5  # not a demonstration of the task circle
+        assert env.ring_distance(ep["xy"]).mean() > 1.5 * env.sigma  # far from the ring on average (issue 54)
+        assert env.task_reward(ep["xy"][1:]).mean() < 0.5            # under half the on-ring per-step reward (1)
     # a circle follower without noise stays near its own circle: fit a circle to its positions
     xy = eps[0]["xy"]
     A = np.c_[2 * xy, np.ones(len(xy))]
     c = np.linalg.lstsq(A, (xy ** 2).sum(1), rcond=None)[0]
     r = np.linalg.norm(xy - c[:2], axis=1)
     assert r.std() < 0.1 * r.mean()
-    assert D.near_task_circle((0.5, 5.5), 5.2, env, 2.0) and not D.near_task_circle((10, 5), 5, env, 2.0)
+    assert D.near_task_circle((0.5, 5.5), 5.2, env, 2.0) and not D.near_task_circle((30, 5), 5, env, 2.0)
+    # a concentric circle 8 units larger: mean ring distance 8 < 2σ = 10 (the old |Δc| + |ΔR| < 2 rule let it in)
+    assert D.near_task_circle((0.0, 5.0), 13.0, env, 2.0) and not D.near_task_circle((0.0, 5.0), 13.0, env, 1.5)
 
 
 # ---------------------------------------------------------------------------------------------- relabelling
@@ -477,16 +481,68 @@ def test_report_claims_are_seed_aware():
 
     cfg = report.Config()
     gawr = next(c for c in report.claims_for("halfcheetah", ["speed"], cfg) if c.name == "gawr_adds_return_halfcheetah")
-    below = {"halfcheetah": {"norm_return": {"gawr": [-0.1, -0.11, -0.09], "sciql": [-0.5, -0.52, -0.48]}}}
-    above = {"halfcheetah": {"norm_return": {"gawr": [0.6, 0.61, 0.59], "sciql": [0.2, 0.22, 0.18]}}}
-    assert evaluate_claims([gawr], below)[0]["verdict"] == "inconclusive"
-    assert evaluate_claims([gawr], above)[0]["verdict"] == "holds"
+    below = {"halfcheetah": {"norm_return_items": {"gawr": [-0.1, -0.11, -0.09], "sciql": [-0.5, -0.52, -0.48]}}}
+    above = {"halfcheetah": {"norm_return_items": {"gawr": [[0.6, 0.62], [0.61, 0.6], [0.59, 0.6]],
+                                                   "sciql": [[0.2, 0.21], [0.22, 0.2], [0.18, 0.2]]}}}
+    th = {"gawr_adds_return_*": {"min_effect": 0.05}, "random_relabel_beats_mixed_*": {"min_effect": 0.05}}
+    assert gawr.kind == "finding"
+    assert evaluate_claims([gawr], below, th)[0]["verdict"] == "inconclusive"
+    assert evaluate_claims([gawr], above, th)[0]["verdict"] == "holds"
     claim = report.ablation_claim("position", [0.0, 0.0, 1.0], "[0.2, 0.5, 0.3]")
 
     def verdict(main, abl):
         m = {"circle2d": {"per_style": {"position": {"alignment": {"sciql": main}}}}, "ablation": {"alignment": {"sciql": abl}}}
-        return evaluate_claims([claim], m)[0]["verdict"]
+        return evaluate_claims([claim], m, th)[0]["verdict"]
 
     assert verdict([0.5, 0.52, 0.48], [0.3, 0.31, 0.29]) == "holds"
     assert verdict([0.3, 0.31, 0.29], [0.5, 0.52, 0.48]) == "fails"
     assert verdict([0.5, 0.3, 0.4], [0.3, 0.5, 0.4]) == "inconclusive"
+
+
+def test_gawr_alignment_claim_is_gated_on_sciql_above_chance():
+    """issue 54: GAWR 'keeps alignment' is inconclusive unless SCIQL's own alignment is above chance by the
+    gate's min effect (the same per-seed rule), even when GAWR is above SCIQL on every seed."""
+    from stages.common.claims import evaluate_claims
+    from stages.sciql import report
+
+    cfg = report.Config(keep_alignment_tol=0.05)
+    names = ("gawr_keeps_alignment_halfcheetah", "sciql_above_chance_halfcheetah")
+    cl = [c for c in report.claims_for("halfcheetah", ["speed"], cfg) if c.name in names]
+    th = {"sciql_above_chance_*": {"min_effect": 0.05}, "gawr_keeps_alignment_*": {"gate_min": 0.05}}
+
+    def verdicts(sciql):
+        gawr = [x + 0.01 for x in sciql]
+        m = {"halfcheetah": {"alignment": {"sciql": sciql, "gawr": gawr}, "chance": 1 / 3,
+                             "alignment_items": {"sciql": sciql, "gawr": gawr}}}
+        return {v["name"]: v["verdict"] for v in evaluate_claims(cl, m, th)}
+
+    near = verdicts([0.36, 0.42, 0.38])            # HalfCheetah's committed numbers: near chance
+    assert near == {"sciql_above_chance_halfcheetah": "inconclusive", "gawr_keeps_alignment_halfcheetah": "inconclusive"}
+    far = verdicts([0.80, 0.82, 0.79])
+    assert far == {"sciql_above_chance_halfcheetah": "holds", "gawr_keeps_alignment_halfcheetah": "holds"}
+    assert {c.name: c.kind for c in cl} == {"sciql_above_chance_halfcheetah": "check", "gawr_keeps_alignment_halfcheetah": "finding"}
+
+
+def test_item_lists_pair_per_start_and_average_to_the_seed_value():
+    """env_metrics' item lists: one value per evaluation start (criteria weigh equally, z averaged), whose mean
+    is the seed's value in the per-seed list — by hand on a 2-criterion, 2-start, 2-seed frame."""
+    import polars as pl
+    from stages.sciql import report
+
+    rows = []
+    for seed in (0, 1):
+        for style, zs in (("speed", (0, 1, 2)), ("position", (0, 1))):
+            for z in zs:
+                for e in (0, 1):
+                    for m in report.METHODS:
+                        val = 0.1 * seed + (0.3 if style == "speed" else 0.05) * z + 0.01 * e
+                        rows.append({"env": "circle2d", "seed": seed, "style": style, "method": m, "z": z,
+                                     "episode": e, "alignment": val, "norm_return": -val})
+    out = report.env_metrics(pl.DataFrame(rows), "circle2d")
+    # seed 0, start 0: speed mean over z of 0.3 z = 0.3, position 0.025 -> (0.3 + 0.025) / 2; start 1 adds 0.01
+    assert out["alignment_items"]["sciql"][0] == pytest.approx([0.1625, 0.1725])
+    assert out["alignment_items"]["sciql"][1] == pytest.approx([0.2625, 0.2725])
+    for k in range(2):
+        assert np.mean(out["alignment_items"]["cbc"][k]) == pytest.approx(out["alignment"]["cbc"][k])
+        assert np.mean(out["norm_return_items"]["bc"][k]) == pytest.approx(out["norm_return"]["bc"][k])
+    assert out["per_style"]["position"]["alignment_items"]["sciql"][0] == pytest.approx([0.025, 0.035])

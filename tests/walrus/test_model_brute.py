@@ -6,7 +6,6 @@ normalised L1 and rollout with a stub model. Tiny shapes, float64, fixed seeds, 
 from __future__ import annotations
 
 import math
-import random
 
 import numpy as np
 import pytest
@@ -14,8 +13,9 @@ import torch
 import torch.nn.functional as F
 
 from stages.walrus import model as M
-from stages.walrus.model import (RMSChannelNorm, SpaceTimeBlock, Walrus, apply_rope, axial_rope, normalized_l1,
-                                 rollout, window_stats)
+from stages.walrus.jitter import PERIODIC, PERIODIC_2D, WALL
+from stages.walrus.model import (RMSChannelNorm, SpaceTimeBlock, Walrus, apply_rope, axial_rope, axial_rope_2d,
+                                 normalized_l1, rollout, window_stats)
 
 
 # ----------------------------------------------------------------------------- normalisation
@@ -209,37 +209,53 @@ def rms_ref(x, gain):
     return x * torch.rsqrt(x.pow(2).mean(dim=(-2, -1), keepdim=True) + 1e-6) * gain[:, None, None]
 
 
-def walrus_ref(m, x, shift, rolls):
-    """Independent forward: roll + circular pad + conv2d encoder, blocks (tested above) on rolled tokens,
-    transposed-conv decoder, crop and roll back. N = 16 with 4 tokens per axis: strides (2, 2), pad 5."""
+def walrus_ref(m, x, shift, rolls, walls=False):
+    """Independent forward (official fixed jitterer): N = 16 with 4 tokens per axis: strides (2, 2), e = 5.
+    Periodic: roll, circular pad e, flags (bias 1). walls (rows wall/wall, columns periodic): zero pad
+    P = p/2 + e = 7 rows, flags (bias 0 and wall 1 on the padded rows), roll both axes, circular pad e columns.
+    Then conv2d encoder, blocks (tested above) on rolled tokens, transposed-conv decoder, un-jitter."""
     B, T, C, N, _ = x.shape
-    s1, s2, e = 2, 2, 5
+    s1, s2, e, P = 2, 2, 5, 7
     with torch.no_grad():
-        xf = torch.roll(x.reshape(B * T, C, N, N), shifts=shift, dims=(-2, -1))
-        xf = F.pad(xf, (e, e, e, e), mode="circular")
-        h = F.conv2d(xf, m.enc1.view(m.enc1.shape[0], C, 8, 8), stride=s1)
+        xf = x.reshape(B * T, C, N, N)
+        if walls:
+            xf = F.pad(xf, (0, 0, P, P))
+            flags = torch.zeros(B * T, 3, N + 2 * P, N, dtype=x.dtype)
+            flags[:, 0, P:P + N] = 1.0
+            flags[:, 1, :P] = 1.0
+            flags[:, 1, P + N:] = 1.0
+            xf = torch.roll(torch.cat([xf, flags], 1), shifts=shift, dims=(-2, -1))
+            xf = F.pad(xf, (e, e, 0, 0), mode="circular")
+        else:
+            xf = torch.roll(xf, shifts=shift, dims=(-2, -1))
+            xf = torch.cat([xf, torch.ones(B * T, 1, N, N, dtype=x.dtype), torch.zeros(B * T, 2, N, N, dtype=x.dtype)], 1)
+            xf = F.pad(xf, (e, e, e, e), mode="circular")
+        h = F.conv2d(xf, m.enc1.view(m.enc1.shape[0], C + 3, 8, 8), stride=s1)
         h = F.silu(rms_ref(h, m.enc_n1.gain))
         h = F.silu(rms_ref(F.conv2d(h, m.enc2, stride=s2), m.enc_n2.gain))
-        n = h.shape[-1]
-        tok = h.view(B, T, m.d, n, n).permute(0, 1, 3, 4, 2)
-        cos, sin = axial_rope(n, m.d // m.blocks[0].h, "cpu", x.dtype)
+        n, mm = h.shape[-2:]
+        tok = h.view(B, T, m.d, n, mm).permute(0, 1, 3, 4, 2)
+        cos, sin = axial_rope_2d(n, mm, m.d // m.blocks[0].h, "cpu", x.dtype)
         tot = [0, 0]
         for blk, r in zip(m.blocks, rolls):
-            tok = torch.roll(tok, shifts=r, dims=(2, 3))
+            tok = torch.roll(tok, shifts=tuple(r), dims=(2, 3))
             tot = [tot[0] + r[0], tot[1] + r[1]]
             tok = blk(tok, cos, sin)
         tok = torch.roll(tok, shifts=(-tot[0], -tot[1]), dims=(2, 3))
-        h = m.dec_norm(tok).permute(0, 1, 4, 2, 3).reshape(B * T, m.d, n, n)
+        h = m.dec_norm(tok).permute(0, 1, 4, 2, 3).reshape(B * T, m.d, n, mm)
         h = F.silu(rms_ref(F.conv_transpose2d(h, m.dec1, stride=s2), m.dec_n1.gain))
         y = F.conv_transpose2d(h, m.dec2, stride=s1)
-        y = y[..., e:e + N, e:e + N]
-        return torch.roll(y, shifts=(-shift[0], -shift[1]), dims=(-2, -1)).view(B, T, C, N, N)
+        if walls:
+            y = torch.roll(y[..., e:e + N], shifts=(-shift[0], -shift[1]), dims=(-2, -1))[..., P:P + N, :]
+        else:
+            y = torch.roll(y[..., e:e + N, e:e + N], shifts=(-shift[0], -shift[1]), dims=(-2, -1))
+        return y.reshape(B, T, C, N, N)
 
 
 def _walrus(jitter="domain", token_roll=True, seed=7, channels=2):
     torch.manual_seed(seed)
     m = Walrus(channels=channels, d=16, depth=2, heads=2, mlp_ratio=2, max_t=3, jitter=jitter, token_roll=token_roll,
-               tokens_per_axis=4, seed=seed).double()
+               tokens_per_axis=4).double()
     g = torch.Generator().manual_seed(seed + 1)
     with torch.no_grad():
         m.dec2.normal_(0, 0.2, generator=g)
@@ -251,52 +267,100 @@ def _walrus(jitter="domain", token_roll=True, seed=7, channels=2):
     return m
 
 
+CHANNEL = ((WALL, WALL), (PERIODIC, PERIODIC))
+
+
 def test_walrus_forward_equals_independent_reference_with_drawn_jitter_and_rolls():
     m = _walrus()
     x = torch.randn(2, 3, 2, 16, 16, generator=torch.Generator().manual_seed(8), dtype=torch.float64)
-    rng = random.Random(7)                                  # replay the model's draws
-    shift = (rng.randint(-7, 7), rng.randint(-7, 7))         # domain jitter: U{-(N/2-1) .. N/2-1}, N = 16
-    rolls = [(rng.randrange(4), rng.randrange(4)) for _ in range(2)]
-    assert shift != (0, 0) and any(r != (0, 0) for r in rolls)
+    rng = np.random.default_rng(7)
+    shift, rolls = m.draw(rng, (16, 16))
+    ref = np.random.default_rng(7)                                   # replay the draws by hand
+    s = (int(ref.integers(-7, 8)), int(ref.integers(-7, 8)))          # domain jitter: U{-(N/2-1) .. N/2-1}, N = 16
+    r = [(int(a), int(b)) for a, b in zip(ref.integers(0, 4, size=2), ref.integers(0, 4, size=2))]
+    assert tuple(shift.tolist()) == s and [tuple(v) for v in rolls.tolist()] == r
+    assert s != (0, 0) and any(v != (0, 0) for v in r)
     calls = m.kernel_calls
     with torch.no_grad():
-        got = m(x)
+        got = m(x, PERIODIC_2D, shift, rolls)
     assert got.shape == x.shape and m.kernel_calls == calls + 2
-    torch.testing.assert_close(got, walrus_ref(m, x, shift, rolls), atol=1e-10, rtol=1e-9)
-    # explicit shift: only the token rolls are drawn
-    rolls2 = [(rng.randrange(4), rng.randrange(4)) for _ in range(2)]
+    torch.testing.assert_close(got, walrus_ref(m, x, s, r), atol=1e-10, rtol=1e-9)
+
+
+def test_walrus_wall_bounded_rows_equal_independent_reference():
+    """the non-periodic branch: constant pad + wall flag on the rows, shift within the pad (|r| <= P-1 = 6),
+    no token roll along the wall axis; columns periodic."""
+    m = _walrus()
+    x = torch.randn(2, 3, 2, 16, 16, generator=torch.Generator().manual_seed(18), dtype=torch.float64)
+    draws = [m.draw(np.random.default_rng(k), (16, 16), CHANNEL) for k in range(200)]
+    assert {int(d[0][0]) for d in draws} == set(range(-6, 7))        # wall axis: U{-(P-1)..P-1}
+    assert {int(d[0][1]) for d in draws} == set(range(-7, 8))        # periodic axis: U{-(N/2-1)..N/2-1}
+    assert all(int(d[1][:, 0].abs().max()) == 0 for d in draws)      # no token roll along the wall rows
+    for shift, rolls in (draws[3], (torch.tensor([-6, 5]), torch.tensor([[0, 1], [0, 4]]))):
+        with torch.no_grad():
+            got = m(x, CHANNEL, shift, rolls)
+        ref = walrus_ref(m, x, tuple(shift.tolist()), [tuple(v) for v in rolls.tolist()], walls=True)
+        torch.testing.assert_close(got, ref, atol=1e-10, rtol=1e-9)
+    tok = m.enc_n2  # token grid: (16 + 2*7 - 8)/2 + 1 = 12 -> (12 - 4)/2 + 1 = 5 rows = N/p + 1; 4 columns
+    h = {}
+    hook = tok.register_forward_hook(lambda mod, i, o: h.update(shape=tuple(o.shape)))
     with torch.no_grad():
-        got2 = m(x, shift=(3, -5))
-    torch.testing.assert_close(got2, walrus_ref(m, x, (3, -5), rolls2), atol=1e-10, rtol=1e-9)
+        m(x, CHANNEL, *draws[0])
+    hook.remove()
+    assert h["shape"][-2:] == (5, 4)
 
 
 def test_walrus_no_token_roll_and_no_jitter():
     m = _walrus(token_roll=False)
     x = torch.randn(1, 2, 2, 16, 16, generator=torch.Generator().manual_seed(9), dtype=torch.float64)
+    shift, rolls = m.draw(np.random.default_rng(3), (16, 16))
+    assert int(rolls.abs().max()) == 0                               # no token roll drawn
     with torch.no_grad():
-        got = m(x, shift=(1, 2))
+        got = m(x, PERIODIC_2D, torch.tensor([1, 2]), rolls)
     torch.testing.assert_close(got, walrus_ref(m, x, (1, 2), [(0, 0), (0, 0)]), atol=1e-10, rtol=1e-9)
-    assert m.rng.getstate() == random.Random(7).getstate()           # nothing drawn
     m = _walrus(jitter="none")
+    shift, rolls = m.draw(np.random.default_rng(3), (16, 16))
+    assert int(shift.abs().max()) == 0 and int(rolls.abs().max()) == 0
     with torch.no_grad():
         got = m(x)
     torch.testing.assert_close(got, walrus_ref(m, x, (0, 0), [(0, 0), (0, 0)]), atol=1e-10, rtol=1e-9)
-    assert m.rng.getstate() == random.Random(7).getstate()           # jitter none: no token roll either
-    m = _walrus(jitter="patch", channels=1)
-    x1 = x[:, :, :1]
-    rng = random.Random(7)
-    shift = (rng.randint(-1, 1), rng.randint(-1, 1))                 # patch 4: U{-1, 0, 1}
-    rolls = [(rng.randrange(4), rng.randrange(4)) for _ in range(2)]
-    with torch.no_grad():
-        got = m(x1)
-    torch.testing.assert_close(got, walrus_ref(m, x1, shift, rolls), atol=1e-10, rtol=1e-9)
 
 
-def test_draw_shift_exact_support():
-    for jitter, n, patch, h in (("domain", 16, 4, 8), ("patch", 64, 8, 4), ("patch", 32, 16, 8)):
-        m = Walrus(d=16, heads=1, jitter=jitter, seed=3)
-        draws = [m.draw_shift(n, patch) for _ in range(600)]
-        assert {a for a, _ in draws} == set(range(-(h - 1), h)) == {b for _, b in draws}
+def test_patch_jitter_forward_is_pad_then_roll_of_the_padded_grid():
+    """patch mode (official PatchJittererBoundaryPad): circular pad e, then roll the padded grid by
+    U{-(p/2-1)..p/2-1} (p = 4: -1..1); un-jitter: roll back, crop. Not a pure shift of the field."""
+    m = _walrus(jitter="patch", token_roll=False, channels=1)
+    x = torch.randn(1, 2, 1, 16, 16, generator=torch.Generator().manual_seed(10), dtype=torch.float64)
+    draws = {tuple(m.draw(np.random.default_rng(k), (16, 16))[0].tolist()) for k in range(60)}
+    assert {a for a, _ in draws} == {-1, 0, 1}
+    e = 5
+    zero = torch.zeros(2, 2, dtype=torch.long)
+    for shift in ((1, -1), (-1, 0)):
+        with torch.no_grad():
+            got = m(x, PERIODIC_2D, torch.tensor(shift), zero)
+            xf = x.reshape(2, 1, 16, 16)
+            xp = F.pad(torch.cat([xf, torch.ones_like(xf), torch.zeros(2, 2, 16, 16, dtype=x.dtype)], 1),
+                       (e, e, e, e), mode="circular")
+            xp = torch.roll(xp, shifts=shift, dims=(-2, -1))
+            h = F.silu(rms_ref(F.conv2d(xp, m.enc1.view(m.enc1.shape[0], 4, 8, 8), stride=2), m.enc_n1.gain))
+            h = F.silu(rms_ref(F.conv2d(h, m.enc2, stride=2), m.enc_n2.gain))
+            tok = h.view(1, 2, m.d, 4, 4).permute(0, 1, 3, 4, 2)
+            cos, sin = axial_rope(4, m.d // 2, "cpu", x.dtype)
+            for blk in m.blocks:
+                tok = blk(tok, cos, sin)
+            h = m.dec_norm(tok).permute(0, 1, 4, 2, 3).reshape(2, m.d, 4, 4)
+            h = F.silu(rms_ref(F.conv_transpose2d(h, m.dec1, stride=2), m.dec_n1.gain))
+            y = torch.roll(F.conv_transpose2d(h, m.dec2, stride=2), shifts=(-shift[0], -shift[1]), dims=(-2, -1))
+            ref = y[..., e:e + 16, e:e + 16].reshape(1, 2, 1, 16, 16)
+        torch.testing.assert_close(got, ref, atol=1e-10, rtol=1e-9)
+
+
+def test_draw_exact_support():
+    for jitter, n, tpa, h in (("domain", 16, 4, 8), ("patch", 64, 8, 4), ("patch", 64, 4, 8), ("domain", 64, 4, 32)):
+        m = Walrus(d=16, heads=1, jitter=jitter, tokens_per_axis=tpa)
+        draws = [m.draw(np.random.default_rng(k), (n, n)) for k in range(1500)]
+        assert {int(d[0][0]) for d in draws} == set(range(-(h - 1), h)) == {int(d[0][1]) for d in draws}
+        assert {int(d[1].max()) for d in draws} <= set(range(tpa)) and max(int(d[1].max()) for d in draws) == tpa - 1
 
 
 def test_strides_and_errors():
@@ -312,6 +376,8 @@ def test_strides_and_errors():
         Walrus(d=16, heads=1, tokens_per_axis=4).strides(12)
     with pytest.raises(ValueError, match=r"^d=24 must be a multiple of 4\*heads for axial RoPE$"):
         Walrus(d=24, heads=4)
+    with pytest.raises(ValueError, match="same hMLP strides"):
+        ada(torch.zeros(1, 1, 2, 32, 64))
     Walrus(d=32, heads=8)                                            # 32 % 32 == 0 is fine
 
 
@@ -320,16 +386,15 @@ def test_constructor_defaults_and_init_scales():
     assert (m.c, m.d, len(m.blocks), m.blocks[0].h) == (2, 64, 4, 4)
     assert m.blocks[0].rel_bias.shape == (4, 8) and m.blocks[0].w3.in_features == 4 * 64
     assert (m.jitter, m.token_roll, m.tokenization, m.tokens_per_axis, m.patch_size) == ("domain", True, "adaptive", 8, 4)
-    assert m.kernel_backend == "torch" and m.kernel_calls == 0
-    assert m.rng.getstate() == random.Random(0).getstate()
-    assert m.enc1.shape == (16, 2 * 64) and m.enc2.shape == (64, 16, 4, 4)
+    assert m.kernel_backend == "train" and m.kernel_calls == 0
+    assert m.enc1.shape == (16, (2 + 3) * 64) and m.enc2.shape == (64, 16, 4, 4)     # fields + 3 flag channels
     assert m.dec1.shape == (64, 16, 4, 4) and m.dec2.shape == (16, 2, 8, 8)
     assert float(m.dec2.abs().max()) == 0 and m.dec_norm.normalized_shape == (64,)
     assert m.enc_n1.gain.shape == (16,) and m.enc_n2.gain.shape == (64,) and m.dec_n1.gain.shape == (16,)
     torch.manual_seed(0)
     big = Walrus(channels=3, d=128, heads=4, depth=1)
-    # randn / sqrt(fan-in): std 1/sqrt(3·64), 1/sqrt(32·16), 1/sqrt(128)
-    assert float(big.enc1.std()) == pytest.approx(1 / math.sqrt(192), rel=0.05)
+    # randn / sqrt(fan-in): std 1/sqrt(6·64), 1/sqrt(32·16), 1/sqrt(128)
+    assert float(big.enc1.std()) == pytest.approx(1 / math.sqrt(384), rel=0.05)
     assert float(big.enc2.std()) == pytest.approx(1 / math.sqrt(512), rel=0.05)
     assert float(big.dec1.std()) == pytest.approx(1 / math.sqrt(128), rel=0.05)
 
@@ -338,7 +403,7 @@ def test_constructor_defaults_and_init_scales():
 class Stub:
     """A fixed non-linear map standing in for the network: (B, T, C, N, N) -> same shape."""
 
-    def __call__(self, x):
+    def __call__(self, x, *jitter_args):
         return 0.4 * x - 0.25 * x.roll(1, dims=-1) ** 2 + 0.1 * x.cumsum(1)
 
 
