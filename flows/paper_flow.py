@@ -160,8 +160,8 @@ def claims_rows(metrics: dict[str, Any]) -> list[dict[str, Any]]:
     for c in metrics.get("claims", []):
         verdict = c.get("verdict") or ("holds" if c["holds"] else "fails")
         measured = "; ".join(
-            f"{k} = " + (", ".join(f"{x:.3g}" for x in v) if isinstance(v, list) else
-                         f"{v:.4g}" if isinstance(v, float) else str(v))
+            f"{k} = " + (", ".join(f"{x:.3g}" if isinstance(x, (int, float)) else str(x) for x in v)  # null: n/a
+                         if isinstance(v, list) else f"{v:.4g}" if isinstance(v, float) else str(v))
             for k, v in c.get("values", {}).items())
         rows.append({"name": c["name"], "verdict": verdict, "measured": measured, "statement": c["statement"],
                      "kind": "claim", "runtime_s": None})

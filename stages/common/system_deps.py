@@ -26,9 +26,11 @@ class SystemDep:
 
 # Every executable a stage looks up with shutil.which() must be listed here (tests/common/test_system_deps.py).
 SYSTEM_DEPS = (
-    SystemDep(("chromium", "chromium-browser", "google-chrome", "chrome"), "chromium",
+    SystemDep(("chromium", "chromium-browser", "google-chrome", "chrome", "/usr/bin/chromium"), "chromium",
               "vision2web's browser verifier (Playwright drives Debian's chromium; no browser download)"),
     SystemDep(("git",), "git", "DVC (the pipeline's lock file and experiments) and the Prefect git-sourced deployments"),
+    SystemDep(("unshare",), "util-linux", "vision2web's verifier sandbox (a private mount/network namespace per site)"),
+    SystemDep(("mount",), "mount", "vision2web's verifier sandbox (read-only bind of the site folder)"),
 )
 
 

@@ -35,7 +35,7 @@ def _strip(doc: dict) -> str:
 
 
 # a plot whose title says it draws a measured time (its columns carry display names, not metric keys)
-_TIMED_TITLE = re.compile(r"CPU time|wall[- ]clock|\((?:s|ms|us)\b|\bseconds\b", re.I)
+_TIMED_TITLE = re.compile(r"CPU time|CPU s\b|wall[- ]clock|runtime|\((?:s|ms|us)\b|\bseconds\b", re.I)
 
 
 @pytest.mark.parametrize("slug", registered_papers())
