@@ -138,6 +138,8 @@ def test_cli_unreachable_api_is_one_line(paper_repo, tmp_path):
 
 
 def test_paper_flow_at_another_profile_leaves_committed_results_alone(prefect_harness, paper_repo, tool_path):
+    committed = paper_repo / "reports" / SLUG / "claims.json"
+    before = committed.read_bytes() if committed.exists() else None
     state = paper_flow(SLUG, profile="smoke", root=str(paper_repo), sync=False, return_state=True)
     assert state.is_completed(), state.message
     result = state.result()
@@ -146,7 +148,8 @@ def test_paper_flow_at_another_profile_leaves_committed_results_alone(prefect_ha
     metrics = json.loads((run_dir / "reports" / SLUG / "metrics.json").read_text())
     assert metrics["profile"] == "smoke"
     assert result["claims"] == {c["name"]: c["verdict"] for c in metrics["claims"]}
-    assert not (paper_repo / "data" / SLUG).exists() and not (paper_repo / "reports" / SLUG / "claims.json").exists()
+    assert not (paper_repo / "data" / SLUG).exists()
+    assert (committed.read_bytes() if committed.exists() else None) == before  # the committed report is untouched
     arts = read_artifacts(state.state_details.flow_run_id)
     verdicts = arts[artifact_key(SLUG, "verdicts")]
     assert verdicts.type == "markdown" and all(f"- **{c['name']}** — " in verdicts.data for c in metrics["claims"])
