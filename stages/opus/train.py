@@ -24,8 +24,10 @@ from stages.common.config import ConfigError, Seed, Seeds, StageConfig, unique_i
 from stages.common.device import DeviceName, pick_device
 from stages.common.paths import read_json, write_json
 from stages.common.seeding import seed_everything
+from stages.common.sources import SourceConfig
 from stages.common.tiny_transformer import TinyTransformerConfig
 from stages.common.trainer import TrainerConfig, make_trainer
+from stages.opus.hf_source import HFOptions
 from stages.opus.lm import ArmSpec, OptimSpec, SelectionLM, SelectionSpec
 
 
@@ -87,6 +89,10 @@ class Config(StageConfig):
     diag_every: int = Field(10, ge=1, le=1_000_000)    # redundancy diagnostics every this many steps
     device: DeviceName = "auto"
     trainer: TrainerConfig = TrainerConfig(max_steps=150, log_every_n_steps=10)
+    # real path (full profile only): an HF model + web corpus (source) and the benchmark target set (proxy_source)
+    source: SourceConfig = SourceConfig()
+    proxy_source: SourceConfig = SourceConfig()
+    hf: HFOptions = HFOptions()
 
     @field_validator("seeds")
     @classmethod
@@ -160,6 +166,9 @@ def run_one(cfg: Config, arm: ArmConfig, seed: int, data: dict, corpus: dict, tr
 def run(cfg: Config, ctx) -> None:
     from kernels.record import KernelRecord
 
+    if cfg.source.kind != "toy":                      # full profile, real model + corpus (stages/opus/hf_source.py)
+        from stages.opus.hf_source import run_full
+        return run_full(cfg, ctx)
     torch.set_num_threads(1)
     device = pick_device(cfg.device)
     prep = ctx.input("prepare")
