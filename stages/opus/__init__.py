@@ -8,6 +8,6 @@ SOURCES = [Source(
     params_key="papers.opus.train.source (model + web corpus), papers.opus.train.proxy_source (target set)",
     loader="stages.opus.hf_source:load_web_corpus",
     fixture_test="tests/opus/test_real_source.py::test_opus_on_hf_llama_fineweb_fixture",
-    note="full: train@opus runs every arm from the pretrained checkpoint (hf_runs.json); evaluate/report at full "
-         "still read the toy schema",
+    note="full: train@opus also runs the hf.arms from the pretrained checkpoint (train/hf/runs.json); "
+         "evaluate/report still report the toy arms only",
 )]

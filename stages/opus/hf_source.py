@@ -20,8 +20,10 @@ drawn from the benchmark target set. Here:
   redundancy penalty and Boltzmann sampling are shared with the toy path, unchanged).
 * ``train_selected``: the online loop (per step: N candidates from a fixed stream, score, keep K, one
   optimizer step on the K) for an arm (random / high-loss / OPUS with the optimizer's preconditioner).
-* ``run_full(cfg, ctx)``: train@opus when ``source.kind`` is hf/file: every arm × seed from the same
-  pretrained checkpoint, target-set validation loss curves into ``hf_runs.json`` and the kernel record.
+* ``run_full(cfg, ctx)``: called by train@opus before the toy arms when ``source.kind`` is hf/file (the full
+  profile): the arms named in ``hf.arms`` × seeds from the same pretrained checkpoint, target-set validation
+  loss curves into ``hf/runs.json`` and the kernel record ``hf/kernels.json`` (evaluate/report do not read
+  them yet).
 """
 from __future__ import annotations
 
@@ -51,6 +53,9 @@ class HFOptions(StageConfig):
     proxy_text_column: str = Field("text", min_length=1, max_length=200)
     max_docs: int | None = Field(None, ge=1, le=1_000_000_000, description="read at most this many corpus docs")
     val_docs: int = Field(256, ge=1, le=10_000_000, description="target-set docs held out for validation")
+    arms: list[str] = Field(default_factory=lambda: ["random", "high_loss", "opus_adamw"], min_length=1,
+                            max_length=64, description="names of train.arms the real path runs (no window / "
+                                                       "score_every / combined / vectorized / redundant-pool arm)")
 
 
 def load_web_corpus(ref: str, *, key: str = "source.dataset", text_column: str = "text", split: str = "train",
@@ -220,6 +225,25 @@ def train_selected(model, arm, pool: tuple[torch.Tensor, torch.Tensor], proxy: t
             "score_s_total": score_s, "update_tokens": int(sum(int(mask[p].sum()) for p in picked))}
 
 
+def check_real_config(cfg) -> list:
+    """The real path's keys (config load, before any work): a corpus, a target set, and ``hf.arms`` naming
+    arms of ``train.arms`` the real path can run. Returns those arms; raises ValueError("<key>: ...")."""
+    if cfg.source.dataset is None:
+        raise ValueError("source.dataset: the web corpus (e.g. a FineWeb-Edu parquet shard) is missing")
+    if cfg.proxy_source.kind == "toy" or cfg.proxy_source.dataset is None:
+        raise ValueError("proxy_source.dataset: the benchmark target set (proxy + validation) is missing")
+    by_name = {a.name: a for a in cfg.arms}
+    missing = [a for a in cfg.hf.arms if a not in by_name]
+    if missing:
+        raise ValueError(f"hf.arms: {missing} are not in arms ({', '.join(by_name)})")
+    arms = [by_name[a] for a in cfg.hf.arms]
+    for arm in arms:
+        if arm.window is not None or arm.score_every != 1 or arm.combined or arm.vectorized or arm.pool != "main":
+            raise ValueError(f"hf.arms: {arm.name} uses window/score_every/combined/vectorized/the redundant pool, "
+                             "which the real path does not run")
+    return arms
+
+
 def run_full(cfg, ctx) -> None:
     """train@opus with a real source: ``cfg.source`` (hf/file: the model and the web corpus) and
     ``cfg.proxy_source`` (the benchmark target set: proxy + held-out validation docs)."""
@@ -230,10 +254,6 @@ def run_full(cfg, ctx) -> None:
 
     key = "papers.opus.train"
     src, psrc, o = cfg.source, cfg.proxy_source, cfg.hf
-    if src.dataset is None:
-        raise SourceError(f"{key}.source.dataset: the web corpus (e.g. HuggingFaceFW/fineweb-edu) is missing")
-    if psrc.kind == "toy" or psrc.dataset is None:
-        raise SourceError(f"{key}.proxy_source.dataset: the benchmark target set (proxy) is missing")
     device = pick_device(cfg.device)
     tok = load_tokenizer(src.tokenizer or src.model, key=f"{key}.source.{'tokenizer' if src.tokenizer else 'model'}",
                          revision=None if src.tokenizer else src.revision)
@@ -249,14 +269,11 @@ def run_full(cfg, ctx) -> None:
     tgt = tokenize_docs(target[o.proxy_text_column], tok, o.seq_len)
     val = (tgt[0][:o.val_docs].to(device), tgt[1][:o.val_docs].to(device))
     proxy = (tgt[0][o.val_docs:].to(device), tgt[1][o.val_docs:].to(device))
+    arms = check_real_config(cfg)
     rec = KernelRecord(device)
     runs = []
     for seed in cfg.seeds:
-        for arm in cfg.arms:
-            if arm.window is not None or arm.score_every != 1 or arm.combined or arm.vectorized or arm.pool != "main":
-                raise SourceError(f"{key}.arms[{arm.name}]: the real path runs selector/optimizer/preconditioner/"
-                                  "sampling/redundancy/standardized arms only (no window, score_every, combined, "
-                                  "vectorized or redundant pool)")
+        for arm in arms:
             torch.manual_seed(seed)
             model = copy.deepcopy(base).train()
             if arm.optimizer == "sgd":
@@ -270,8 +287,10 @@ def run_full(cfg, ctx) -> None:
                                        eta_scale=cfg.eta_scale, proxy_batch=cfg.proxy_batch, optimizer=opt,
                                        eval_every=cfg.eval_every, rec=rec))
             del model, opt
-    rec.save(ctx.out)
-    write_json(ctx.out / "hf_runs.json", {"source": src.model_dump(mode="json"),
+    out = ctx.out / "hf"
+    out.mkdir(parents=True, exist_ok=True)
+    rec.save(out)
+    write_json(out / "runs.json", {"source": src.model_dump(mode="json"),
                                           "proxy_source": psrc.model_dump(mode="json"), "k": cfg.k,
                                           "buffer_size": cfg.buffer_size, "sketch_size": cfg.sketch_size,
                                           "corpus_docs": len(corpus), "target_docs": len(target),

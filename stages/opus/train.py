@@ -116,6 +116,9 @@ class Config(StageConfig):
             raise ValueError(f"arms: names must be unique (got {names})")
         if self.d_model % self.n_heads or (self.d_model // self.n_heads) % 2:
             raise ValueError("d_model: must be divisible by n_heads with an even head dimension (RoPE)")
+        if self.source.kind != "toy":
+            from stages.opus.hf_source import check_real_config
+            check_real_config(self)
         return self
 
 
@@ -166,9 +169,9 @@ def run_one(cfg: Config, arm: ArmConfig, seed: int, data: dict, corpus: dict, tr
 def run(cfg: Config, ctx) -> None:
     from kernels.record import KernelRecord
 
-    if cfg.source.kind != "toy":                      # full profile, real model + corpus (stages/opus/hf_source.py)
+    if cfg.source.kind != "toy":                      # full profile: also the real model + corpus (hf/, hf_source.py)
         from stages.opus.hf_source import run_full
-        return run_full(cfg, ctx)
+        run_full(cfg, ctx)
     torch.set_num_threads(1)
     device = pick_device(cfg.device)
     prep = ctx.input("prepare")

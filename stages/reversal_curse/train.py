@@ -23,9 +23,11 @@ from kernels.record import KernelRecord
 from stages.common.config import PositiveInt, StageConfig, unique_items
 from stages.common.paths import read_json, write_json
 from stages.common.runner import StageContext
+from stages.common.sources import SourceConfig
 from stages.common.tiny_transformer import TinyTransformerConfig
 from stages.common.trainer import TrainerConfig, make_trainer
 from stages.reversal_curse.facts import arm_mask
+from stages.reversal_curse.hf_source import HFTrainOptions
 from stages.reversal_curse.models import KERNEL, TheoryArms, TransformerArms, full_batch_loader
 from stages.reversal_curse.prepare import world_dir
 
@@ -89,6 +91,9 @@ class Config(StageConfig):
     theory: TheoryConfig
     transformer: TransformerConfig = TransformerConfig()
     trainer: TrainerConfig = TrainerConfig()
+    # real path (full profile only): the facts as text, fine-tuned into an HF decoder (stages/reversal_curse/hf_source.py)
+    source: SourceConfig = SourceConfig()
+    hf: HFTrainOptions = HFTrainOptions()
 
 
 def load_world(ctx: StageContext, world: str, seed: int) -> dict[str, np.ndarray]:
@@ -123,6 +128,9 @@ def fit_theory(ctx, cfg: Config, gd: GDConfig, world: str, seeds: list[int], voc
 
 
 def run(cfg: Config, ctx: StageContext) -> None:
+    if cfg.source.kind != "toy":                      # full profile: also a real decoder (hf/, hf_source.py)
+        from stages.reversal_curse.hf_source import run_full
+        run_full(cfg, ctx)
     torch.set_num_threads(cfg.torch_threads)
     meta = read_json(ctx.input("prepare") / "meta.json")
     seeds, worlds = meta["seeds"], meta["worlds"]

@@ -158,24 +158,35 @@ def test_full_profile_train_on_fixture(fixture, tmp_path):
     params["papers"]["opus"]["train"]["profiles"]["full"] = {
         "source": {"kind": "file", "model": str(ckpt), "dataset": str(d / "000_00000.parquet")},
         "proxy_source": {"kind": "file", "dataset": str(d / "target.jsonl")},
-        "hf": {"seq_len": 24, "val_docs": 8}, "seeds": [0], "buffer_size": 20, "select_k": 10, "sketch_size": 16,
-        "proxy_batch": 4, "eval_every": 1, "device": "cpu", "trainer": {"max_steps": 2},
-        "arms": [{"name": "random", "selector": "random"}, {"name": "opus_adamw", "selector": "opus"}]}
+        "hf": {"seq_len": 24, "val_docs": 8, "arms": ["random", "opus_adamw"]}, "seeds": [0], "buffer_size": 20,
+        "select_k": 10, "sketch_size": 16, "proxy_batch": 4, "eval_every": 1, "device": "cpu",
+        "trainer": {"max_steps": 2}}
     (tmp_path / "params.yaml").write_text(yaml.safe_dump(params))
     _, cfg, prof = load_config("opus", "train", "full", tmp_path / "params.yaml")
     assert prof == "full" and cfg.source.kind == "file"
     out = tmp_path / "out"
     out.mkdir()
     run_full(cfg, SimpleNamespace(out=out))
-    res = json.loads((out / "hf_runs.json").read_text())
+    res = json.loads((out / "hf" / "runs.json").read_text())
     assert res["corpus_docs"] == 200 and res["target_docs"] == 24 and res["k"] == 10
     assert [r["arm"] for r in res["runs"]] == ["random", "opus_adamw"]
     assert all(len(r["val_curve"]) == 3 for r in res["runs"])
     assert res["runs"][0]["val_curve"][0] == res["runs"][1]["val_curve"][0]      # same checkpoint, same start
-    kern = json.loads((out / "kernels.json").read_text())
+    kern = json.loads((out / "hf" / "kernels.json").read_text())
     assert kern["ghost_countsketch"]["calls"] == 2 * len(linear_layers(model))
+    # config load refuses an hf arm the real path cannot run, and a missing target set
+    full = params["papers"]["opus"]["train"]["profiles"]["full"]
+    for change, msg in (({"hf": {"arms": ["opus_window"]}}, "hf.arms: opus_window uses window"),
+                        ({"hf": {"arms": ["nope"]}}, r"hf.arms: \['nope'\] are not in arms"),
+                        ({"proxy_source": {"kind": "toy"}}, "proxy_source.dataset: the benchmark target set")):
+        params["papers"]["opus"]["train"]["profiles"]["full"] = {**full, **change}
+        (tmp_path / "params.yaml").write_text(yaml.safe_dump(params))
+        with pytest.raises(Exception, match=msg):
+            load_config("opus", "train", "full", tmp_path / "params.yaml")
+    params["papers"]["opus"]["train"]["profiles"]["full"] = full
     # a real source is refused outside the full profile
-    params["papers"]["opus"]["train"]["profiles"]["smoke"]["source"] = {"kind": "file", "dataset": "x.parquet"}
+    params["papers"]["opus"]["train"]["profiles"]["smoke"].update(source=full["source"], proxy_source=full["proxy_source"],
+                                                                  hf=full["hf"])
     (tmp_path / "params.yaml").write_text(yaml.safe_dump(params))
     with pytest.raises(Exception, match="only at the full profile"):
         load_config("opus", "train", "full", tmp_path / "params.yaml")
