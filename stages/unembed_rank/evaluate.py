@@ -10,7 +10,7 @@ from __future__ import annotations
 import numpy as np
 import polars as pl
 import torch
-from pydantic import Field
+from pydantic import Field, model_validator
 
 from kernels.fused_linear_ce import linear_cross_entropy_stats
 from kernels.record import KernelRecord
@@ -18,6 +18,7 @@ from stages.common.config import StageConfig
 from stages.common.device import DeviceName, pick_device
 from stages.common.paths import read_json, write_json
 from stages.common.runner import StageContext
+from stages.common.sources import SourceConfig
 from stages.common.tiny_transformer import TinyTransformer, TinyTransformerConfig
 from stages.unembed_rank import analysis as A
 from stages.unembed_rank.geometry import geometry
@@ -30,11 +31,29 @@ class Config(StageConfig):
     device: DeviceName = "auto"
     torch_threads: int = Field(1, ge=1, le=64, description="intra-op threads; the models are tiny, so 1 is fastest")
     max_windows: int = Field(128, ge=1, le=1_000_000, description="val / OOD windows per final evaluation")
+    # real path (full profile only): a family of HF checkpoints read from disk (stages/unembed_rank/hf_source.py)
+    checkpoints: dict[str, SourceConfig] = Field(default_factory=dict, max_length=64)
+    eval_source: SourceConfig = SourceConfig()
+    ood_source: SourceConfig = SourceConfig()
+    text_column: str = Field("text", min_length=1, max_length=200)
+    hf_seq_len: int = Field(512, ge=2, le=131072, description="tokens per evaluation window of a checkpoint")
+    hf_eval_tokens: int = Field(1_000_000, ge=10, le=1_000_000_000, description="tokens read per corpus")
+
+    @model_validator(mode="after")
+    def _real(self):
+        if self.checkpoints or self.eval_source.kind != "toy" or self.ood_source.kind != "toy":
+            from stages.unembed_rank.hf_source import check_evaluate_sources
+            check_evaluate_sources(self)
+        return self
 
 
 @torch.no_grad()
 def run(cfg: Config, ctx: StageContext) -> None:
     torch.set_num_threads(cfg.torch_threads)
+    if cfg.checkpoints:                               # full profile: also the real checkpoints (hf/, hf_source.py)
+        from stages.unembed_rank.hf_source import run_full_evaluate
+        with torch.no_grad():
+            run_full_evaluate(cfg, ctx)
     device = pick_device(cfg.device)
     rec = KernelRecord(device)
     info = read_json(ctx.input("train") / "runs.json")

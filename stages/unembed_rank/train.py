@@ -22,8 +22,10 @@ from kernels.record import KernelRecord
 from stages.common.config import ConfigError, Fraction, Seeds, StageConfig, unique_items, TransformerShape
 from stages.common.paths import write_json
 from stages.common.runner import StageContext
+from stages.common.sources import SourceConfig
 from stages.common.tiny_transformer import TinyTransformerConfig
 from stages.common.trainer import TrainerConfig, make_trainer
+from stages.unembed_rank.hf_source import HFSweepOptions
 from stages.unembed_rank.lm import KERNEL, GridRun, WindowBatches, eval_windows
 
 BatchSize = Annotated[int, Field(gt=0, le=4096)]
@@ -48,6 +50,10 @@ class Config(StageConfig):
     model: ModelConfig = ModelConfig()
     torch_threads: int = Field(1, ge=1, le=64)
     trainer: TrainerConfig = TrainerConfig(enable_progress_bar=False)
+    # real path (full profile only): the same grid on a real corpus with a tiny HF Llama (stages/unembed_rank/hf_source.py)
+    source: SourceConfig = SourceConfig()
+    ood_source: SourceConfig = SourceConfig()
+    hf: HFSweepOptions = HFSweepOptions()
 
     @field_validator("seeds", "batch_sizes", "weight_decays", "lrs")
     @classmethod
@@ -61,6 +67,9 @@ class Config(StageConfig):
             if self.tokens % per_step or self.tokens // per_step < self.n_evals:
                 raise ValueError(f"tokens: {self.tokens} must be a multiple of batch × seq_len = {per_step} "
                                  f"(batch {bs}) with ≥ n_evals = {self.n_evals} steps, for an equal token budget")
+        if self.source.kind != "toy":
+            from stages.unembed_rank.hf_source import check_train_sources
+            check_train_sources(self)
         return self
 
 
@@ -86,6 +95,9 @@ def load_split(ctx: StageContext, name: str) -> torch.Tensor:
 
 def run(cfg: Config, ctx: StageContext) -> None:
     torch.set_num_threads(cfg.torch_threads)
+    if cfg.source.kind != "toy":                      # full profile: also the real-corpus sweep (hf/, hf_source.py)
+        from stages.unembed_rank.hf_source import run_full_train
+        run_full_train(cfg, ctx)
     train = load_split(ctx, "train")
     T = cfg.model.seq_len
     windows = train.numel() // (T + 1)
