@@ -53,6 +53,8 @@ class HFOptions(StageConfig):
     proxy_text_column: str = Field("text", min_length=1, max_length=200)
     max_docs: int | None = Field(None, ge=1, le=1_000_000_000, description="read at most this many corpus docs")
     val_docs: int = Field(256, ge=1, le=10_000_000, description="target-set docs held out for validation")
+    micro_batch: int | None = Field(None, ge=1, le=65536, description="documents per forward/backward pass "
+                                    "(scoring, training step, evaluation); None: the whole batch at once")
     arms: list[str] = Field(default_factory=lambda: ["random", "high_loss", "opus_adamw"], min_length=1,
                             max_length=64, description="names of train.arms the real path runs (no window / "
                                                        "score_every / combined / vectorized / redundant-pool arm)")
@@ -128,20 +130,38 @@ def capture_hf_linear_grads(model, ids: torch.Tensor, mask: torch.Tensor
 
 def score_hf(scorer: OpusScorer, model, cand: tuple[torch.Tensor, torch.Tensor],
              proxy: tuple[torch.Tensor, torch.Tensor], precond: Preconditioner,
-             sketch_fn: Callable | None = None, backend: str = "auto") -> Scored:
-    """φ of every candidate document and ψ of the proxy batch (OPUS steps 1-4) on an HF model."""
-    losses, c = capture_hf_linear_grads(model, *cand)
-    _, p = capture_hf_linear_grads(model, *proxy)
+             sketch_fn: Callable | None = None, backend: str = "auto", chunk: int | None = None) -> Scored:
+    """φ of every candidate document and ψ of the proxy batch (OPUS steps 1-4) on an HF model. ``chunk``:
+    documents per capture pass (a real vocabulary makes the lm_head output gradient (B, T, V) large; samples
+    do not interact, so chunking changes nothing but memory)."""
     sketch = sketch_fn or (lambda *x: ghost_countsketch(*x, backend=backend))
-    phis, psis = [], []
-    for name, (hashes, signs) in scorer.sketches.items():
-        a, b = c[name]
-        # ALGO: φ_r(z) = Π_r(P_r G_r(z)), G_r(z) = Σ_t b_t a_tᵀ  (fused kernel, no per-sample gradient)
-        phis.append(sketch(a.float(), b.float(), precond.diag[name], hashes, signs, scorer.m))
-        pa, pb = p[name]
-        # ALGO: ψ_r = Π_r(mean raw proxy gradient)
-        psis.append(countsketch(summed_gradient(pa.float(), pb.float()) / proxy[0].shape[0], hashes, signs, scorer.m))
-    return Scored(torch.cat(phis, 1), torch.cat(psis), precond.eta, losses)
+    sketches = scorer.sketches
+    n = cand[0].shape[0]
+    step = chunk or n
+    phi_chunks, losses = [], []
+    for i in range(0, n, step):
+        loss, c = capture_hf_linear_grads(model, cand[0][i:i + step], cand[1][i:i + step])
+        losses.append(loss)
+        phis = []
+        for name, (hashes, signs) in sketches.items():
+            a, b = c.pop(name)
+            # ALGO: φ_r(z) = Π_r(P_r G_r(z)), G_r(z) = Σ_t b_t a_tᵀ  (fused kernel, no per-sample gradient)
+            phis.append(sketch(a.float(), b.float(), precond.diag[name], hashes, signs, scorer.m))
+        phi_chunks.append(torch.cat(phis, 1))
+        del c
+    np_ = proxy[0].shape[0]
+    pstep = chunk or np_
+    grad_sum: dict[str, torch.Tensor] = {}
+    for i in range(0, np_, pstep):
+        _, p = capture_hf_linear_grads(model, proxy[0][i:i + pstep], proxy[1][i:i + pstep])
+        for name in sketches:
+            pa, pb = p.pop(name)
+            g = summed_gradient(pa.float(), pb.float())
+            grad_sum[name] = g if name not in grad_sum else grad_sum[name] + g
+    # ALGO: ψ_r = Π_r(mean raw proxy gradient)
+    psi = torch.cat([countsketch(grad_sum[name] / np_, hashes, signs, scorer.m)
+                     for name, (hashes, signs) in sketches.items()])
+    return Scored(torch.cat(phi_chunks), psi, precond.eta, torch.cat(losses))
 
 
 @torch.no_grad()
@@ -160,17 +180,31 @@ def eval_loss(model, ids: torch.Tensor, mask: torch.Tensor, batch: int = 64) -> 
     return tot / max(cnt, 1.0)
 
 
-def batch_loss(model, ids: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-    """Token-weighted training loss of a batch (what the optimizer steps on)."""
-    logits = model(input_ids=ids, attention_mask=mask).logits[:, :-1]
-    tgt = torch.where(mask[:, 1:] > 0, ids[:, 1:], torch.full_like(ids[:, 1:], -100))
-    return F.cross_entropy(logits.reshape(-1, logits.shape[-1]).float(), tgt.reshape(-1), ignore_index=-100)
+def batch_loss(model, ids: torch.Tensor, mask: torch.Tensor, micro_batch: int | None = None,
+               backward: bool = False) -> torch.Tensor:
+    """Token-weighted mean next-token loss of a batch (what the optimizer steps on), over micro-batches of
+    ``micro_batch`` documents (each scaled by its share of the batch's target tokens, so the gradient is
+    that of the whole batch); ``backward`` runs each micro-batch's backward at once (bounded memory)."""
+    total_tokens = mask[:, 1:].sum().clamp_min(1)
+    step = micro_batch or ids.shape[0]
+    out = torch.zeros((), device=ids.device)
+    for i in range(0, ids.shape[0], step):
+        x, m = ids[i:i + step], mask[i:i + step]
+        logits = model(input_ids=x, attention_mask=m).logits[:, :-1]
+        tgt = torch.where(m[:, 1:] > 0, x[:, 1:], torch.full_like(x[:, 1:], -100))
+        part = F.cross_entropy(logits.reshape(-1, logits.shape[-1]).float(), tgt.reshape(-1), ignore_index=-100,
+                               reduction="sum") / total_tokens
+        if backward:
+            part.backward()
+            part = part.detach()
+        out = out + part
+    return out
 
 
 def train_selected(model, arm, pool: tuple[torch.Tensor, torch.Tensor], proxy: tuple[torch.Tensor, torch.Tensor],
                    val: tuple[torch.Tensor, torch.Tensor], *, steps: int, n: int, k: int, seed: int,
                    sketch_size: int, tau: float, eta_scale: float, proxy_batch: int, optimizer: torch.optim.Optimizer,
-                   eval_every: int, rec=None) -> dict:
+                   eval_every: int, rec=None, micro_batch: int | None = None) -> dict:
     """The online selection loop of one arm (``arm``: an ArmConfig; selector random / high_loss / opus,
     preconditioner optimizer / identity, sampling boltzmann / greedy, redundancy, standardized)."""
     ids, mask = pool
@@ -187,7 +221,7 @@ def train_selected(model, arm, pool: tuple[torch.Tensor, torch.Tensor], proxy: t
             return ghost_countsketch(*x)
         return rec.call("ghost_countsketch", ghost_countsketch, *x)
 
-    curve = [(0, eval_loss(model, *val))]
+    curve = [(0, eval_loss(model, *val, batch=micro_batch or 64))]
     picked, precond_kinds, score_s, train_losses = [], {}, 0.0, []
     model.train()
     for step in range(steps):
@@ -200,26 +234,29 @@ def train_selected(model, arm, pool: tuple[torch.Tensor, torch.Tensor], proxy: t
             with torch.no_grad():
                 was = model.training
                 model.eval()
-                sel = torch.topk(hf_per_sample_loss(model, *cand), k).indices
+                mb = micro_batch or n
+                per = torch.cat([hf_per_sample_loss(model, cand[0][i:i + mb], cand[1][i:i + mb])
+                                 for i in range(0, n, mb)])
+                sel = torch.topk(per, k).indices
                 model.train(was)
         else:
             weights = OpusScorer.weights(model)
             precond = preconditioner_from_optimizer(optimizer, weights, arm.preconditioner)
             precond_kinds[precond.kind] = precond_kinds.get(precond.kind, 0) + 1
             pidx = torch.randperm(proxy[0].shape[0], generator=gen, device=dev)[:proxy_batch]
-            scored = score_hf(scorer, model, cand, (proxy[0][pidx], proxy[1][pidx]), precond, sketch_fn=sketch)
+            scored = score_hf(scorer, model, cand, (proxy[0][pidx], proxy[1][pidx]), precond, sketch_fn=sketch,
+                              chunk=micro_batch)
             sel, _ = select_opus(scored, k, tau, arm.sampling == "greedy", gen, eta_scale, arm.redundancy,
                                  arm.standardized)
         score_s += time.perf_counter() - t0
         chosen = idx[sel]
         picked.append(chosen.cpu().tolist())
         optimizer.zero_grad(set_to_none=True)
-        loss = batch_loss(model, ids[chosen], mask[chosen])
-        loss.backward()
+        loss = batch_loss(model, ids[chosen], mask[chosen], micro_batch, backward=True)
         optimizer.step()
         train_losses.append(float(loss.detach()))
         if (step + 1) % eval_every == 0 or step + 1 == steps:
-            curve.append((step + 1, eval_loss(model, *val)))
+            curve.append((step + 1, eval_loss(model, *val, batch=micro_batch or 64)))
     return {"arm": arm.name, "seed": seed, "val_curve": curve, "final_val_loss": curve[-1][1],
             "train_losses": train_losses, "picked": picked, "precond_kinds": precond_kinds,
             "score_s_total": score_s, "update_tokens": int(sum(int(mask[p].sum()) for p in picked))}
@@ -285,7 +322,7 @@ def run_full(cfg, ctx) -> None:
             runs.append(train_selected(model, arm, pool, proxy, val, steps=cfg.trainer.max_steps, n=cfg.buffer_size,
                                        k=cfg.k, seed=seed, sketch_size=cfg.sketch_size, tau=cfg.tau,
                                        eta_scale=cfg.eta_scale, proxy_batch=cfg.proxy_batch, optimizer=opt,
-                                       eval_every=cfg.eval_every, rec=rec))
+                                       eval_every=cfg.eval_every, rec=rec, micro_batch=o.micro_batch))
             del model, opt
     out = ctx.out / "hf"
     out.mkdir(parents=True, exist_ok=True)

@@ -19,7 +19,7 @@ from kernels.record import KernelRecord
 from stages.common.hf import TinyLMConfig, tiny_causal_lm, train_tokenizer
 from stages.common.sources import SourceError
 from stages.opus.ghost import linear_layers
-from stages.opus.hf_source import (FINEWEB_COLUMNS, capture_hf_linear_grads, hf_per_sample_loss, load_web_corpus,
+from stages.opus.hf_source import (FINEWEB_COLUMNS, batch_loss, capture_hf_linear_grads, hf_per_sample_loss, load_web_corpus,
                                    score_hf, tokenize_docs, train_selected)
 from stages.opus.precondition import preconditioner_from_optimizer
 from stages.opus.selection import OpusScorer, select_opus
@@ -100,6 +100,22 @@ def test_opus_on_hf_llama_fineweb_fixture(fixture):
     assert rec.to_dict()["ghost_countsketch"]["calls"] == len(names)
     assert rec.to_dict()["ghost_countsketch"]["backend"] == "torch-reference"
 
+    # chunked capture (the real path's memory bound) gives the same φ, ψ and losses
+    chunked = score_hf(scorer, model, (ids, mask), (pids[:8], pmask[:8]), precond, chunk=37, backend="torch")
+    torch.testing.assert_close(chunked.phi, scored.phi, atol=1e-6, rtol=1e-5)
+    torch.testing.assert_close(chunked.psi, scored.psi, atol=1e-6, rtol=1e-5)
+    torch.testing.assert_close(chunked.losses, scored.losses)
+    # micro-batched training loss: same value and gradient as the whole batch (token-weighted mean)
+    w_head = model.get_output_embeddings().weight
+    model.zero_grad(set_to_none=True)
+    whole = batch_loss(model, ids[:12], mask[:12])
+    g_whole = torch.autograd.grad(whole, w_head)[0]
+    model.zero_grad(set_to_none=True)
+    parts = batch_loss(model, ids[:12], mask[:12], micro_batch=5, backward=True)
+    torch.testing.assert_close(parts, whole.detach(), atol=1e-6, rtol=1e-6)
+    torch.testing.assert_close(w_head.grad, g_whole, atol=1e-7, rtol=1e-5)
+    model.zero_grad(set_to_none=True)
+
     # independent reference: each document ALONE (no padding), autograd weight gradient, P ⊙ G, CountSketch
     weights = scorer.weights(model)
     for i in (0, 1, 7, 150):
@@ -158,7 +174,7 @@ def test_full_profile_train_on_fixture(fixture, tmp_path):
     params["papers"]["opus"]["train"]["profiles"]["full"] = {
         "source": {"kind": "file", "model": str(ckpt), "dataset": str(d / "000_00000.parquet")},
         "proxy_source": {"kind": "file", "dataset": str(d / "target.jsonl")},
-        "hf": {"seq_len": 24, "val_docs": 8, "arms": ["random", "opus_adamw"]}, "seeds": [0], "buffer_size": 20,
+        "hf": {"seq_len": 24, "val_docs": 8, "arms": ["random", "opus_adamw"], "micro_batch": 7}, "seeds": [0], "buffer_size": 20,
         "select_k": 10, "sketch_size": 16, "proxy_batch": 4, "eval_every": 1, "device": "cpu",
         "trainer": {"max_steps": 2}}
     (tmp_path / "params.yaml").write_text(yaml.safe_dump(params))
@@ -173,7 +189,7 @@ def test_full_profile_train_on_fixture(fixture, tmp_path):
     assert all(len(r["val_curve"]) == 3 for r in res["runs"])
     assert res["runs"][0]["val_curve"][0] == res["runs"][1]["val_curve"][0]      # same checkpoint, same start
     kern = json.loads((out / "hf" / "kernels.json").read_text())
-    assert kern["ghost_countsketch"]["calls"] == 2 * len(linear_layers(model))
+    assert kern["ghost_countsketch"]["calls"] == 2 * 3 * len(linear_layers(model))   # 2 steps x ceil(20/7) chunks
     # config load refuses an hf arm the real path cannot run, and a missing target set
     full = params["papers"]["opus"]["train"]["profiles"]["full"]
     for change, msg in (({"hf": {"arms": ["opus_window"]}}, "hf.arms: opus_window uses window"),
