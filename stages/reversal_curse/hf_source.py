@@ -58,6 +58,8 @@ class HFTrainOptions(StageConfig):
     batch_size: int = Field(64, ge=1, le=65536)
     eval_every: int = Field(200, ge=1, le=1_000_000)
     eval_batch: int = Field(256, ge=1, le=65536, description="sequences per scoring forward")
+    eval_pairs: int | None = Field(None, ge=1, le=1_000_000, description="in-distribution pairs scored for the "
+                                   "forward / in-distribution reverse accuracies (None: all; held-out: always all)")
 
 
 def entity_name(e: int, n: int) -> str:
@@ -183,14 +185,22 @@ def accuracy(scores: torch.Tensor, facts: dict[str, np.ndarray], rows: np.ndarra
     return float((scores.argmax(1) == target).float().mean())
 
 
-def measures(model, tok, facts: dict[str, np.ndarray], rec=None, batch_size: int = 256) -> dict:
+def measures(model, tok, facts: dict[str, np.ndarray], rec=None, batch_size: int = 256,
+             eval_pairs: int | None = None) -> dict:
     """Accuracies (held-out reverse, in-distribution reverse, forward) and the held-out forward/reverse
-    asymmetry of the centred score matrix read from the model."""
+    asymmetry of the centred score matrix read from the model. ``eval_pairs`` (None: all): the in-distribution
+    and forward accuracies use the first ``eval_pairs`` in-distribution pairs (by pair id) — the forward facts
+    of every held-out pair are always scored (the asymmetry needs them); held-out reversals are all scored."""
     n = int(facts["n"])
-    kind, split = facts["kind"], facts["split"]
-    sets = {"reverse_acc": (split == "test") & (kind == "reverse"),
-            "indist_reverse_acc": (split == "train") & (kind == "reverse"),
-            "forward_acc": kind == "forward"}
+    kind, split, pair = facts["kind"], facts["split"], facts["pair"]
+    held = (split == "test") & (kind == "reverse")
+    held_pairs = set(pair[held].tolist())
+    indist_pairs = [p for p in range(n) if p not in held_pairs]
+    chosen = set(indist_pairs if eval_pairs is None else indist_pairs[:eval_pairs])
+    in_chosen = np.isin(pair, sorted(chosen))
+    sets = {"reverse_acc": held,
+            "indist_reverse_acc": (split == "train") & (kind == "reverse") & in_chosen,
+            "forward_acc": (kind == "forward") & (in_chosen | np.isin(pair, sorted(held_pairs)))}
     out, scores = {}, {}
     for name, rows in sets.items():
         scores[name] = candidate_scores(model, tok, facts, rows, rec, batch_size)
@@ -242,7 +252,7 @@ def train_arm(model, tok, facts: dict[str, np.ndarray], arm: str, opts: HFTrainO
         losses.append(float(loss.detach()))
         if (step + 1) % opts.eval_every == 0 or step + 1 == opts.steps:
             model.eval()
-            m = measures(model, tok, facts, rec, opts.eval_batch)
+            m = measures(model, tok, facts, rec, opts.eval_batch, opts.eval_pairs)
             curve.append({"step": step + 1, **m})
     return {"arm": arm, "seed": seed, "train_facts": len(prompts), "losses": losses, "curve": curve,
             "final": curve[-1]}
@@ -272,7 +282,7 @@ def run_full(cfg, ctx) -> None:
     for seed in meta["seeds"]:
         facts = load_facts(str(prep / world_dir("main", seed)), key=f"{key}.dataset (prepare main_s{seed})")
         model = copy.deepcopy(base)
-        before = measures(model.eval(), tok, facts, rec, cfg.hf.eval_batch)
+        before = measures(model.eval(), tok, facts, rec, cfg.hf.eval_batch, cfg.hf.eval_pairs)
         del model
         for arm in cfg.hf.arms:
             print(f"train@reversal_curse (real source): arm={arm} seed={seed}")

@@ -96,6 +96,10 @@ def test_reversal_facts_on_hf_llama(fixture):
     assert abs(m["heldout_asymmetry"] - np.linalg.norm(u - v) / np.sqrt(u @ u + v @ v)) < 1e-9
     assert m["reverse_acc"] == float(np.mean([int(rev[i].argmax()) == int(p) for i, p in enumerate(pairs)]))
     assert rec.to_dict()["fused_linear_ce"]["calls"] > 100
+    # eval_pairs: fewer in-distribution pairs scored; the held-out measures are unchanged
+    sub = measures(model, tok, facts, rec, 64, eval_pairs=2)
+    assert sub["reverse_acc"] == m["reverse_acc"] and sub["heldout_asymmetry"] == m["heldout_asymmetry"]
+    assert sub["indist_reverse_acc"] == 1.0 == fin["indist_reverse_acc"]          # a subset of memorised facts
 
 
 def test_full_profile_train_on_fixture(fixture, tmp_path):
