@@ -53,6 +53,8 @@ class HFOptions(StageConfig):
     proxy_text_column: str = Field("text", min_length=1, max_length=200)
     max_docs: int | None = Field(None, ge=1, le=1_000_000_000, description="read at most this many corpus docs")
     val_docs: int = Field(256, ge=1, le=10_000_000, description="target-set docs held out for validation")
+    steps: int | None = Field(None, ge=1, le=1_000_000, description="selection steps per arm of the real path "
+                              "(None: trainer.max_steps)")
     micro_batch: int | None = Field(None, ge=1, le=65536, description="documents per forward/backward pass "
                                     "(scoring, training step, evaluation); None: the whole batch at once")
     arms: list[str] = Field(default_factory=lambda: ["random", "high_loss", "opus_adamw"], min_length=1,
@@ -319,7 +321,8 @@ def run_full(cfg, ctx) -> None:
                 opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, betas=(cfg.beta1, cfg.beta2), eps=cfg.eps,
                                         weight_decay=cfg.weight_decay)
             print(f"train@opus (real source): arm={arm.name} seed={seed}")
-            runs.append(train_selected(model, arm, pool, proxy, val, steps=cfg.trainer.max_steps, n=cfg.buffer_size,
+            runs.append(train_selected(model, arm, pool, proxy, val, steps=o.steps or cfg.trainer.max_steps,
+                                       n=cfg.buffer_size,
                                        k=cfg.k, seed=seed, sketch_size=cfg.sketch_size, tau=cfg.tau,
                                        eta_scale=cfg.eta_scale, proxy_batch=cfg.proxy_batch, optimizer=opt,
                                        eval_every=cfg.eval_every, rec=rec, micro_batch=o.micro_batch))

@@ -34,7 +34,7 @@ from kernels.fused_linear_ce import linear_cross_entropy, linear_cross_entropy_s
 from stages.common.config import StageConfig
 from stages.common.hf import TinyLMConfig, load_records, tiny_causal_lm
 from stages.common.sources import SourceConfig, SourceError
-from stages.unembed_rank.geometry import geometry
+from stages.unembed_rank.geometry import erank_pct, isotropy
 from stages.unembed_rank.lm import KERNEL, eval_windows, lr_lambda
 
 
@@ -43,6 +43,27 @@ class HFSweepOptions(StageConfig):
     text_column: str = Field("text", min_length=1, max_length=200)
     train_tokens: int = Field(50_000_000, ge=100, le=10_000_000_000, description="corpus tokens read for training")
     eval_tokens: int = Field(1_000_000, ge=10, le=1_000_000_000, description="tokens read for each of ID val / OOD")
+
+
+def mean_cosine_rows(w: torch.Tensor) -> float:
+    """Mean cosine similarity over distinct row pairs without the (V, V) Gram matrix (a real vocabulary of
+    50k-150k rows would need 20-180 GB): for unit rows x_i, Σ_{i≠j} x_i·x_j = ‖Σ_i x_i‖² − Σ_i ‖x_i‖².
+    Equals ``stages.unembed_rank.geometry.mean_cosine`` (the toy's Gram-matrix version) up to rounding."""
+    x = torch.nn.functional.normalize(w.detach().double(), dim=-1)
+    n = x.shape[0]
+    total = x.sum(0)
+    return float(((total @ total) - (x * x).sum()) / (n * (n - 1)))
+
+
+def geometry_large(w: torch.Tensor, h: torch.Tensor | None = None) -> dict[str, float]:
+    """``stages.unembed_rank.geometry.geometry`` for real vocabulary sizes (the same metrics and keys; the
+    mean cosine without the Gram matrix)."""
+    out = {"erank": erank_pct(w), "erank_sq": erank_pct(w, "sigma2"), "cosine": mean_cosine_rows(w),
+           "isotropy": isotropy(w)}
+    if h is not None:
+        out.update({"h_erank": erank_pct(h), "h_erank_sq": erank_pct(h, "sigma2"), "h_cosine": mean_cosine_rows(h),
+                    "h_isotropy": isotropy(h)})
+    return out
 
 
 def unembedding(model, vocab_rows: int | None = None) -> tuple[torch.Tensor, bool]:
@@ -112,7 +133,7 @@ def checkpoint_row(model, tok, val: torch.Tensor, ood: torch.Tensor, rec) -> dic
     full_w = model.get_output_embeddings().weight
     return {"val_loss": val_loss, "ood_loss": ood_loss, "tied": tied, "vocab_rows": int(w.shape[0]),
             "padded_rows": int(full_w.shape[0] - w.shape[0]), "d_model": int(w.shape[1]),
-            "params": int(sum(p.numel() for p in model.parameters())), **geometry(w.float(), h)}
+            "params": int(sum(p.numel() for p in model.parameters())), **geometry_large(w.float(), h)}
 
 
 def olmo_tiny(d_model: int, n_layers: int, n_heads: int, seq_len: int, vocab: int, seed: int, tok=None):
@@ -157,7 +178,7 @@ def sweep(train: torch.Tensor, val: torch.Tensor, ood: torch.Tensor, grid: list[
             o, _ = eval_loss_hf(model, ood, rec)
             history.append({"run": name, **spec, "step": step, "tokens": step * bs * seq_len, "frac": step / steps,
                             "train_loss": tr_sum / tr_n if tr_n else None, "val_loss": v, "ood_loss": o,
-                            **geometry(w_u, h)})
+                            **geometry_large(w_u, h)})
             tr_sum, tr_n = 0.0, 0
             model.train()
 

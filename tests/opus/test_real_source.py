@@ -174,9 +174,9 @@ def test_full_profile_train_on_fixture(fixture, tmp_path):
     params["papers"]["opus"]["train"]["profiles"]["full"] = {
         "source": {"kind": "file", "model": str(ckpt), "dataset": str(d / "000_00000.parquet")},
         "proxy_source": {"kind": "file", "dataset": str(d / "target.jsonl")},
-        "hf": {"seq_len": 24, "val_docs": 8, "arms": ["random", "opus_adamw"], "micro_batch": 7}, "seeds": [0], "buffer_size": 20,
+        "hf": {"seq_len": 24, "val_docs": 8, "arms": ["random", "opus_adamw"], "micro_batch": 7, "steps": 2}, "seeds": [0], "buffer_size": 20,
         "select_k": 10, "sketch_size": 16, "proxy_batch": 4, "eval_every": 1, "device": "cpu",
-        "trainer": {"max_steps": 2}}
+        "trainer": {"max_steps": 5}}
     (tmp_path / "params.yaml").write_text(yaml.safe_dump(params))
     _, cfg, prof = load_config("opus", "train", "full", tmp_path / "params.yaml")
     assert prof == "full" and cfg.source.kind == "file"

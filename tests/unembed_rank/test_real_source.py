@@ -19,7 +19,8 @@ from safetensors.torch import load_file
 from kernels.record import KernelRecord
 from stages.common.hf import TinyLMConfig, tiny_causal_lm, train_tokenizer
 from stages.common.sources import SourceError
-from stages.unembed_rank.hf_source import load_text_tokens, unembedding
+from stages.unembed_rank.geometry import geometry
+from stages.unembed_rank.hf_source import geometry_large, load_text_tokens, unembedding
 
 pytestmark = pytest.mark.real_source
 
@@ -169,3 +170,10 @@ def test_text_corpus_bad_inputs(fixture, tmp_path):
     w, tied = unembedding(m, 10)
     assert w.shape == (10, 16) and not tied
     assert KernelRecord("cpu").backend == "torch"
+    # the Gram-free mean cosine agrees with the toy's Gram-matrix geometry (zero rows included: padded vocab)
+    g = torch.Generator().manual_seed(4)
+    w = torch.randn(37, 9, generator=g) + 0.3
+    w[5] = 0.0
+    hh = torch.randn(11, 9, generator=g)
+    a, b = geometry_large(w, hh), geometry(w, hh)
+    assert a.keys() == b.keys() and all(abs(a[k] - b[k]) < 1e-9 for k in a)
