@@ -18,6 +18,9 @@ drawn from the benchmark target set. Here:
 * ``score_hf``: φ_r(z) = Π_r(P_r·G_r(z)) through ``kernels.ghost_countsketch`` and ψ_r = Π_r(mean proxy
   gradient), the same ``Scored`` that ``stages.opus.selection.select_opus`` consumes (the paper's utility,
   redundancy penalty and Boltzmann sampling are shared with the toy path, unchanged).
+  Tied embeddings (e.g. Qwen2.5-0.5B): ``lm_head`` is scored as a linear layer, so its sketch holds the
+  output-side gradient of the shared matrix only (the embedding-lookup side is not an ``nn.Linear``), and the
+  AdamW preconditioner of that matrix reads the state of the shared parameter.
 * ``train_selected``: the online loop (per step: N candidates from a fixed stream, score, keep K, one
   optimizer step on the K) for an arm (random / high-loss / OPUS with the optimizer's preconditioner).
 * ``run_full(cfg, ctx)``: called by train@opus before the toy arms when ``source.kind`` is hf/file (the full
