@@ -157,7 +157,8 @@ class InversionReward:
         self.log: list[dict[str, float]] = []
 
     def asr(self, cand: str) -> float:
-        prompts = [prompt_text(insert_words(r["instruction"], cand, p), r["input"]) for r, p in zip(self.pool, self.pos)]
+        prompts = [prompt_text(insert_words(r["instruction"], cand, p), r["input"])
+                   for r, p in zip(self.pool, self.pos)]
         resp = greedy_responses(self.model, self.tok, prompts, self.resp_tokens)
         return float(np.mean([effect_judge(x, self.target) for x in resp]))
 

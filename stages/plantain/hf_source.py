@@ -71,7 +71,8 @@ def parse_segments(text: str) -> list[Seg]:
             open_kind, open_end = kind, m.end()
         else:
             if open_kind != kind:
-                raise TraceError(f"char {m.start()}: </{kind}> closes " + (f"<{open_kind}>" if open_kind else "nothing"))
+                closes = f"<{open_kind}>" if open_kind else "nothing"
+                raise TraceError(f"char {m.start()}: </{kind}> closes {closes}")
             segs.append(Seg(kind, text[open_end:m.start()].strip(), open_end, m.start()))
             open_kind = None
         pos = m.end()

@@ -84,7 +84,8 @@ def test_gsm8k_loader_bad_inputs(tmp_path):
     nocol = _write(tmp_path / "nocol.jsonl", [{"question": "q", "solution": "#### 1"}])
     with pytest.raises(SourceError, match=r"^fx: .*lacks column 'answer'"):
         load_gsm8k(nocol, key="fx")
-    nomark = _write(tmp_path / "nomark.jsonl", [{"question": "q", "answer": "#### 1"}, {"question": "q", "answer": "2"}])
+    nomark = _write(tmp_path / "nomark.jsonl", [{"question": "q", "answer": "#### 1"},
+                                                {"question": "q", "answer": "2"}])
     with pytest.raises(SourceError, match=r"^fx: .*record 1 answer has no '#### <number>'"):
         load_gsm8k(nomark, key="fx")
 
