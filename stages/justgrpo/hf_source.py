@@ -6,8 +6,9 @@ JustGRPO on GSM8K train and evaluated on GSM8K test. What this module gives the 
 * ``load_gsm8k(ref)``: GSM8K records (the public ``openai/gsm8k`` ``main`` config schema: string columns
   ``question`` and ``answer``, the answer's worked solution ending in ``#### <number>``) from a jsonl/parquet
   file, folder or hub dataset through ``stages.common.hf.load_records``; the ground truth is the text after the
-  last ``####`` with thousands commas stripped (official data/math.py). One-line ``SourceError`` for a missing
-  file, bad JSON, a missing column or a record without ``####``.
+  last ``####``, stripped (official data/math.py:extract_answer_gsm8k; thousands commas stay and are dropped
+  when ``math_equal`` parses numbers, as the official grader's digit parsing does). One-line ``SourceError``
+  for a missing file, bad JSON, a missing column or a record without ``####``.
 * ``extract_answer(text)`` / ``math_equal(pred, gt)`` / ``gsm8k_reward``: the official evaluation's answer
   extraction (parser.py:408 order: last ``\\boxed{}`` > text after "he answer is" > last number, commas
   stripped) and comparison (grader.py:70: numeric with rel_tol 1e-4, also accepting gt/100 and gt·100; string
@@ -62,10 +63,10 @@ class DLLMConfig(StageConfig):
 # GSM8K records, answer extraction and comparison (official parser.py / grader.py)
 # ----------------------------------------------------------------------------------------------
 def gsm8k_ground_truth(answer: str) -> str | None:
-    """The text after the last '####' with commas and spaces stripped (None when there is none)."""
+    """The text after the last '####', stripped (None when there is none or it is empty)."""
     if "####" not in answer:
         return None
-    gt = answer.split("####")[-1].strip().replace(",", "")
+    gt = answer.split("####")[-1].strip()
     return gt or None
 
 

@@ -58,7 +58,8 @@ def setup(tmp_path_factory):
 def test_gsm8k_loader_and_official_scoring(setup):
     d, _, _ = setup
     recs = load_gsm8k(str(d / "train.jsonl"), key="fixture.dataset")
-    assert [r["gt"] for r in recs] == ["72", "10", "5000"]                  # after '####', commas stripped
+    assert [r["gt"] for r in recs] == ["72", "10", "5,000"]                 # after '####' (official: strip only)
+    assert math_equal("5000", "5,000") and math_equal("5,000.0", "5,000")
     assert recs[0]["question"].startswith("Natalia") and recs[2]["answer"].endswith("#### 5,000")
     assert len(load_gsm8k(str(d / "train.jsonl"), limit=2)) == 2
     # extraction order: last \boxed{} > "he answer is" > last number
@@ -208,7 +209,7 @@ def test_full_profile_prepare_train_on_fixture(setup, tmp_path):
     out = tmp_path / "data/justgrpo"
     table = pl.read_parquet(out / "prepare/gsm8k.parquet")
     assert table["split"].to_list() == ["train"] * 3 + ["test"] * 3
-    assert table.filter(pl.col("split") == "test")["gt"].to_list() == ["5000", "10", "72"]
+    assert table.filter(pl.col("split") == "test")["gt"].to_list() == ["5,000", "10", "72"]
     hist = pl.read_csv(out / "train/rl_history.csv")
     assert hist.filter(pl.col("step") == 2).height == 2 and set(hist["arm"]) == {"justgrpo", "arbitrary"}
     acc = hist.filter(pl.col("step") == 2)["acc_gsm8k"].to_list()
