@@ -200,10 +200,13 @@ def load_dllm(source: SourceConfig, dcfg: DLLMConfig, *, key: str = "source") ->
     if source.kind == "toy" or source.model is None:
         raise SourceError(f"{key}.model: a masked-diffusion checkpoint needs kind hf/file with a model")
     ref = resolve_ref(source.model, f"{key}.model", revision=source.revision)
+    kw = dict(dtype=TORCH_DTYPES[source.dtype], local_files_only=ref.local, trust_remote_code=dcfg.trust_remote_code)
     try:
-        model = AutoModelForCausalLM.from_pretrained(ref.ref, dtype=TORCH_DTYPES[source.dtype],
-                                                     local_files_only=ref.local,
-                                                     trust_remote_code=dcfg.trust_remote_code)
+        try:
+            model = AutoModelForCausalLM.from_pretrained(ref.ref, **kw)
+        except ValueError:                         # a checkpoint that maps only AutoModel (the official eval.py uses it)
+            from transformers import AutoModel
+            model = AutoModel.from_pretrained(ref.ref, **kw)
     except (OSError, ValueError) as err:
         raise SourceError(f"{key}.model: {source.model} is not a loadable model "
                           f"({str(err).splitlines()[0][:200]})") from None
