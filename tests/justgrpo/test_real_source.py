@@ -221,3 +221,18 @@ def test_full_profile_prepare_train_on_fixture(setup, tmp_path):
     assert kern["token_logprob"]["calls"] > 0
     with pytest.raises(ConfigError, match="not wired"):
         run_stage("justgrpo", "evaluate", "full", root=tmp_path, params_path=tmp_path / "params.yaml")
+
+
+def test_dllm_loader_bad_inputs(setup, tmp_path):
+    from stages.common.sources import SourceConfig
+    from stages.justgrpo.hf_source import DLLMConfig, load_dllm
+
+    _, tok, model = setup
+    with pytest.raises(SourceError, match=r"^fx.model: .*nope does not exist"):
+        load_dllm(SourceConfig(kind="file", model=str(tmp_path / "nope")), DLLMConfig(), key="fx")
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(SourceError, match=r"^fx.model: .*is not a loadable model"):
+        load_dllm(SourceConfig(kind="file", model=str(tmp_path / "empty")), DLLMConfig(trust_remote_code=False),
+                  key="fx")
+    with pytest.raises(SourceError, match="mask_token_id: 126336 is outside the model's vocabulary"):
+        DiffusionLM(model, 126336)
