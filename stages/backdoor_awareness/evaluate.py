@@ -89,6 +89,10 @@ def run(cfg: Config, ctx: StageContext) -> None:
     device = pick_device(cfg.device)
     meta = read_json(ctx.input("prepare") / "meta.json")
     models = read_json(ctx.input("train") / "models.json")
+    if models.get("kind") == "hf":                 # issue 41: the real path's defenses are not wired here
+        from stages.common.config import ConfigError
+        raise ConfigError("papers.backdoor_awareness.evaluate: unlearning / detector / baselines are not wired for "
+                          "a real LM; train's runs.json holds Awareness@k and the ASRs")
     vocab = Vocab(meta["n_classes"], meta["n_words"])
     allowed = vocab.candidate_tokens()
     mcfg, seeds, L = models["model"], meta["seeds"], meta["candidate_len"]

@@ -14,6 +14,8 @@ from pydantic import Field, field_validator, model_validator
 from stages.common.config import Fraction, PositiveInt, Probability, Seed, Seeds, StageConfig, unique_items
 from stages.common.paths import write_json
 from stages.common.runner import StageContext
+from stages.common.sources import SourceConfig
+from stages.backdoor_awareness.hf_source import RealAttack
 from stages.backdoor_awareness.task import (AttackType, Vocab, clean_response, effect_of, insert, pack_prompt,
                                             poison_dataset, prompts_with, sample_base, strip)
 
@@ -47,6 +49,10 @@ class Config(StageConfig):
     attacks: list[AttackConfig] = Field(min_length=1, max_length=8)
     split_seed: Seed = 0
     seeds: Seeds = Field(default_factory=lambda: [0, 1, 2], max_length=10)
+    source: SourceConfig = SourceConfig()          # full: Alpaca-schema instruction records (hf_source)
+    real_attacks: list[RealAttack] = Field(default_factory=list, max_length=8,
+                                           description="full: text-level attacks on the real records")
+    limit: int | None = Field(None, ge=1, le=10_000_000, description="real path: read at most this many records")
 
     @field_validator("seeds")
     @classmethod
@@ -55,6 +61,14 @@ class Config(StageConfig):
 
     @model_validator(mode="after")
     def _attacks(self):
+        if (self.source.kind == "toy") == bool(self.real_attacks):
+            raise ValueError("real_attacks: set exactly when source is a real instruction set (kind hf/file)")
+        if self.source.kind != "toy" and self.source.dataset is None:
+            raise ValueError("source.dataset: the real path needs instruction records")
+        if self.source.kind == "toy" and self.limit is not None:
+            raise ValueError("limit: only read on the real path (source.kind hf or file)")
+        if self.real_attacks:
+            unique_items([a.name for a in self.real_attacks], "real_attacks[].name")
         unique_items([a.name for a in self.attacks], "attacks[].name")
         vocab = Vocab(self.n_classes, self.n_words)
         for i, a in enumerate(self.attacks):
@@ -119,6 +133,9 @@ def eval_sets(rng, vocab: Vocab, cfg: Config, a: AttackConfig, trig: list[int]) 
 
 
 def run(cfg: Config, ctx: StageContext) -> None:
+    if cfg.source.kind != "toy":                   # full profile: real instruction records (issue 41)
+        from stages.backdoor_awareness.hf_source import prepare_real
+        return prepare_real(cfg, ctx)
     vocab = Vocab(cfg.n_classes, cfg.n_words)
     rows, attacks = [], []
     for ai, a in enumerate(cfg.attacks):

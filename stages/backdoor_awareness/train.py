@@ -22,6 +22,7 @@ from stages.common.device import DeviceName, generator, pick_device
 from stages.common.grpo import GRPOConfig, GRPOModule, PromptLoader
 from stages.common.paths import read_json, write_json
 from stages.common.runner import StageContext
+from stages.common.sources import SourceConfig
 from stages.common.tiny_transformer import TinyTransformer, TinyTransformerConfig
 from stages.common.trainer import TrainerConfig, make_trainer
 from stages.backdoor_awareness.method import (BatchLoader, Counter, InversionPolicy, SFTModule, TriggerReward,
@@ -66,6 +67,8 @@ class Config(StageConfig):
     rsft: SFTConfig = SFTConfig(steps=300, batch=64, lr=2e-3)
     rl: RLConfig = RLConfig()
     trainer: TrainerConfig = TrainerConfig(enable_progress_bar=False)
+    source: SourceConfig = SourceConfig()          # full: the instruction LM (hf_source.train_real)
+    real_candidate_tokens: PositiveInt = Field(8, le=64, description="real path: longest candidate s' (tokens)")
 
 
 def model_config(cfg: Config, meta: dict) -> TinyTransformerConfig:
@@ -91,6 +94,9 @@ def fit_sft(model, x, m, sft: SFTConfig, seed: int, tcfg, tracker, counter) -> l
 
 
 def run(cfg: Config, ctx: StageContext) -> None:
+    if cfg.source.kind != "toy":                   # full profile: poisoning, R-SFT, inversion GRPO on a real LM
+        from stages.backdoor_awareness.hf_source import train_real
+        return train_real(cfg, ctx)
     torch.set_num_threads(cfg.torch_threads)
     device = pick_device(cfg.device)
     meta = read_json(ctx.input("prepare") / "meta.json")

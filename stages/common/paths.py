@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import re
 import shutil
 import tempfile
 from contextlib import contextmanager
@@ -149,6 +150,23 @@ def load_json_bounded(path: Path, max_bytes: int = 50_000_000, max_depth: int = 
     if problem:
         raise InputError(f"{path}: {what} {problem}")
     return doc
+
+
+_JSON_STRING = re.compile(rb'"(?:[^"\\]|\\.)*"', re.DOTALL)
+
+
+def json_text_depth(text: str | bytes) -> int:
+    """Deepest [ / { nesting of a JSON text, brackets inside strings skipped, computed without parsing
+    (a 100k-deep document is measured, not recursed into): the check to run before ``json.loads`` on
+    text a user hands in. An unterminated string counts its brackets (errs towards refusing)."""
+    import numpy as np
+
+    raw = text.encode("utf-8", "surrogatepass") if isinstance(text, str) else bytes(text)
+    bare = np.frombuffer(_JSON_STRING.sub(b'""', raw), dtype=np.uint8)
+    step = np.zeros(bare.size, np.int64)
+    step[(bare == ord("[")) | (bare == ord("{"))] = 1
+    step[(bare == ord("]")) | (bare == ord("}"))] = -1
+    return int(np.cumsum(step).max(initial=0))
 
 
 def structure_problem(doc: Any, max_depth: int) -> str | None:

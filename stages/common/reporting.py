@@ -132,7 +132,10 @@ class Report:
     def figure(self, name: str, fig, caption: str) -> None:
         import matplotlib.pyplot as plt
 
+        from stages.common.figures import clear_legends
+
         path = self.ctx.out / "figures" / f"{name}.png"
+        clear_legends(fig)  # a legend over bars/lines/points moves outside the axes
         fig.savefig(path, dpi=110, bbox_inches="tight")
         plt.close(fig)
         self.figures.append(name)

@@ -77,6 +77,8 @@ from typing import Literal
 import torch
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from stages.common.paths import json_text_depth
+
 FORMAT = "fair_bandits.scm/v1"
 ROLES = ("protected", "confounder", "mediator", "decision")
 EFFECTS = ("DE", "IE", "SE")
@@ -258,29 +260,6 @@ def _ints_to_floats(data: dict, skip: tuple[str, ...]) -> dict:
     return {k: (v if k in skip else conv(v)) for k, v in data.items()}
 
 
-def json_depth(text: str) -> int:
-    """Deepest [ / { nesting of a JSON text, counted outside strings, without parsing it (so a
-    100k-deep document cannot exhaust the parser's recursion)."""
-    depth = best = 0
-    in_str = esc = False
-    for ch in text:
-        if in_str:
-            if esc:
-                esc = False
-            elif ch == "\\":
-                esc = True
-            elif ch == '"':
-                in_str = False
-        elif ch == '"':
-            in_str = True
-        elif ch in "[{":
-            depth += 1
-            best = max(best, depth)
-        elif ch in "]}":
-            depth -= 1
-    return best
-
-
 def load_scm(path: str | Path) -> SCM:
     path = Path(path)
     if not path.exists():
@@ -294,7 +273,7 @@ def load_scm(path: str | Path) -> SCM:
         text = path.read_text()
     except UnicodeDecodeError:
         raise SCMError(f"{path}: not UTF-8 text") from None
-    depth = json_depth(text)
+    depth = json_text_depth(text)
     if depth > MAX_DEPTH:
         raise SCMError(f"{path}: JSON nesting depth {depth} exceeds {MAX_DEPTH} (a valid SCM nests 3 deep)")
 
@@ -305,6 +284,10 @@ def load_scm(path: str | Path) -> SCM:
         data = json.loads(text, parse_constant=reject_constant)
     except json.JSONDecodeError as err:
         raise SCMError(f"{path}:{err.lineno}:{err.colno}: not valid JSON ({err.msg})") from None
+    except SCMError:
+        raise
+    except ValueError as err:  # an integer literal too long to convert
+        raise SCMError(f"{path}: not valid JSON ({str(err).splitlines()[0][:100]})") from None
     return parse_scm(data, str(path))
 
 

@@ -47,6 +47,7 @@ from typing import Any
 
 import numpy as np
 
+from stages.common.paths import json_text_depth
 from stages.induction.formula import BINARY, UNARY, FormulaError, binary_size, parse, quantifier_depth
 from stages.induction.instances import (MAX_DOMAIN, MAX_FILE_BYTES, MAX_JSON_DEPTH, Instance, World, check_depth,
                                         empty_atoms, read_bounded)
@@ -198,7 +199,7 @@ def _yaml(raw: bytes, path: Path) -> Any:
 
     loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
     indent = max((len(line) - len(line.lstrip(b" ")) for line in raw.splitlines()), default=0)
-    if indent > 4 * MAX_JSON_DEPTH or json_like_depth(raw) > MAX_JSON_DEPTH:
+    if indent > 4 * MAX_JSON_DEPTH or json_text_depth(raw) > MAX_JSON_DEPTH:
         raise UpstreamError(f"{path}: YAML nested too deeply (refused before parsing)")
     try:
         text = raw.decode("utf-8")
@@ -217,12 +218,6 @@ def _yaml(raw: bytes, path: Path) -> Any:
         raise UpstreamError(f"{path}: YAML nested too deeply") from None
 
 
-def json_like_depth(raw: bytes) -> int:
-    from stages.induction.instances import json_depth
-
-    return json_depth(raw)
-
-
 def _json_doc(raw: bytes, path: Path) -> Any:
     check_depth(raw, str(path), error=UpstreamError)
     try:
@@ -231,6 +226,8 @@ def _json_doc(raw: bytes, path: Path) -> Any:
         raise UpstreamError(f"{path}: not UTF-8 text (offset {err.start})") from None
     except json.JSONDecodeError as err:
         raise UpstreamError(f"{path}:{err.lineno}: not valid JSON ({err.msg} at column {err.colno})") from None
+    except ValueError as err:  # an integer literal too long to convert
+        raise UpstreamError(f"{path}: not valid JSON ({str(err).splitlines()[0][:100]})") from None
 
 
 def _jsonl(raw: bytes, path: Path):
@@ -246,6 +243,8 @@ def _jsonl(raw: bytes, path: Path):
             yield line_no, json.loads(line)
         except json.JSONDecodeError as err:
             raise UpstreamError(f"{path}:{line_no}: not valid JSON ({err.msg} at column {err.colno})") from None
+        except ValueError as err:  # an integer literal too long to convert
+            raise UpstreamError(f"{path}:{line_no}: not valid JSON ({str(err).splitlines()[0][:100]})") from None
 
 
 # ---------------------------------------------------------------- benchmark records

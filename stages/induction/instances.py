@@ -12,20 +12,19 @@ message names the file line, the instance id and the field.
 from __future__ import annotations
 
 import json
-import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from stages.common.paths import json_text_depth
 from stages.induction.formula import BINARY, UNARY, FormulaError, parse
 
 REGIMES = ("fullobs", "ci", "ec")
 MAX_DOMAIN = 31  # bit-packed evaluation limit (kernels.quantifier_eval.MAX_DOMAIN)
 MAX_FILE_BYTES = 256 * 2**20   # an instance / prediction / upstream file larger than this is refused unread
 MAX_JSON_DEPTH = 32            # the formats nest 6-8 levels; deeper JSON is refused before it is parsed
-_STRING_RE = re.compile(rb'"(?:[^"\\]|\\.)*"')
 
 
 class InstanceError(ValueError):
@@ -194,18 +193,6 @@ def parse_instance(obj: Any, path: str = "<instances>", line: int = 1) -> Instan
     return Instance(obj["id"], regime, parsed, gold, line, meta if isinstance(meta, dict) else {})
 
 
-def json_depth(raw: bytes) -> int:
-    """Deepest [ / { nesting of JSON text, strings skipped -- computed without parsing (so a 100k-deep
-    nesting is measured, not recursed into)."""
-    import numpy as np
-
-    bare = np.frombuffer(_STRING_RE.sub(b'""', raw), dtype=np.uint8)
-    step = np.zeros(bare.size, np.int64)
-    step[(bare == ord("[")) | (bare == ord("{"))] = 1
-    step[(bare == ord("]")) | (bare == ord("}"))] = -1
-    return int(np.cumsum(step).max(initial=0))
-
-
 def read_bounded(path: Path, max_bytes: int | None = None, error=None) -> bytes:
     """The file's bytes, refusing (one-line error) a file over max_bytes (default MAX_FILE_BYTES) before reading it."""
     error = error or InstanceError
@@ -221,7 +208,7 @@ def read_bounded(path: Path, max_bytes: int | None = None, error=None) -> bytes:
 
 def check_depth(raw: bytes, where: str, max_depth: int | None = None, error=None) -> None:
     max_depth = MAX_JSON_DEPTH if max_depth is None else max_depth
-    depth = json_depth(raw)
+    depth = json_text_depth(raw)
     if depth > max_depth:
         raise (error or InstanceError)(f"{where}: JSON nested {depth} levels deep, over the limit of {max_depth} "
                                        "(refused before parsing)")
@@ -245,6 +232,8 @@ def _json_lines(path: Path):
             yield line_no, json.loads(raw)
         except json.JSONDecodeError as err:
             raise InstanceError(f"{path}:{line_no}: not valid JSON ({err.msg} at column {err.colno})") from None
+        except ValueError as err:  # an integer literal too long to convert
+            raise InstanceError(f"{path}:{line_no}: not valid JSON ({str(err).splitlines()[0][:100]})") from None
 
 
 def load_instances(path: Path) -> list[Instance]:

@@ -12,6 +12,7 @@ from pydantic import Field, field_validator, model_validator
 from stages.common.config import Fraction, Seed, Seeds, StageConfig, unique_items
 from stages.common.paths import write_json
 from stages.common.runner import StageContext
+from stages.common.sources import SourceConfig
 from stages.justgrpo.task import ANSWER_LEN, PROMPT_LEN, VOCAB, VOCAB_SIZE, all_prompts, value
 
 
@@ -21,6 +22,9 @@ class Config(StageConfig):
     split_seed: Seed = 0
     seeds: Seeds = Field(default_factory=lambda: [0, 1, 2], max_length=10,
                          description="run seeds: each pretrains its own dLLM and runs both RL arms")
+    source: SourceConfig = SourceConfig()          # full: GSM8K train records (hf_source.load_gsm8k)
+    eval_source: SourceConfig = SourceConfig()     # full: GSM8K test records
+    limit: int | None = Field(None, ge=1, le=10_000_000, description="real path: read at most this many records")
 
     @field_validator("seeds")
     @classmethod
@@ -32,10 +36,17 @@ class Config(StageConfig):
         if self.gen_len < ANSWER_LEN:
             raise ValueError(f"gen_len: {self.gen_len} is shorter than the answer format "
                              f"('x o y = z ; x o y = z ; # Y' needs {ANSWER_LEN} tokens)")
+        if (self.source.kind == "toy") != (self.eval_source.kind == "toy"):
+            raise ValueError("eval_source: the real path needs both GSM8K train (source) and test (eval_source)")
+        if self.source.kind == "toy" and self.limit is not None:
+            raise ValueError("limit: only read on the real path (source.kind hf or file)")
         return self
 
 
 def run(cfg: Config, ctx: StageContext) -> None:
+    if cfg.source.kind != "toy":                   # full profile: the real GSM8K path (issue 41)
+        from stages.justgrpo.hf_source import prepare_real
+        return prepare_real(cfg, ctx)
     rows = all_prompts()
     rng = np.random.default_rng(cfg.split_seed)
     n_test = int(round(cfg.test_frac * len(rows)))

@@ -28,8 +28,10 @@ from stages.common.device import DeviceName, pick_device
 from stages.common.grpo import GRPOConfig, GRPOModule, PromptLoader
 from stages.common.paths import read_json, write_json
 from stages.common.runner import StageContext
+from stages.common.sources import SourceConfig
 from stages.common.tiny_transformer import TinyTransformerConfig
 from stages.common.trainer import TrainerConfig, make_trainer
+from stages.justgrpo.hf_source import DLLMConfig
 from stages.justgrpo.dllm import Counter, DLLMPolicy, MaskedDiffusionLM, greedy_accuracy, reward_fn
 from stages.justgrpo.prepare import load_prompts
 from stages.justgrpo.task import PROMPT_LEN, VOCAB_SIZE, solution, valid_orders
@@ -77,6 +79,8 @@ class Config(StageConfig):
     pretrain: PretrainConfig = PretrainConfig()
     rl: RLConfig = RLConfig()
     trainer: TrainerConfig = TrainerConfig(enable_progress_bar=False)
+    source: SourceConfig = SourceConfig()          # full: a masked-diffusion checkpoint (LLaDA), hf_source
+    dllm: DLLMConfig = DLLMConfig()                # how that checkpoint is used (mask id, gen length, eval block)
 
 
 class SolutionLoader:
@@ -107,6 +111,9 @@ def model_config(cfg: Config, gen_len: int) -> TinyTransformerConfig:
 
 
 def run(cfg: Config, ctx: StageContext) -> None:
+    if cfg.source.kind != "toy":                   # full profile: GRPO on the real dLLM checkpoint (issue 41)
+        from stages.justgrpo.hf_source import train_real
+        return train_real(cfg, ctx)
     torch.set_num_threads(cfg.torch_threads)
     device = pick_device(cfg.device)
     meta = read_json(ctx.input("prepare") / "meta.json")

@@ -90,6 +90,9 @@ def run(cfg: Config, ctx: StageContext) -> None:
     torch.set_num_threads(cfg.torch_threads)
     device = pick_device(cfg.device)
     info = read_json(ctx.input("train") / "models.json")
+    if info.get("kind") == "hf":                   # issue 41: the real model's evaluation
+        from stages.plantain.hf_source import evaluate_real
+        return evaluate_real(cfg, ctx)
     seeds, formats, mcfg, max_trace = info["seeds"], info["formats"], info["model"], info["max_trace"]
     test = load_split(ctx.input("prepare"), "test")
     problems = to_problems(test)

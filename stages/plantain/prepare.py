@@ -14,6 +14,7 @@ from pydantic import Field, field_validator, model_validator
 from stages.common.config import Probability, Seed, Seeds, StageConfig, unique_items
 from stages.common.paths import write_json
 from stages.common.runner import StageContext
+from stages.common.sources import SourceConfig
 from stages.plantain.task import (ERROR_KINDS, MAX_OPS, PROMPT_LEN, VOCAB, VOCAB_SIZE, Problem, corrupt_plan,
                                   decode_text, make_trace, sample_problem)
 
@@ -31,6 +32,9 @@ class Config(StageConfig):
     data_seed: Seed = 0
     seeds: Seeds = Field(default_factory=lambda: [0, 1, 2], max_length=10,
                          description="run seeds: each trains both formats and runs every evaluation")
+    source: SourceConfig = SourceConfig()          # full: SFT records with plan-first traces (hf_source)
+    eval_source: SourceConfig = SourceConfig()     # full: held-out test records (problem, answer)
+    limit: int | None = Field(None, ge=1, le=10_000_000, description="real path: read at most this many records")
 
     @field_validator("seeds", "error_kinds")
     @classmethod
@@ -51,6 +55,10 @@ class Config(StageConfig):
             raise ValueError(f"min_ops: {self.min_ops} exceeds max_ops {self.max_ops}")
         if "drop" in self.error_kinds and self.min_ops < 2:
             raise ValueError("min_ops: 'drop' errors need at least 2 operations")
+        if (self.source.kind == "toy") != (self.eval_source.kind == "toy"):
+            raise ValueError("eval_source: the real path needs SFT records (source) and test records (eval_source)")
+        if self.source.kind == "toy" and self.limit is not None:
+            raise ValueError("limit: only read on the real path (source.kind hf or file)")
         return self
 
 
@@ -68,6 +76,9 @@ def problems_frame(probs: list[Problem], split: str, rng: np.random.Generator, e
 
 
 def run(cfg: Config, ctx: StageContext) -> None:
+    if cfg.source.kind != "toy":                   # full profile: real records (issue 41)
+        from stages.plantain.hf_source import prepare_real
+        return prepare_real(cfg, ctx)
     rng = np.random.default_rng(cfg.data_seed)
     seen, splits = set(), {}
     for split, n in (("test", cfg.n_test), ("rl", cfg.n_rl), ("sft", cfg.n_sft)):

@@ -132,6 +132,10 @@ def rl_figure(hist: pl.DataFrame):
 
 
 def run(cfg: Config, ctx: StageContext) -> None:
+    if (ctx.input("evaluate") / "metrics.json").exists():   # issue 41: the real path's evaluate output
+        from stages.common.config import ConfigError
+        raise ConfigError("papers.plantain.report: the claims are computed for the toy only; evaluate's "
+                          "metrics.json (kind hf) holds the real model's pass@1, TTFR and Rewind-and-Repeat")
     ev = derive(read_json(ctx.input("evaluate") / "eval.json"))
     models = read_json(ctx.input("train") / "models.json")
     meta = read_json(ctx.input("prepare") / "meta.json")

@@ -23,6 +23,7 @@ from stages.common.device import DeviceName, pick_device
 from stages.common.grpo import GRPOConfig, GRPOModule, PromptLoader
 from stages.common.paths import read_json, write_json
 from stages.common.runner import StageContext
+from stages.common.sources import SourceConfig
 from stages.common.tiny_transformer import TinyTransformer, TinyTransformerConfig
 from stages.common.trainer import TrainerConfig, make_trainer
 from stages.plantain.model import IGNORE, Counter, SFTModule, TracePolicy, make_reward_fn, sft_tensor
@@ -66,6 +67,8 @@ class Config(StageConfig):
     sft: SFTConfig = SFTConfig()
     rl: RLConfig = RLConfig()
     trainer: TrainerConfig = TrainerConfig(enable_progress_bar=False)
+    source: SourceConfig = SourceConfig()          # full: the instruction LM (hf_source.train_real)
+    real_max_new: PositiveInt = Field(1024, le=32_768, description="real path: max new tokens per completion")
 
     @field_validator("formats")
     @classmethod
@@ -80,6 +83,9 @@ def model_config(cfg: Config) -> TinyTransformerConfig:
 
 
 def run(cfg: Config, ctx: StageContext) -> None:
+    if cfg.source.kind != "toy":                   # full profile: SFT + GRPO on a real LM (issue 41)
+        from stages.plantain.hf_source import train_real
+        return train_real(cfg, ctx)
     torch.set_num_threads(cfg.torch_threads)
     device = pick_device(cfg.device)
     prep = ctx.input("prepare")

@@ -55,6 +55,8 @@ from pathlib import Path
 
 import numpy as np
 
+from stages.common.paths import json_text_depth
+
 MAX_STEPS = 10_000
 MAX_TOKENS = 10_000_000
 MAX_ARRIVAL_S = 1e7          # ~116 days
@@ -204,26 +206,7 @@ def parse_program(obj, where: str) -> Program:
 def json_depth_ok(line: str, limit: int = MAX_DEPTH) -> bool:
     """True iff the JSON text nests objects/arrays at most `limit` deep (brackets inside strings ignored).
     Checked before json.loads, so a 100k-deep line is one error line, not a RecursionError."""
-    if line.count("[") + line.count("{") <= limit:
-        return True
-    depth, in_str, esc = 0, False, False
-    for ch in line:
-        if in_str:
-            if esc:
-                esc = False
-            elif ch == "\\":
-                esc = True
-            elif ch == '"':
-                in_str = False
-        elif ch == '"':
-            in_str = True
-        elif ch in "[{":
-            depth += 1
-            if depth > limit:
-                return False
-        elif ch in "]}":
-            depth -= 1
-    return True
+    return json_text_depth(line) <= limit
 
 
 def _no_constants(c: str):

@@ -26,7 +26,7 @@ import shutil
 from pathlib import Path
 from typing import Any
 
-from stages.vision2web.schema import PROTO_EXTS, Task, TaskFormatError, load_task
+from stages.vision2web.schema import PROTO_EXTS, Task, TaskFormatError, load_json_file, load_task
 
 LEVEL_DIRS = {"webpage": "L1", "frontend": "L2", "website": "L3"}
 MAX_RESOURCES_BYTES = 200 * 2 ** 20
@@ -85,9 +85,7 @@ def iter_official(root: Path | str):
 
 def convert_task(src: Path, level: str, dst: Path) -> Task:
     """One official task folder -> a project task folder at ``dst`` (validated)."""
-    raw = json.loads((src / "workflow.json").read_text(encoding="utf-8")) if (src / "workflow.json").is_file() else None
-    if raw is None:
-        raise TaskFormatError(f"{src / 'workflow.json'}: missing")
+    raw = load_json_file(src / "workflow.json")
     wfs = convert_workflow(raw, str(src / "workflow.json"))
     dst.mkdir(parents=True)
     (dst / "prototypes").mkdir()

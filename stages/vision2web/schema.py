@@ -192,17 +192,28 @@ def _where(err: ValidationError) -> str:
     return f"{loc or '<root>'}: {msg}"
 
 
-def _load_json(path: Path):
+def _no_constant(name: str):
+    raise ValueError(f"{name} is not valid JSON")
+
+
+def load_json_file(path: Path):
+    """A task's JSON file, bounded: size checked before reading; invalid UTF-8/JSON, NaN/Infinity, an
+    integer literal too long to convert and too-deep nesting are one-line TaskFormatErrors."""
     try:
         if path.stat().st_size > MAX_JSON_BYTES:
             raise TaskFormatError(f"{path}: larger than {MAX_JSON_BYTES} bytes")
-        return json.loads(path.read_text(encoding="utf-8"))
+        return json.loads(path.read_text(encoding="utf-8"), parse_constant=_no_constant)
     except FileNotFoundError:
         raise TaskFormatError(f"{path}: missing") from None
-    except (UnicodeDecodeError, json.JSONDecodeError) as err:
-        raise TaskFormatError(f"{path}: not valid JSON ({str(err).splitlines()[0]})") from None
+    except OSError as err:
+        raise TaskFormatError(f"{path}: cannot read ({err.strerror or err})") from None
     except RecursionError:
         raise TaskFormatError(f"{path}: nested too deeply") from None
+    except TaskFormatError:
+        raise
+    except ValueError as err:  # UnicodeDecodeError, JSONDecodeError, NaN, a 5,000-digit integer
+        raise TaskFormatError(f"{path}: not valid JSON ({str(err).splitlines()[0][:120]})") from None
+
 
 
 def check_image(path: Path) -> tuple[int, int]:
@@ -242,7 +253,7 @@ def load_task(root: Path | str, check_images: bool = True) -> Task:
     if not root.is_dir():
         raise TaskFormatError(f"{root}: task folder does not exist")
     wf_path = root / "workflow.json"
-    raw = _load_json(wf_path)
+    raw = load_json_file(wf_path)
     if not isinstance(raw, list) or not raw:
         raise TaskFormatError(f"{wf_path}: must be a non-empty JSON list of workflows")
     if len(raw) > 50:
@@ -256,7 +267,7 @@ def load_task(root: Path | str, check_images: bool = True) -> Task:
     meta = TaskMeta()
     if (root / "task.json").exists():
         try:
-            meta = TaskMeta.model_validate(_load_json(root / "task.json"))
+            meta = TaskMeta.model_validate(load_json_file(root / "task.json"))
         except ValidationError as err:
             raise TaskFormatError(f"{root / 'task.json'}: {_where(err)}") from None
     prototypes: dict[str, Path] = {}
@@ -273,7 +284,7 @@ def load_task(root: Path | str, check_images: bool = True) -> Task:
             prototypes[name] = png
             comp_path = root / "prototypes" / f"{name}.components.json"
             if comp_path.exists():
-                raw_c = _load_json(comp_path)
+                raw_c = load_json_file(comp_path)
                 if not isinstance(raw_c, list) or len(raw_c) > 256:
                     raise TaskFormatError(f"{comp_path}: must be a JSON list of at most 256 components")
                 try:
@@ -293,6 +304,6 @@ def load_start(site: Path) -> StartSpec | None:
             raise TaskFormatError(f"{site}: no start.json and no index.html to serve")
         return None
     try:
-        return StartSpec.model_validate(_load_json(path))
+        return StartSpec.model_validate(load_json_file(path))
     except ValidationError as err:
         raise TaskFormatError(f"{path}: {_where(err)}") from None

@@ -80,3 +80,33 @@ def test_zero_padding_to_clip_width_leaves_r2_and_probe_scores_unchanged():
     want = probe_accuracy(pred[:1], probes, a, b, 9, rec, rec.backend)
     got = probe_accuracy(_pad(pred[:1], 11), _pad(probes, 11), a, b, 9, rec, rec.backend)
     assert got == want and 0.0 <= want[0] <= 1.0
+
+
+def test_full_profile_pipeline_on_the_clip_fixture(fixture_dir, tmp_path):
+    """The `full` profile's CLIP branch end to end (issue 42): prepare/train/evaluate/report at smoke sizes with
+    `source` naming the saved CLIP checkpoint; complexity_eval embeds every scene caption with its text tower and
+    the same regressors and probes run on them as on the trained encoders; the report shows the CLIP rows."""
+    import json
+
+    import yaml
+
+    from stages.common.paths import ROOT
+    from stages.common.runner import run_stage
+
+    params = yaml.safe_load((ROOT / "params.yaml").read_text())
+    p = params["papers"]["clip_binding"]
+    for stage in ("prepare", "train", "evaluate"):
+        p[stage]["profiles"]["full"] = dict(p[stage]["profiles"]["smoke"])
+    p["evaluate"]["profiles"]["full"]["source"] = {"kind": "file", "model": str(fixture_dir)}
+    (tmp_path / "params.yaml").write_text(yaml.safe_dump(params))
+    for stage in ("prepare", "train", "evaluate", "report"):
+        run_stage("clip_binding", stage, "full", root=tmp_path, params_path=tmp_path / "params.yaml")
+    metrics = json.loads((tmp_path / "reports/clip_binding/metrics.json").read_text())
+    m = metrics["metrics"]
+    clip, trained = m["complexity"]["clip"], m["complexity"]["trained"]
+    assert set(clip) == set(trained)                                   # the same families and summaries
+    for fam in ("mlp", "best_r2", "best_probe_acc"):
+        v = clip[fam]["f50"]["r2"] if fam == "mlp" else clip[fam]["f50"]
+        assert len(v) == 3 and all(isinstance(x, float) for x in v)    # one value per seed's split
+    assert len(m["additivity"]["clip"]) == 3 and -1.0 <= m["additivity"]["clip"][0] <= 1.0
+    assert "| clip | mlp |" in (tmp_path / "reports/clip_binding/report.md").read_text()   # the results table

@@ -42,3 +42,36 @@ def test_bounded_loader_size_and_missing(tmp_path):
     with pytest.raises(InputError, match="file not found"):
         load_json_bounded(tmp_path / "nope.json")
     assert load_json_bounded(f)["a"] == "x" * 2000
+
+
+def _parsed_depth(doc) -> int:
+    """Nesting depth of a parsed document by plain recursion (the independent reference)."""
+    if isinstance(doc, dict):
+        return 1 + max((_parsed_depth(v) for v in doc.values()), default=0)
+    if isinstance(doc, list):
+        return 1 + max((_parsed_depth(v) for v in doc), default=0)
+    return 0
+
+
+def test_json_text_depth_matches_the_parsed_depth_and_skips_brackets_in_strings():
+    import json
+    import random
+
+    from stages.common.paths import json_text_depth
+
+    rng = random.Random(7)
+
+    def gen(d):
+        r = rng.random()
+        if d > 6 or r < 0.3:
+            return rng.choice([1, -2.5, None, True, "a[{b", 'q"]}"', "\\\\[", ""])
+        if r < 0.65:
+            return [gen(d + 1) for _ in range(rng.randint(0, 3))]
+        return {f"k{i}[": gen(d + 1) for i in range(rng.randint(0, 3))}
+
+    for _ in range(300):
+        doc = gen(0)
+        text = json.dumps(doc, indent=rng.choice([None, 1]))
+        assert json_text_depth(text) == _parsed_depth(doc) == json_text_depth(text.encode())
+    assert json_text_depth("[" * 100_000 + "]" * 100_000) == 100_000
+    assert json_text_depth('{"a": "[[[[", "b": [["\\"]]"]]}') == 3

@@ -269,8 +269,11 @@ def test_bounded_numbers_depth_and_size(tmp_path):
     with pytest.raises(SCMError, match="nesting depth 51 exceeds 8"):
         load_scm(p)
     p.write_text('{"description": "[[[[[[[[[[[[[[[[[[[[", "x": [[1]]}')              # brackets inside strings
-    from stages.fair_bandits.scm import json_depth
-    assert json_depth(p.read_text()) == 3
+    from stages.common.paths import json_text_depth
+    assert json_text_depth(p.read_text()) == 3
+    p.write_text('{"horizon": ' + "9" * 5000 + "}")                                 # past int()'s digit limit
+    with pytest.raises(SCMError, match=r"deep\.json: not valid JSON \(Exceeds the limit"):
+        load_scm(p)
     p.write_text(" " * 1_000_001)
     with pytest.raises(SCMError, match="byte limit"):
         load_scm(p)

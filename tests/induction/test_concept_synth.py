@@ -235,6 +235,9 @@ def test_bounded_before_parsing(tmp_path, monkeypatch):
     deep.write_text("[" * 100_000 + "]" * 100_000 + "\n")          # no RecursionError: refused unparsed
     with pytest.raises(UpstreamError, match="nested 100000 levels deep"):
         load_holdout(deep)
+    deep.write_text('{"id": ' + "9" * 5000 + "}\n")                              # past int()'s digit limit
+    with pytest.raises(UpstreamError, match=r"deep_holdout\.jsonl:1: not valid JSON \(Exceeds the limit"):
+        load_holdout(deep)
     deep_yaml = tmp_path / "deep.yaml"
     deep_yaml.write_text("[" * 5_000 + "]" * 5_000 + "\n")
     with pytest.raises(UpstreamError, match="nested too deeply"):

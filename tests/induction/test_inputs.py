@@ -101,6 +101,11 @@ def test_deep_nesting_and_huge_files_refused_before_parsing(tmp_path, monkeypatc
     assert solve_cli.main(["--instances", str(deep), "--out", str(out)]) == 2 and not out.exists()
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "deep.jsonl:2" in err[0] and "nested 100001 levels deep" in err[0]
+    huge = tmp_path / "huge.jsonl"
+    huge.write_text('{"id": "x", "domain": ' + "9" * 5000 + "}\n")                # past int()'s digit limit
+    assert solve_cli.main(["--instances", str(huge), "--out", str(out)]) == 2 and not out.exists()
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "huge.jsonl:1: not valid JSON (Exceeds the limit" in err[0]
     good = _write(tmp_path, "inst.jsonl", [GOOD])
     assert check_cli.main(["--instances", str(good), "--predictions", str(deep),
                            "--out", str(tmp_path / "c.jsonl")]) == 2

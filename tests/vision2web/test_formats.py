@@ -59,6 +59,25 @@ def test_malformed_workflow_is_one_line_error(tmp_path, wf, needle):
     assert needle in str(err.value) and "\n" not in str(err.value)
 
 
+@pytest.mark.parametrize("text, needle", [
+    ("[" * 100_000 + "]" * 100_000, "nested too deeply"),
+    ('[{"summary": "s", "n": ' + "9" * 5000 + "}]", "not valid JSON (Exceeds the limit"),
+    ('[{"summary": NaN}]', "not valid JSON (NaN is not valid JSON)"),
+    ("\udcff", "not valid JSON"),
+])
+def test_hostile_json_text_is_one_line_error(tmp_path, text, needle):
+    d = tmp_path / "t"
+    d.mkdir()
+    (d / "workflow.json").write_text(text, encoding="utf-8", errors="surrogateescape")
+    with pytest.raises(TaskFormatError) as err:
+        load_task(d)
+    assert needle in str(err.value) and "\n" not in str(err.value)
+    (d / "workflow.json").unlink()
+    (d / "workflow.json").mkdir()                                   # a folder where the file should be
+    with pytest.raises(TaskFormatError, match="workflow.json: cannot read"):
+        load_task(d)
+
+
 def test_bad_meta_components_start(tmp_path):
     wf = [{"summary": "s", "prototype": {"home_mobile": {"idx": 0}}}]
     with pytest.raises(TaskFormatError, match="action_timeout_ms"):
