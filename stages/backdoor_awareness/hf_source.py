@@ -202,31 +202,6 @@ class RealAttack(StageConfig):
     poison_rate: float = Field(0.1, gt=0, lt=1)
 
 
-def sft_steps(model, tokenizer, prompts: Sequence[str], completions: Sequence[str], *, steps: int, batch: int,
-              lr: float, seed: int) -> list[float]:
-    """Next-token cross-entropy on the completions (prompt masked: encode_pairs), AdamW, seeded batches."""
-    import torch.nn.functional as F
-
-    from stages.common.hf import encode_pairs
-
-    opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=lr)
-    g = torch.Generator().manual_seed(seed)
-    dev = next(model.parameters()).device
-    model.train()
-    losses = []
-    for _ in range(steps):
-        idx = torch.randint(0, len(prompts), (batch,), generator=g).tolist()
-        b = encode_pairs(tokenizer, [prompts[i] for i in idx], [completions[i] for i in idx])
-        logits = model(input_ids=b["input_ids"].to(dev), attention_mask=b["attention_mask"].to(dev)).logits[:, :-1]
-        loss = F.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), b["labels"].to(dev).reshape(-1))
-        opt.zero_grad()
-        loss.backward()
-        opt.step()
-        losses.append(float(loss.detach()))
-    model.eval()
-    return losses
-
-
 def prepare_real(cfg, ctx) -> None:
     """prepare (full): the instruction records split into a clean RL pool (``n_pool``), a clean test set
     (``n_test``) and the training set, poisoned per attack and run seed -> instructions.parquet
@@ -273,7 +248,7 @@ def train_real(cfg, ctx) -> None:
     from kernels.record import KernelRecord
     from stages.common.device import pick_device
     from stages.common.grpo import GRPOModule, PromptLoader
-    from stages.common.hf import HFCausalPolicy, left_pad, load_tokenizer, pretrained_causal_lm
+    from stages.common.hf import HFCausalPolicy, left_pad, load_tokenizer, pretrained_causal_lm, sft_steps
     from stages.common.paths import read_json, write_json
     from stages.common.trainer import make_trainer
 

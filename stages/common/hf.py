@@ -46,7 +46,7 @@ from stages.common.sources import SourceConfig, SourceError, resolve_ref
 
 __all__ = ["TinyLMConfig", "SourceConfig", "SourceError", "tiny_causal_lm", "pretrained_causal_lm", "causal_lm",
            "train_tokenizer", "load_tokenizer", "load_records", "left_pad", "encode_pairs",
-           "completion_mask_from_offsets", "position_ids", "HFCausalPolicy", "add_lora", "disable_dropout",
+           "completion_mask_from_offsets", "sft_steps", "position_ids", "HFCausalPolicy", "add_lora", "disable_dropout",
            "TORCH_DTYPES"]
 
 TORCH_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16,
@@ -293,6 +293,31 @@ def encode_pairs(tokenizer, prompts: Sequence[str], completions: Sequence[str], 
     return {"input_ids": ids, "attention_mask": mask, "labels": labels}
 
 
+def sft_steps(model, tokenizer, prompts: Sequence[str], completions: Sequence[str], *, steps: int, batch: int,
+              lr: float, seed: int, weight_decay: float = 0.0, max_length: int | None = None) -> list[float]:
+    """Supervised fine-tuning: next-token cross-entropy on the completions only (prompt masked by
+    ``encode_pairs``), AdamW, batches drawn with a seeded generator. Returns the per-step losses."""
+    import torch.nn.functional as F
+
+    opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=lr, weight_decay=weight_decay)
+    g = torch.Generator().manual_seed(seed)
+    dev = next(model.parameters()).device
+    model.train()
+    losses = []
+    for _ in range(steps):
+        idx = torch.randint(0, len(prompts), (batch,), generator=g).tolist()
+        b = encode_pairs(tokenizer, [prompts[i] for i in idx], [completions[i] for i in idx], max_length=max_length)
+        logits = model(input_ids=b["input_ids"].to(dev), attention_mask=b["attention_mask"].to(dev)).logits[:, :-1]
+        loss = F.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), b["labels"].to(dev).reshape(-1))
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        losses.append(float(loss.detach()))
+    model.eval()
+    return losses
+
+
+
 def completion_mask_from_offsets(tokenizer, texts: Sequence[str], boundaries: Sequence[int]) -> dict[str, torch.Tensor]:
     """Already-joined prompt+completion texts: tokenise once (fast tokenizer offsets) and mark a token as
     completion when its first character is at or after the boundary (the prompt's length in characters).
@@ -406,13 +431,13 @@ def load_records(ref: str | Path, *, columns: Mapping[str, str | None] | Sequenc
 # ----------------------------------------------------------------------------------------------
 # GRPO policy adapter (stages.common.grpo.GRPOPolicy) for HF causal LMs
 # ----------------------------------------------------------------------------------------------
-def _cache_kw(model) -> str:
+def cache_kwargs(model) -> str:
     base = model.get_base_model() if hasattr(model, "get_base_model") else model     # peft wrappers
     params = inspect.signature(base.forward).parameters
     return "cache" if "cache" in params else "past_key_values"
 
 
-def _out_cache(out):
+def output_cache(out):
     return getattr(out, "cache", None) if getattr(out, "cache", None) is not None else getattr(out, "past_key_values", None)
 
 
@@ -448,7 +473,7 @@ class HFCausalPolicy(torch.nn.Module):
         self.max_new_tokens, self.temperature = int(max_new_tokens), float(temperature)
         self.eos, self.pad = int(eos_token_id), int(pad_token_id)
         self.backend, self.on_score = backend, on_score
-        self._kw = _cache_kw(model)
+        self._kw = cache_kwargs(model)
 
     def _sample_dtype(self, logits: torch.Tensor) -> torch.Tensor:
         return logits.to(torch.promote_types(logits.dtype, torch.float32))
@@ -459,7 +484,7 @@ class HFCausalPolicy(torch.nn.Module):
         ids, am = self.prompt_ids[idx], self.prompt_mask[idx]
         pos = position_ids(am)
         out = self.model(input_ids=ids, attention_mask=am, position_ids=pos, use_cache=True)
-        logits, cache = out.logits[:, -1], _out_cache(out)
+        logits, cache = out.logits[:, -1], output_cache(out)
         nxt_pos = pos[:, -1] + 1
         B = ids.shape[0]
         alive = torch.ones(B, dtype=torch.bool, device=ids.device)
@@ -477,7 +502,7 @@ class HFCausalPolicy(torch.nn.Module):
             am = torch.cat([am, mask[-1].long()[:, None]], 1)
             out = self.model(input_ids=y[:, None], attention_mask=am, position_ids=nxt_pos[:, None],
                              use_cache=True, **{self._kw: cache})
-            logits, cache = out.logits[:, -1], _out_cache(out)
+            logits, cache = out.logits[:, -1], output_cache(out)
             nxt_pos = nxt_pos + 1
         tokens = torch.stack(toks, 1)
         m = torch.stack(mask, 1)

@@ -234,13 +234,13 @@ def sample_until(model, tokenizer, prefix_ids: Sequence[int], max_new: int, temp
                  generator: torch.Generator | None, stop: str | None = None) -> list[int]:
     """New token ids after ``prefix_ids`` (KV cache, one row), until EOS (kept), the decoded new text contains
     ``stop``, or ``max_new`` tokens."""
-    from stages.common.hf import _cache_kw, _out_cache
+    from stages.common.hf import cache_kwargs, output_cache
 
     dev = next(model.parameters()).device
-    kw = _cache_kw(model)
+    kw = cache_kwargs(model)
     ids = torch.tensor([list(prefix_ids)], dtype=torch.long, device=dev)
     out = model(input_ids=ids, use_cache=True)
-    cache, logits = _out_cache(out), out.logits[0, -1]
+    cache, logits = output_cache(out), out.logits[0, -1]
     new: list[int] = []
     for _ in range(max_new):
         y = _nucleus(logits, temperature, top_p, generator)
@@ -248,7 +248,7 @@ def sample_until(model, tokenizer, prefix_ids: Sequence[int], max_new: int, temp
         if y == tokenizer.eos_token_id or (stop and stop in tokenizer.decode(new)):
             break
         out = model(input_ids=torch.tensor([[y]], device=dev), use_cache=True, **{kw: cache})
-        cache, logits = _out_cache(out), out.logits[0, -1]
+        cache, logits = output_cache(out), out.logits[0, -1]
     return new
 
 
@@ -356,31 +356,6 @@ def prepare_real(cfg, ctx) -> None:
                                        "eval_source": cfg.eval_source.model_dump(mode="json")})
 
 
-def sft_steps(model, tokenizer, prompts: Sequence[str], completions: Sequence[str], *, steps: int, batch: int,
-              lr: float, weight_decay: float, seed: int, max_length: int | None = None) -> list[float]:
-    """Next-token cross-entropy on the completions (prompt masked, encode_pairs), AdamW, seeded batches."""
-    import torch.nn.functional as F
-
-    from stages.common.hf import encode_pairs
-
-    opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=lr, weight_decay=weight_decay)
-    g = torch.Generator().manual_seed(seed)
-    dev = next(model.parameters()).device
-    model.train()
-    losses = []
-    for _ in range(steps):
-        idx = torch.randint(0, len(prompts), (batch,), generator=g).tolist()
-        b = encode_pairs(tokenizer, [prompts[i] for i in idx], [completions[i] for i in idx], max_length=max_length)
-        logits = model(input_ids=b["input_ids"].to(dev), attention_mask=b["attention_mask"].to(dev)).logits[:, :-1]
-        loss = F.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), b["labels"].to(dev).reshape(-1))
-        opt.zero_grad()
-        loss.backward()
-        opt.step()
-        losses.append(float(loss.detach()))
-    model.eval()
-    return losses
-
-
 def train_real(cfg, ctx) -> None:
     """train (full): per seed and format (tta / pf, the same traces rewritten by ``to_format``): SFT of the
     pretrained instruction LM on the traces, then GRPO (stages.common.hf.HFCausalPolicy) with
@@ -391,7 +366,7 @@ def train_real(cfg, ctx) -> None:
     from kernels.record import KernelRecord
     from stages.common.device import pick_device
     from stages.common.grpo import GRPOModule, PromptLoader
-    from stages.common.hf import HFCausalPolicy, left_pad, load_tokenizer, pretrained_causal_lm
+    from stages.common.hf import HFCausalPolicy, left_pad, load_tokenizer, pretrained_causal_lm, sft_steps
     from stages.common.paths import read_json, write_json
     from stages.common.trainer import make_trainer
 
