@@ -231,3 +231,15 @@ def test_web_corpus_bad_inputs(tmp_path):
         load_web_corpus(str(tmp_path / "blank.parquet"), key="k.dataset")
     pq.write_table(pa.table({"text": ["  ", "one doc", None]}), tmp_path / "some.parquet")
     assert load_web_corpus(str(tmp_path / "some.parquet"))["text"] == ["one doc"]
+
+
+def test_committed_full_profile_refuses_hub_names_offline(tmp_path):
+    """The committed full profile names hub models; offline (tests) the real path stops with one line naming
+    the key before reading anything (nothing is downloaded)."""
+    from stages.common.runner import load_config
+    from stages.opus.hf_source import run_full
+
+    _, cfg, _ = load_config("opus", "train", "full")
+    with pytest.raises(SourceError, match=r"^papers\.opus\.train\.source\.model: 'Qwen/Qwen2\.5-0\.5B' .*HF_HUB_OFFLINE") as e:
+        run_full(cfg, SimpleNamespace(out=tmp_path))
+    assert "\n" not in str(e.value) and not any(tmp_path.iterdir())

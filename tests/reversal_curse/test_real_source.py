@@ -162,3 +162,14 @@ def test_facts_bad_inputs(tmp_path, fixture):
         load_facts(write("nohold.jsonl", split="train"), key="k")
     with pytest.raises(SourceError, match="relation id"):
         load_facts(write("rel.jsonl", relation=0), key="k")
+
+
+def test_committed_full_profile_refuses_hub_names_offline(tmp_path):
+    from stages.common.runner import load_config
+    from stages.reversal_curse.hf_source import run_full
+
+    _, cfg, _ = load_config("reversal_curse", "train", "full")
+    with pytest.raises(SourceError, match=r"^papers\.reversal_curse\.train\.source\.model: 'meta-llama/Llama-3\.2-1B' "
+                                          r".*HF_HUB_OFFLINE") as e:
+        run_full(cfg, SimpleNamespace(out=tmp_path, input=lambda stage: tmp_path))
+    assert "\n" not in str(e.value) and not any(tmp_path.iterdir())

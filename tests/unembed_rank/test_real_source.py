@@ -177,3 +177,19 @@ def test_text_corpus_bad_inputs(fixture, tmp_path):
     hh = torch.randn(11, 9, generator=g)
     a, b = geometry_large(w, hh), geometry(w, hh)
     assert a.keys() == b.keys() and all(abs(a[k] - b[k]) < 1e-9 for k in a)
+
+
+def test_committed_full_profile_refuses_hub_names_offline(tmp_path):
+    from stages.common.runner import load_config
+    from stages.unembed_rank.hf_source import run_full_evaluate, run_full_train
+
+    _, tcfg, _ = load_config("unembed_rank", "train", "full")
+    with pytest.raises(SourceError, match=r"^papers\.unembed_rank\.train\.source\.model: 'EleutherAI/pythia-14m' "
+                                          r".*HF_HUB_OFFLINE"):
+        run_full_train(tcfg, SimpleNamespace(out=tmp_path))
+    _, ecfg, _ = load_config("unembed_rank", "evaluate", "full")
+    assert len(ecfg.checkpoints) == 5
+    with pytest.raises(SourceError, match=r"^papers\.unembed_rank\.evaluate\.checkpoints\.pythia_14m\.model: "
+                                          r"'EleutherAI/pythia-14m' .*HF_HUB_OFFLINE") as e:
+        run_full_evaluate(ecfg, SimpleNamespace(out=tmp_path))
+    assert "\n" not in str(e.value) and not any(tmp_path.iterdir())
