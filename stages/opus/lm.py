@@ -39,6 +39,7 @@ class ArmSpec:
     score_every: int = 1         # score once per k steps (k buffers at once)
     combined: bool = False       # one forward/backward for candidates + proxy
     vectorized: bool = False     # selection rounds on the device without host syncs
+    stream: int = 0              # selection RNG stream (random_stream2: a second random draw, same init and data)
 
 
 @dataclass(frozen=True)
@@ -92,7 +93,8 @@ class SelectionLM(L.LightningModule):
                                  weight_decay=o.weight_decay)
 
     def on_fit_start(self):
-        self.gen = device_generator(self.device, 10_000 + self.seed)  # on the model's device
+        # on the model's device; stream 0 keeps every arm's historical seed, stream s > 0 is another draw
+        self.gen = device_generator(self.device, 10_000 + self.seed + 1_000_003 * self.arm.stream)
 
     def lm_loss(self, tokens: torch.Tensor) -> torch.Tensor:
         logits = self.model(tokens[:, :-1])  # (B, T-1, V)

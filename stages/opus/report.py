@@ -45,14 +45,26 @@ CLAIMS = [
            refuted_by="greedy reaching an equal or lower final target loss on most seeds of the redundant pool", kind="finding"),
     Bound("official_sampler_near_uniform",
           "The official sampler p ∝ exp(U/τ) on the raw utility (τ = 0.9) is near-uniform here: the spread "
-          "(sd over candidates) of its logits U/τ stays below 0.1",
-          value="arms.official_raw_tau.raw_logit_sd",
-          refuted_by="raw logits with sd >= 0.1 (then raw-score sampling would discriminate)", kind="check"),
+          "(sd over candidates) of its logits U/τ stays below the bound at every diagnostic step from step 0 "
+          "(per seed, the maximum over steps)",
+          value="arms.official_raw_tau.raw_logit_sd_max",
+          refuted_by="raw logits with sd at or above the bound at some step (then raw-score sampling discriminates)",
+          kind="check"),
+    Within("random_streams_agree",
+           "Control: random selection on a second RNG stream (same init, same candidate stream) ends within the "
+           "findings' min effect of random selection: the selection draw alone does not move the final loss",
+           a="arms.random_stream2.val_loss", b="arms.random.val_loss",
+           refuted_by="a stream-to-stream gap at or beyond the bound (the findings' min effect would be noise)",
+           kind="check"),
     Within("official_sampler_like_random",
-           "Consequently the official raw-τ sampler trains like random selection: final target loss within "
-           "0.05 nats of random",
+           "The official raw-τ sampler trains like random selection: final target loss within the band of random",
            a="arms.official_raw_tau.val_loss", b="arms.random.val_loss",
-           refuted_by="a gap of 0.05 nats or more to random on most seeds", kind="check"),
+           refuted_by="a gap at or beyond the band to random on most seeds", kind="check"),
+    Better("official_sampler_beats_random",
+           "The official raw-τ sampler beats random selection by more than the findings' min effect (raw "
+           "utilities still carry signal when near-uniform)",
+           a="arms.official_raw_tau.val_loss", b="arms.random.val_loss", higher_is_better=False,
+           refuted_by="a gain at or below the min effect", kind="check"),
     Bound("static_filter_flags_toxic_in_pool",
           "Population: all candidates (a random sample of the training pool, every kind at its pool share). "
           "The static OPUS utility (low U flagged) ranks toxic documents above the rest: AUROC > 0.5",
@@ -101,10 +113,17 @@ def _arm_stats(runs: list[dict], seeds: list[int]) -> dict[str, dict]:
                                                     / max(sum(r["update_s_total"] for r in rs), 1e-12))}
         if diag:
             entry["raw_logit_sd"] = [float(np.median([d["raw_logit_sd"] for d in r["diagnostics"]])) for r in rs]
+            entry["raw_logit_sd_max"] = [float(max(d["raw_logit_sd"] for d in r["diagnostics"])) for r in rs]
+            entry["raw_logit_sd_step0"] = [float(next((d["raw_logit_sd"] for d in r["diagnostics"]
+                                                       if d["step"] == 0), float("nan"))) for r in rs]
             entry["redundancy_over_alignment"] = float(np.mean([d["redundancy_over_alignment"] for d in diag]))
             entry["greedy_picks_changed"] = float(np.mean([d["greedy_picks_changed"] for d in diag]))
         out[arm] = entry
     return out
+
+
+def _mean_abs(x) -> float:
+    return float(np.mean(np.abs(np.asarray(x, float))))
 
 
 def _se(x) -> float:
@@ -309,10 +328,19 @@ cost variants `opus_window` (a random 16-token window of each 32-token sequence 
                    "|η²⟨φ(pick),Φ⟩| / |η⟨φ(pick),ψ⟩|, and how many of the K (4K for every4/cheap) greedy picks "
                    "differ with and without the penalty on the same scores.")
 
+    raw_rows = [{"step": d["step"], "seed": f"seed {r['seed']}", "raw_logit_sd": d["raw_logit_sd"]}
+                for r in runs if r["arm"] == "official_raw_tau" for d in r["diagnostics"]]
+    if raw_rows:
+        rep.plot("raw_logit_sd_by_step", pl.DataFrame(raw_rows), x="step", y="raw_logit_sd", series="seed",
+                 title="official sampler: sd of raw logits U/τ over candidates, per diagnostic step")
+
     v = {x["name"]: x for x in evaluate_claims(CLAIMS, metrics, cfg.claims, "papers.opus.report")}
 
     def say(name):
         return v[name]["verdict"]
+
+    def gap(arm: str, base: str) -> list[float]:      # per seed, > 0: the arm ends lower than the base
+        return [b - a for a, b in zip(arms[arm]["val_loss"], arms[base]["val_loss"])]
 
     oa, ra = arms["opus_adamw"], arms["random"]
     pool_frac = {kind: c[kind] / sum(c.values()) for kind in KINDS}
@@ -356,11 +384,19 @@ cost variants `opus_window` (a random 16-token window of each 32-token sequence 
   pool is redundant; the redundant pool's verdict above is the test. Both OPUS arms carry the redundancy penalty,
   so Boltzmann's extra diversity is only over candidates the penalty does not already separate.
 - **The official sampler.** Raw logits U/τ have sd {np.mean(arms['official_raw_tau']['raw_logit_sd']):.2g} over
-  candidates ({say('official_sampler_near_uniform')} below 0.1), so p ∝ exp(U/τ) is uniform to within
-  that factor: official_raw_tau {arms['official_raw_tau']['val_loss_mean']:.3f} vs random {ra['val_loss_mean']:.3f}
-  ({say('official_sampler_like_random')}, Within 0.05). The utility's scale is η = η_opt/K times an inner product of
-  AdamW-sized steps; at GPT-2-XL scale the same units (lr ≈ 1e-3, per-sample steps) are as small. The claims here
-  use the standardized sampler.
+  candidates (median over diagnostic steps), {np.mean(arms['official_raw_tau']['raw_logit_sd_step0']):.2g} at step 0
+  and at most {max(arms['official_raw_tau']['raw_logit_sd_max']):.2g} at any step
+  (`official_sampler_near_uniform`: {say('official_sampler_near_uniform')}; per-step curve in the plot
+  `raw_logit_sd_by_step`). Final target loss: official_raw_tau {arms['official_raw_tau']['val_loss_mean']:.3f},
+  random {ra['val_loss_mean']:.3f}, random on a second RNG stream {arms['random_stream2']['val_loss_mean']:.3f}.
+  The selection draw alone moves the loss by {_mean_abs(gap('random_stream2', 'random')):.3f} on average
+  (`random_streams_agree`: {say('random_streams_agree')}); the raw-τ sampler's gain over random is
+  {np.mean(gap('official_raw_tau', 'random')):.3f} (`official_sampler_beats_random`:
+  {say('official_sampler_beats_random')}; `official_sampler_like_random`: {say('official_sampler_like_random')}).
+  Read together: a near-uniform p does not imply random-like training when the gain exceeds the stream noise —
+  the small tilt towards high-utility candidates is applied at every step. The utility's scale is
+  η = η_opt/K times an inner product of AdamW-sized steps; at GPT-2-XL scale the same units (lr ≈ 1e-3,
+  per-sample steps) are as small. The findings use the standardized sampler.
 - **Redundancy term.** In opus_adamw the penalty at pick time is {red.get('redundancy_over_alignment', float('nan')):.3g}
   of the alignment term and changes {red.get('greedy_picks_changed', float('nan')):.2f} of K = {k} greedy picks on
   average; opus_no_redundancy reaches {arms['opus_no_redundancy']['val_loss_mean']:.3f} (gain over random
@@ -398,17 +434,16 @@ Red-team pass on this design (what could make a verdict wrong, and what remains)
 - **Min effects** (params `papers.opus.report.claims`): 0.01 nats/token for the selection claims, fixed as the
   smallest gain that matters, not from results; `cheap_variant_keeps_half_the_gain` compares against half of
   the full gain per seed (the statement itself; min effect 0).
-- **Checks, not findings:** the official raw-τ sampler being near-uniform (a property of the official code's
-  scale here) and training like random (its consequence), and FLOP overhead tracking the token ratio
-  (accounting). They explain why the findings use the standardized sampler.
+- **Checks, not findings:** the official raw-τ sampler's near-uniform logits (a property of the official code's
+  scale here), how it compares with random (against the random-stream control), and FLOP overhead tracking the
+  token ratio (accounting). They explain why the findings use the standardized sampler.
 - **Planted structure.** Toxic documents, near-duplicates and the target chain are planted by `prepare`; the
   static-filter AUROCs are about those planted kinds, and the scoping (pool vs target-only) is fixed in the
   claim statements before the run.
-- **The raw-τ sampler vs random (open, issue 54).** A review measured official_raw_tau beating random on 3/3 seeds by
-  0.044 ± 0.008 nats while a control pair of near-identical arms differed by 0.005 ± 0.007; `raw_logit_sd` is a
-  median over diagnostic steps and may hide early-training spread (step 0 uses P = I). Read
-  `official_sampler_like_random` by its verdict, not by the word "consequently" in its statement; per-step
-  spread logging from step 0 and a second random-stream control are not implemented.
+- **The raw-τ sampler vs random (issue 54).** The per-step spread is logged from step 0 and the stream control
+  (`random_stream2`) measures how much a different selection draw alone moves the final loss; the verdicts of
+  `official_sampler_beats_random` and `random_streams_agree` above say whether raw-τ's gap over random is
+  larger than that noise at 3 seeds. Both are checks (they explain why the findings use the standardized sampler).
 - **Overhead** is counted in FLOPs (deterministic); wall-clock overheads are runtime fields and not claimed.
 - **Not reproduced:** GPT-2-XL / FineWeb scale, Muon, downstream benchmarks (Discussion).
 """)

@@ -44,10 +44,12 @@ class ArmConfig(StageConfig):
     combined: bool = False         # one forward/backward for candidates + proxy
     vectorized: bool = False       # selection rounds on the device (Gumbel-max, no host syncs)
     pool: Literal["main", "redundant"] = "main"      # redundant: the near-duplicate-heavy pool
+    stream: int = Field(0, ge=0, le=7)               # selection RNG stream (control: another random draw)
 
 
 DEFAULT_ARMS = [
     ArmConfig(name="random", selector="random"),
+    ArmConfig(name="random_stream2", selector="random", stream=1),   # control: random on another RNG stream
     ArmConfig(name="high_loss", selector="high_loss"),
     ArmConfig(name="greedy_opus", selector="opus", sampling="greedy"),
     ArmConfig(name="raw_grad_opus", selector="opus", preconditioner="identity"),
@@ -143,7 +145,8 @@ def run_one(cfg: Config, arm: ArmConfig, seed: int, data: dict, corpus: dict, tr
     stream = torch.cat([perm] * reps)[: steps * cfg.buffer_size]
     module = SelectionLM(
         model_cfg, ArmSpec(arm.name, arm.selector, arm.optimizer, arm.preconditioner, arm.sampling, arm.redundancy,
-                           arm.standardized, arm.window, arm.score_every, arm.combined, arm.vectorized),
+                           arm.standardized, arm.window, arm.score_every, arm.combined, arm.vectorized,
+                           arm.stream),
         SelectionSpec(cfg.k, cfg.buffer_size, cfg.sketch_size, cfg.tau, cfg.eta_scale, cfg.proxy_batch,
                       cfg.diag_every),
         OptimSpec(cfg.lr, cfg.sgd_lr, (cfg.beta1, cfg.beta2), cfg.eps, cfg.weight_decay),

@@ -30,7 +30,17 @@ def test_smoke_pipeline(smoke_run):
             assert set(r["precond_kinds"]) == {"sgd"} and r["optimizer"] == "sgd"
         if r["arm"] == "opus_every4":
             assert sum(r["precond_kinds"].values()) == -(-r["steps"] // 4)  # scored once per 4 steps
+    by = {(r["arm"], r["seed"]): r for r in runs["runs"]}
+    for (arm, seed), r in by.items():          # the stream control: same seed and data, another selection draw
+        if arm == "random_stream2":
+            base = by[("random", seed)]
+            assert (r["stream"], base["stream"]) == (1, 0) and r["update_tokens"] == base["update_tokens"]
+            assert r["final_val_loss"] != base["final_val_loss"]
     metrics = json.loads((out["report"] / "metrics.json").read_text())
+    raw = metrics["metrics"]["arms"]["official_raw_tau"]
+    assert all(mx >= med >= 0 for mx, med in zip(raw["raw_logit_sd_max"], raw["raw_logit_sd"]))
+    assert all(mx >= s0 >= 0 for mx, s0 in zip(raw["raw_logit_sd_max"], raw["raw_logit_sd_step0"]))
+    assert (out["report"] / "plots" / "raw_logit_sd_by_step.csv").exists()
     assert set(metrics["runtime_s"]) == {"prepare", "train", "evaluate", "report"}
     assert {c["name"] for c in metrics["claims"]} == {c.name for c in CLAIMS}
     for claim in metrics["claims"]:
