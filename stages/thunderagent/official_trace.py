@@ -27,7 +27,9 @@ Mapping (the assumptions, documented because the traces do not state them):
   missing, the tool_execution + observation_packaging durations of step i;
 - env_prep_s = env_prepare exit − enter (0 without it); arrival_s = the instance's first timestamp minus the
   run's earliest one (the recorded worker pool's start times; a closed-loop replay ignores it);
-- retried stages (attempt > 1) count their last attempt; steps are sorted by their number;
+- retried stages (attempt > 1) count their last attempt; steps are sorted by their number; a step recorded
+  twice in prefix_cache_metrics.jsonl (a retried call, e.g. django__django-15202 step 32 of the official bs4 run)
+  keeps its last record (counted in ``Workload.notes``);
 - shared_prefix_tokens is not recorded: a parameter (default 0, i.e. no sharing credit, as the official
   capacity rule), clamped to the prompt.
 Files are bounded (size, JSON depth) and validated; any problem is one line naming the file, line and
@@ -74,16 +76,18 @@ def _time(obj, key, where) -> float:
     return float(v)
 
 
-def read_instance(d: Path) -> tuple[dict, dict]:
-    """(calls by step, stage boundaries by (stage, step, phase) -> (attempt, timestamp)) of one instance."""
+def read_instance(d: Path, notes: list | None = None) -> tuple[dict, dict]:
+    """(calls by step, stage boundaries by (stage, step, phase) -> (attempt, timestamp)) of one instance. A step
+    recorded more than once (a retried call) keeps its last record; each repeat is named in ``notes``."""
     if not (d / METRICS).is_file():
         raise WorkloadError(f"{d}: missing {METRICS} (not an official trace instance directory)")
     calls = {}
     for where, o in _lines(d / METRICS):
         step = _int(o, "step", where, 1, 100_000)
-        if step in calls:
-            raise WorkloadError(f"{where}step: duplicate step {step}")
-        calls[step] = (_int(o, "input_tokens", where, 1), _int(o, "output_tokens", where, 0))
+        rec = (_int(o, "input_tokens", where, 1), _int(o, "output_tokens", where, 0))
+        if step in calls and notes is not None:
+            notes.append(f"{d.name} step {step}: recorded again at {where.rstrip(': ')}; the last record is kept")
+        calls[step] = rec
     if not calls:
         raise WorkloadError(f"{d / METRICS}: no calls")
     marks: dict = {}
@@ -103,7 +107,7 @@ def read_instance(d: Path) -> tuple[dict, dict]:
 
 def instance_program(d: Path, shared_prefix_tokens: int = 0, notes: list | None = None) -> tuple[Program, float]:
     """One instance directory → (Program with arrival 0, its first timestamp or +inf)."""
-    calls, marks = read_instance(d)
+    calls, marks = read_instance(d, notes)
     steps_sorted = sorted(calls)
 
     def t(stage, step, phase):

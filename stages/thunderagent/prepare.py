@@ -6,7 +6,10 @@ Files (meta.json lists them):
   workload.warm_start); the makespan runs take its first N programs as a closed burst.
   Regimes: ``trace`` — decode and tool times of the official SWE-agent profile traces (headline);
   ``card`` — the paper card's miniature (200–800 decode tokens, tools ~Exp(5–30 s)).
-- burst_s{seed}.jsonl — the issue-#46 burst: mixed 1.4k–8k prompts at t = 0 plus a stream of small programs.
+- tasks_{regime}_p{seed}.jsonl — the same for the PILOT seeds (disjoint from the evaluation seeds): evaluate
+  tunes the Continuum-like baseline's TTL on them, before and apart from the evaluation runs.
+- burst_s{seed}.jsonl — the issue-#46 burst (seeds 0 .. burst_seeds − 1): mixed 1.4k–8k prompts at t = 0 plus a
+  stream of small programs.
 - engine_s{seed}.jsonl — tiny programs for the real engine (cost-model fit and held-out check).
 - official.jsonl — only when ``official_trace_dir`` names an official trace directory (full profile):
   the converted task list (stages/thunderagent/official_trace.py).
@@ -50,6 +53,8 @@ class Regime(StageConfig):
 
 class Config(StageConfig):
     seeds: Seeds = Field(default=[0, 1, 2, 3, 4], max_length=32)
+    pilot_seeds: Seeds = Field(default=[100, 101], max_length=8,
+                               description="baseline tuning (Continuum TTL) only; disjoint from seeds")
     concurrency: list[PositiveInt] = Field(default=[4, 8, 16, 24, 32, 64, 96], min_length=2, max_length=16)
     backends: int = Field(2, ge=1, le=16)
     kv_capacity_tokens: int = Field(100_000, ge=10_000, le=10_000_000, description="per backend")
@@ -58,6 +63,7 @@ class Config(StageConfig):
     headline_regime: str = "trace"
     side_regime_seeds: int = Field(3, ge=1, le=32, description="seeds (the first k) of the non-headline regimes")
     side_regime_concurrency: list[PositiveInt] = Field(default=[8, 16, 32, 64, 96], min_length=2, max_length=16)
+    burst_seeds: int = Field(20, ge=1, le=64, description="#46 burst study: seeds 0 .. burst_seeds-1")
     burst_programs: int = Field(32, ge=2, le=512, description="#46 burst: programs at t=0 with mixed prompts")
     stream_programs: int = Field(48, ge=0, le=1024, description="#46 burst: small programs arriving afterwards")
     stream_rate: float = Field(0.1, gt=0, le=100, description="programs/s of the small-program stream")
@@ -70,7 +76,7 @@ class Config(StageConfig):
     official_trace_dir: str | None = Field(None, max_length=4096, description="full profile: an official trace dir")
     official_shared_prefix: int = Field(0, ge=0, le=100_000)
 
-    @field_validator("seeds", "concurrency", "side_regime_concurrency", "engine_seeds")
+    @field_validator("seeds", "pilot_seeds", "concurrency", "side_regime_concurrency", "engine_seeds")
     @classmethod
     def _u(cls, v, info):
         return unique_items(v, info.field_name)
@@ -82,6 +88,8 @@ class Config(StageConfig):
                 raise ValueError(f"{name}: must be increasing")
         if self.headline_regime not in self.regimes:
             raise ValueError(f"headline_regime: {self.headline_regime!r} is not one of regimes ({', '.join(self.regimes)})")
+        if set(self.pilot_seeds) & set(self.seeds):
+            raise ValueError(f"pilot_seeds: must be disjoint from seeds (shared: {sorted(set(self.pilot_seeds) & set(self.seeds))})")
         if self.side_regime_seeds > len(self.seeds):
             raise ValueError("side_regime_seeds: more than the seeds given")
         if len(self.engine_seeds) < 2:
@@ -135,9 +143,11 @@ def _run(cfg: Config, ctx: StageContext) -> None:
         seeds = cfg.seeds if head else cfg.seeds[: cfg.side_regime_seeds]
         files = {str(s): _write(ctx, f"tasks_{name}_s{s}.jsonl", regime_workload(r, ns[-1] + cfg.fresh_programs, s, cl))
                  for s in seeds}
+        pilot = {str(s): _write(ctx, f"tasks_{name}_p{s}.jsonl", regime_workload(r, ns[-1] + cfg.fresh_programs, s, cl))
+                 for s in cfg.pilot_seeds}
         meta["regimes"][name] = {"concurrency": ns, "seeds": seeds, "files": files, "source": r.source,
-                                 "spec": r.model_dump()}
-    for s in cfg.seeds:
+                                 "spec": r.model_dump(), "pilot_seeds": cfg.pilot_seeds, "pilot_files": pilot}
+    for s in range(cfg.burst_seeds):
         meta["burst"][str(s)] = _write(ctx, f"burst_s{s}.jsonl", burst_workload(cfg, s))
     for s in cfg.engine_seeds:
         meta["engine"][str(s)] = _write(ctx, f"engine_s{s}.jsonl", engine_workload(cfg, s))

@@ -28,10 +28,11 @@ CLAIMS = [
           value="head.ta_over_vllm", kind="finding",
           refuted_by="a per-seed window-throughput ratio ThunderAgent/vLLM whose t-bound lies at or below 1.5"),
     Bound("gain_over_strongest_baseline",
-          "ThunderAgent's steady-state throughput at the largest concurrency beats the stronger of the two baselines "
-          "(vLLM, Continuum-like TTL pinning) per seed by the margin in params",
-          value="head.ta_over_best_baseline", kind="finding",
-          refuted_by="the per-seed ratio to max(vLLM, Continuum) at or below the margin"),
+          "ThunderAgent's steady-state throughput at the largest concurrency beats the strongest TUNED baseline by the "
+          "margin in params: per seed, the best of vLLM and Continuum-like TTL pinning (TTL chosen on pilot seeds) at "
+          "any concurrency of the sweep (an oracle admission cap; the largest N included)",
+          value="head.ta_over_strongest_tuned", kind="finding",
+          refuted_by="the per-seed ratio to max over N of max(vLLM(N), Continuum(N)) at or below the margin"),
     Bound("makespan_gain_at_max_concurrency",
           "The same gain on the secondary metric: calls ÷ makespan of a closed burst of N programs at the largest N",
           value="makespan.ta_over_vllm", kind="finding",
@@ -82,21 +83,25 @@ CLAIMS = [
            a="starvation.aging_large_ttfr", b="starvation.vllm_large_ttfr", higher_is_better=False, kind="finding",
            refuted_by="the fix's large-prompt max TTFR above vLLM's by more than the margin"),
     Bound("aging_keeps_throughput",
-          "The fix keeps ≥ 95% of official ThunderAgent's throughput on the #46 burst (calls ÷ makespan)",
-          value="starvation.aging_over_official_throughput", kind="finding",
-          refuted_by="a per-seed throughput ratio at or below 0.95"),
-    Better("aging_keeps_closed_loop_ttfr",
-           "In the closed-loop sweep at the largest concurrency the fix does not raise the p95 TTFR of programs started "
-           "in the window by more than the margin in params (non-inferiority, simulated s, paired per seed)",
-           a="head.aging_ttfr_p95", b="head.ta_ttfr_p95", higher_is_better=False, kind="finding",
-           refuted_by="the fix's p95 TTFR worse than official's by more than the margin"),
+          "The fix keeps the fraction in params of official ThunderAgent's throughput where throughput is capacity-bound: "
+          "the closed-loop steady-state window at the largest concurrency, paired per seed",
+          value="head.aging_over_official_window", kind="finding",
+          refuted_by="a per-seed window-throughput ratio aging/official at or below the bound"),
+    Bound("aging_keeps_program_latency_p95",
+          "In the closed loop at the largest concurrency the fix does not worsen the tail latency of whole programs: "
+          "the p95 completion time (pickup → last reply) of programs picked up in the cohort window stays below the "
+          "relative bound in params of official ThunderAgent's (non-inferiority, paired per seed)",
+          value="latency.aging_over_official_p95", kind="finding",
+          refuted_by="a per-seed p95 ratio aging/official at or above the bound"),
     Near("baselines_equal_below_capacity",
-         "Sanity: below capacity (the smallest concurrency) ThunderAgent and vLLM deliver the same steady-state "
-         "throughput (ratio within the tolerance in params of 1): the gain comes from overload, not a handicapped baseline",
+         "Sanity: below capacity (the smallest concurrency, where nothing is evicted) ThunderAgent and vLLM deliver the "
+         "same steady-state throughput (ratio within the tolerance in params of 1): both policies run the same engine. "
+         "It says nothing about a baseline's strength under overload (that is the tuned-baseline finding's job)",
          value="low.ta_over_vllm", kind="check",
-         refuted_by="a ratio outside the band at low load (one policy would be handicapped by construction)"),
-    Claim("engine_exact", "The real paged engine (shared prefix blocks, LRU trims, preemption, recompute) replaying the "
-          "simulator's traces generates exactly the dense model's greedy tokens, within its block pool",
+         refuted_by="a ratio outside the band at low load (the engines would differ by construction)"),
+    Claim("engine_exact", "The real paged engine (shared prefix blocks, LRU tail trims) replaying the simulator's traces "
+          "generates exactly the dense model's greedy tokens, within its block pool (the replayed traces contain no "
+          "preemption, so this check does not exercise the engine's preemption/recompute path)",
           "engine.mismatches == 0 and engine.steps_done == engine.steps_total", kind="check",
           refuted_by="any generated token differing from the dense uncached greedy choice, or an unfinished program"),
     Claim("cost_model_heldout", "The simulator's cost model fitted to the real engine's timed prefills and decode chunks "
@@ -105,9 +110,11 @@ CLAIMS = [
           wallclock=True, refuted_by="a held-out total-time relative error above the bound"),
 ]
 
-LABEL = {"vllm": "vLLM-like (FCFS+LRU)", "continuum": "Continuum-like (TTL pin)", "thunderagent": "ThunderAgent",
-         "thunderagent_aging": "ThunderAgent + aging fix"}
-COLOR = {"vllm": "C0", "continuum": "C1", "thunderagent": "C2", "thunderagent_aging": "C3"}
+LABEL = {"vllm": "vLLM-like (FCFS+LRU)", "continuum": "Continuum-like (TTL pin, tuned)", "thunderagent": "ThunderAgent",
+         "thunderagent_official_marks": "ThunderAgent (official-code marks)", "thunderagent_aging": "ThunderAgent + aging fix"}
+COLOR = {"vllm": "C0", "continuum": "C1", "thunderagent": "C2", "thunderagent_aging": "C3",
+         "thunderagent_official_marks": "C4"}
+EVERY_N = ("vllm", "continuum", "thunderagent", "thunderagent_official_marks")   # arms run at every N of the sweep
 
 
 class Config(ReportConfig):
@@ -150,8 +157,20 @@ def run(cfg: Config, ctx: StageContext) -> None:
         cns = _ns(sw[r]["vllm"])
         card_metrics = {"ta_over_vllm": [a / b for a, b in zip(win(sw[r], "thunderagent", cns[-1]),
                                                                   win(sw[r], "vllm", cns[-1]))],
+                        "ta_over_continuum": [a / b for a, b in zip(win(sw[r], "thunderagent", cns[-1]),
+                                                                       win(sw[r], "continuum", cns[-1]))],
                         "regime": r, "concurrency": cns[-1]}
-    st = ev["starvation"]
+    ta_top = win(H, "thunderagent", ns[-1])
+    om_top = win(H, "thunderagent_official_marks", ns[-1])
+    cpeak = per_seed_peak(H, "continuum", ns)
+    same_n = [max(b, c) for b, c in zip(win(H, "vllm", ns[-1]), win(H, "continuum", ns[-1]))]
+    strongest = [max(a, b) for a, b in zip(vpeak, cpeak)]   # oracle admission cap: best N per seed, either baseline
+    vpeak_n = [ns[int(np.argmax([win(H, "vllm", n)[i] for n in ns]))] for i in range(len(seeds))]
+    cpeak_n = [ns[int(np.argmax([win(H, "continuum", n)[i] for n in ns]))] for i in range(len(seeds))]
+    lat = ev["latency"]
+    sens = ev["sensitivity"]
+    st_seeds = ev["starvation"]["seeds"]
+    st = {a: b for a, b in ev["starvation"].items() if a != "seeds"}
     mk = ev["makespan"]
     valid = all(all(b["window_valid"]) for r in sw.values() for a in r.values() for b in a.values())
     metrics = {
@@ -159,9 +178,17 @@ def run(cfg: Config, ctx: StageContext) -> None:
         "windows_valid": valid, "collapse_point_programs": n_star,
         "collapse_point_demand_over_capacity": dem[f"N{n_star}"],
         "head": {"ta_over_vllm": [a / b for a, b in zip(win(H, "thunderagent", ns[-1]), win(H, "vllm", ns[-1]))],
-                 "ta_over_best_baseline": [a / max(b, c) for a, b, c in zip(win(H, "thunderagent", ns[-1]),
-                                                                             win(H, "vllm", ns[-1]),
-                                                                             win(H, "continuum", ns[-1]))],
+                 "ta_over_best_baseline_same_n": [a / b for a, b in zip(ta_top, same_n)],
+                 "ta_over_continuum_tuned": [a / b for a, b in zip(ta_top, win(H, "continuum", ns[-1]))],
+                 "ta_over_capped_vllm": [a / b for a, b in zip(ta_top, vpeak)],
+                 "ta_over_capped_continuum": [a / b for a, b in zip(ta_top, cpeak)],
+                 "ta_over_strongest_tuned": [a / b for a, b in zip(ta_top, strongest)],
+                 "vllm_peak_n": vpeak_n, "continuum_peak_n": cpeak_n,
+                 "continuum_ttl_s": ev["pilot"][head]["chosen_ttl_s"],
+                 "official_marks_over_vllm": [a / b for a, b in zip(om_top, win(H, "vllm", ns[-1]))],
+                 "official_marks_over_strongest_tuned": [a / b for a, b in zip(om_top, strongest)],
+                 "official_marks_over_paper_marks": [a / b for a, b in zip(om_top, ta_top)],
+                 "aging_over_official_window": [a / b for a, b in zip(win(H, "thunderagent_aging", ns[-1]), ta_top)],
                  "vllm_over_peak": [a / b for a, b in zip(win(H, "vllm", ns[-1]), vpeak)],
                  "ta_over_peak": [a / b for a, b in zip(win(H, "thunderagent", ns[-1]), tpeak)],
                  "ta_reuse": H["thunderagent"][top]["kv_reuse_rate"], "vllm_reuse": H["vllm"][top]["kv_reuse_rate"],
@@ -182,8 +209,17 @@ def run(cfg: Config, ctx: StageContext) -> None:
         "starvation": {"official_large_ttfr": st["thunderagent"]["large_ttfr_max_s"],
                        "aging_large_ttfr": st["thunderagent_aging"]["large_ttfr_max_s"],
                        "vllm_large_ttfr": st["vllm"]["large_ttfr_max_s"],
-                       "aging_over_official_throughput": [a / b for a, b in zip(st["thunderagent_aging"]["steps_per_min"],
-                                                                                st["thunderagent"]["steps_per_min"])]},
+                       "aging_over_official_makespan_throughput": [
+                           a / b for a, b in zip(st["thunderagent_aging"]["steps_per_min"], st["thunderagent"]["steps_per_min"])],
+                       "seeds": st_seeds},
+        "latency": {"aging_over_official_p95": [a / b for a, b in zip(lat["thunderagent_aging"]["p95_s"],
+                                                                      lat["thunderagent"]["p95_s"])],
+                    "ta_over_vllm_p95": [a / b for a, b in zip(lat["thunderagent"]["p95_s"], lat["vllm"]["p95_s"])],
+                    **{a: lat[a] for a in ("vllm", "thunderagent", "thunderagent_aging")},
+                    "cohort_s": lat["cohort_s"], "stop_s": lat["stop_s"]},
+        "pilot": ev["pilot"],
+        "sensitivity": {k: {**v, "ta_over_vllm": [a / b for a, b in zip(v["thunderagent"], v["vllm"])]}
+                        for k, v in sens.items()},
         "engine": {"mismatches": sum(e["mismatches"] for e in eng.values()),
                    "steps_done": sum(e["steps_done"] for e in eng.values()),
                    "steps_total": sum(e["steps_total"] for e in eng.values()),
@@ -200,13 +236,19 @@ def run(cfg: Config, ctx: StageContext) -> None:
     reg = ev["regimes"]
     w0, w1 = ev["cfg"]["window_s"]
     rep.section("Setup", f"""
-**What runs.** One scheduling module (`stages/thunderagent/policy.py`) implements ThunderAgent as the official code
-does (capacity rule Σ_R c + w·Σ_A c + 100 per program with w = 1, no acting decay, as in the official serving runs;
-pause shortest ACTING first, then mark shortest REASONING; resume Reasoning > New > Acting, smallest first with skip,
-Best-Fit-Decreasing onto the roomiest backend; one global pool; new programs start only when the pool is empty;
-forced resume after 1,800 s). The discrete-event simulator (`sim.py`) and the HTTP proxy (`serve.py`) both call it.
-Baselines: vLLM-like (request FCFS per backend, LRU prefix cache, recompute preemption, router = fewest programs,
-sticky) and Continuum-like (same router, program-level FCFS, TTL pin {ev['cfg']['ttl_s']} s during tool calls).
+**What runs.** One scheduling module (`stages/thunderagent/policy.py`) implements ThunderAgent (capacity rule
+Σ_R c + w·Σ_A c + 100 per program with w = 1, no acting decay, as in the official serving runs; pause shortest ACTING
+first, then mark shortest REASONING; resume Reasoning > New > Acting, smallest first with skip, Best-Fit-Decreasing
+onto the roomiest backend; one global pool; new programs start only when the pool is empty; forced resume after
+1,800 s). It follows the official code except on one point: **pause marks lower the remaining capacity** (the paper's
+algorithm; headline arm), while the official code as read does not (`marks_lower_capacity=False`, reported as its own
+arm "{LABEL['thunderagent_official_marks']}" at every N). The discrete-event simulator (`sim.py`) and the HTTP proxy
+(`serve.py`) both call it. Baselines: vLLM-like (request FCFS per backend, LRU prefix cache, recompute preemption,
+router = fewest programs, sticky) and Continuum-like (same router, program-level FCFS, a TTL pin during tool calls).
+**Baseline tuning:** the Continuum TTL is chosen per regime from the grid {ev['cfg']['ttl_grid_s']} s (params) on the
+pilot seeds {ev['pilot'][head]['pilot_seeds']} (disjoint from the evaluation seeds) at the regime's largest N:
+{', '.join(f"`{r}` {p['chosen_ttl_s']:g} s" for r, p in ev['pilot'].items())}; vLLM is also reported with an oracle
+admission cap (its best N of the sweep, per seed).
 
 **Cluster and cost model.** {cl['backends']} backends × {cl['kv_capacity_tokens']:,} KV tokens. Iteration time
 a + b·(KV read) + p·(prefill) + q·(prefill·context) with a = {cm['cost_model']['a'] * 1e3:.2f} ms,
@@ -219,14 +261,16 @@ next one; the first N are started warm (each resumed at a random step of its tra
 steady mix. **Throughput = LLM calls completed in the window [{w0:g}, {w1:g}) s per minute** — the official
 steady-state metric (official windows: 10–70 min mini-swe-agent, 600–7,800 s ToolOrchestra), a common window for
 every policy; every run's worker pool stayed full through it: {valid}. TTFR = arrival → first reply of the programs
-started in the window. Secondary metric: calls ÷ makespan of a closed burst of the first N programs.
+started in the window. Secondary metric: calls ÷ makespan of a closed burst of the first N programs. Per-program
+latency: completion time (pickup → last reply) of the programs picked up in [{lat['cohort_s'][0]:g},
+{lat['cohort_s'][1]:g}) s at N = {ns[-1]}, runs continued to {lat['stop_s']:g} s.
 
 **Workload regimes.** Headline `{head}`: {reg[head]['source']}. Second regime `{', '.join(card)}`:
 {reg[card[0]]['source'] if card else ''} ({len(reg[card[0]]['seeds']) if card else 0} seeds). Mean context per call
 c̄ = {ev['demand'][head]['mean_context_tokens']:,.0f} tokens (headline), so demand/capacity = N·c̄ / (backends·C)
 ranges {min(dem.values()):.2f}–{max(dem.values()):.2f} over the sweep.
 
-**Starvation study (#46).** {sum(st['vllm']['n_large']) // len(seeds)} large (≥ {ev['cfg']['large_prompt_tokens']}
+**Starvation study (#46).** {len(st_seeds)} burst seeds; {sum(st['vllm']['n_large']) // len(st_seeds)} large (≥ {ev['cfg']['large_prompt_tokens']}
 tokens) prompts on average among a burst of 1.4k–8k-token programs at t = 0 plus a stream of small ones, on one
 backend; fix (ours) = aging of the new-program key (c·2^(−wait/{ev['cfg']['aging_half_life_s']:g} s)) + a new program
 waiting > {ev['cfg']['no_skip_after_s']:g} s for its first call goes first, is never skipped, and room is made for it
@@ -234,8 +278,8 @@ by pausing the shortest Acting programs. Paired per seed against official Thunde
 """)
     # ---------------------------------------------------------------- sweep table + figures
     rows = []
-    for a in ("vllm", "continuum", "thunderagent", "thunderagent_aging"):
-        for n in ns:
+    for a in ("vllm", "continuum", "thunderagent", "thunderagent_official_marks", "thunderagent_aging"):
+        for n in _ns(H[a]):
             b = H[a][f"N{n}"]
             m = mk.get(a, {}).get(f"N{n}")
             rows.append({"policy": LABEL[a], "programs": n, "demand/cap": dem[f"N{n}"],
@@ -247,18 +291,70 @@ by pausing the shortest Acting programs. Paired per seed against official Thunde
                          "pauses": _m(b["pauses"])})
     rep.table(f"Closed-loop sweep, regime `{head}` (means over {len(seeds)} seeds; TTFR in {SIM})", pl.DataFrame(rows))
     rep.section("Collapse point", f"""
-vLLM's steady-state throughput peaks at **N = {n_star}** programs ({vmean[int(np.argmax(vmean))]:.1f} calls/min,
+vLLM's steady-state throughput (mean over seeds) peaks at **N = {n_star}** programs ({vmean[int(np.argmax(vmean))]:.1f} calls/min,
 demand/capacity {dem[f'N{n_star}']:.2f}) and falls beyond it: {', '.join(f'N = {n}: {v:.1f}' for n, v in zip(ns, vmean))}
 calls/min. At the largest N it keeps {_m(metrics['head']['vllm_over_peak']):.2f} of its per-seed peak (KV reuse
 {_m(H['vllm'][top]['kv_reuse_rate']):.2f}, {_m(H['vllm'][top]['recomputed_tokens']) / 1e6:.1f} M tokens recomputed in the
 run), while ThunderAgent keeps {_m(metrics['head']['ta_over_peak']):.2f} of its peak (reuse
 {_m(H['thunderagent'][top]['kv_reuse_rate']):.2f}). Ratio ThunderAgent/vLLM at N = {ns[-1]}: window
-{_m(metrics['head']['ta_over_vllm']):.2f}×, makespan {_m(metrics['makespan']['ta_over_vllm']):.2f}×; over the stronger
-baseline: {_m(metrics['head']['ta_over_best_baseline']):.2f}×.
+{_m(metrics['head']['ta_over_vllm']):.2f}×, makespan {_m(metrics['makespan']['ta_over_vllm']):.2f}×.
 """)
+    hm = metrics["head"]
+
+    def _ps(v):
+        return ", ".join(f"{x:.3f}" for x in v)
+    rep.section("Against each baseline", f"ThunderAgent's window calls/min at N = {ns[-1]} divided by each baseline's, "
+                f"per seed (seeds {seeds}); the oracle cap takes each baseline at its best N of the sweep, per seed.")
+    rep.table(f"ThunderAgent at N = {ns[-1]} vs each baseline",
+              pl.DataFrame([
+                  {"baseline": "vLLM at the same N", "per-seed ratio": _ps(hm["ta_over_vllm"]),
+                   "mean": _m(hm["ta_over_vllm"])},
+                  {"baseline": f"Continuum, tuned TTL {hm['continuum_ttl_s']:g} s, same N",
+                   "per-seed ratio": _ps(hm["ta_over_continuum_tuned"]), "mean": _m(hm["ta_over_continuum_tuned"])},
+                  {"baseline": f"vLLM with an oracle admission cap (best N per seed: {hm['vllm_peak_n']})",
+                   "per-seed ratio": _ps(hm["ta_over_capped_vllm"]), "mean": _m(hm["ta_over_capped_vllm"])},
+                  {"baseline": f"Continuum (tuned TTL) with an oracle cap (best N: {hm['continuum_peak_n']})",
+                   "per-seed ratio": _ps(hm["ta_over_capped_continuum"]), "mean": _m(hm["ta_over_capped_continuum"])},
+                  {"baseline": "strongest tuned baseline (max of the above; the finding)",
+                   "per-seed ratio": _ps(hm["ta_over_strongest_tuned"]), "mean": _m(hm["ta_over_strongest_tuned"])},
+                  {"baseline": "— official-code pause marks (ThunderAgent arm) vs vLLM at the same N",
+                   "per-seed ratio": _ps(hm["official_marks_over_vllm"]), "mean": _m(hm["official_marks_over_vllm"])},
+                  {"baseline": "— official-code pause marks vs the strongest tuned baseline",
+                   "per-seed ratio": _ps(hm["official_marks_over_strongest_tuned"]),
+                   "mean": _m(hm["official_marks_over_strongest_tuned"])},
+                  {"baseline": "— official-code marks ÷ paper's marks (ThunderAgent's own cost of the rule)",
+                   "per-seed ratio": _ps(hm["official_marks_over_paper_marks"]),
+                   "mean": _m(hm["official_marks_over_paper_marks"])}]))
+    prow = [{"regime": r, "TTL s": float(t), "pilot seeds": str(p["pilot_seeds"]), "N": p["concurrency"],
+             "Continuum calls/min (mean over pilot seeds)": _m(v), "chosen": float(t) == p["chosen_ttl_s"]}
+            for r, p in ev["pilot"].items() for t, v in sorted(p["window_steps_per_min"].items(), key=lambda kv: float(kv[0]))]
+    rep.table("Continuum TTL pilot (pilot seeds only)",
+              pl.DataFrame(prow))
+    srow = []
+    for k, v in metrics["sensitivity"].items():
+        srow.append({"MFU (prefill)": v["mfu"], "decode BW efficiency": v["bw_efficiency"],
+                     "vLLM calls/min": _m(v["vllm"]), "ThunderAgent calls/min": _m(v["thunderagent"]),
+                     "TA/vLLM per seed": _ps(v["ta_over_vllm"]), "TA/vLLM mean": _m(v["ta_over_vllm"])})
+    if srow:
+        rep.section("Cost-model sensitivity", f"The two ASSUMED GPU efficiencies (prefill MFU, decode fraction of HBM "
+                    f"bandwidth) over a grid fixed in params, N = {ns[-1]}, seeds "
+                    f"{seeds[:len(next(iter(metrics['sensitivity'].values()))['vllm'])]}; every other number in this report "
+                    f"uses MFU {ev['cfg']['cost']['mfu']:g}, BW {ev['cfg']['cost']['bw_efficiency']:g}.")
+        rep.table("Cost-model sensitivity: TA/vLLM at the largest N", pl.DataFrame(srow))
+    lrow = []
+    for a in ("vllm", "thunderagent", "thunderagent_aging"):
+        b = lat[a]
+        lrow.append({"arm": LABEL[a], "cohort programs": _m(b["cohort"]), "censored": sum(b["censored"]),
+                     "p50 s": _m(b["p50_s"]), "p90 s": _m(b["p90_s"]), "p95 s": _m(b["p95_s"]), "p99 s": _m(b["p99_s"]),
+                     "max s": _m(b["max_s"]), "forced resumes": _m(b["forced_resumes"]),
+                     "task list lasted": all(b["list_lasted"])})
+    rep.section("Per-program latency", f"Completion time (pickup → last reply, {SIM}) of the programs picked up in "
+                f"[{lat['cohort_s'][0]:g}, {lat['cohort_s'][1]:g}) s at N = {ns[-1]}, runs continued to {lat['stop_s']:g} s; "
+                "means over seeds of per-seed quantiles; a censored (unfinished) program counts its time so far.")
+    rep.table("Per-program completion time at the largest N", pl.DataFrame(lrow))
     fig, ax = plt.subplots(1, 3, figsize=(15, 4))
     plot_rows, mk_rows, reuse_rows = [], [], []
-    for a in ("vllm", "continuum", "thunderagent", "thunderagent_aging"):
+    for a in EVERY_N:
         y = [_m(win(H, a, n)) for n in ns]
         e = [np.std(win(H, a, n), ddof=1) / np.sqrt(len(seeds)) if len(seeds) > 1 else 0 for n in ns]
         ax[0].errorbar(ns, y, yerr=e, marker="o", label=LABEL[a], color=COLOR[a])
@@ -301,13 +397,14 @@ baseline: {_m(metrics['head']['ta_over_best_baseline']):.2f}×.
                 for a in ("vllm", "thunderagent") for n in cns]
         rep.plot("card_regime_throughput", pl.DataFrame(crow), x="programs", y="steps_per_min", series="policy",
                  title=f"regime {r}: steady-state window calls/min vs concurrent programs")
-        rep.table(f"Regime `{r}` (the card's): steady-state window calls/min (means over {len(reg[r]['seeds'])} seeds)",
-                  pl.DataFrame([{"programs": n, **{LABEL[a]: _m(win(sw[r], a, n)) for a in ("vllm", "thunderagent")}}
-                                for n in cns]))
+        rep.table(f"Regime `{r}` (the card's): window calls/min (means over {len(reg[r]['seeds'])} seeds; "
+                  f"Continuum TTL {ev['pilot'][r]['chosen_ttl_s']:g} s, largest N only)",
+                  pl.DataFrame([{"programs": n, **{LABEL[a]: (_m(win(sw[r], a, n)) if f"N{n}" in sw[r][a] else None)
+                                                   for a in ("vllm", "continuum", "thunderagent")}} for n in cns]))
     # ---------------------------------------------------------------- TTFR / throughput trade-off
     fig, ax = plt.subplots(1, 2, figsize=(12, 4.2))
     t_rows, t50_rows = [], []
-    for a in ("vllm", "continuum", "thunderagent", "thunderagent_aging"):
+    for a in EVERY_N:
         x = [_m(win(H, a, n)) for n in ns]
         p95 = [_m(H[a][f"N{n}"]["window_ttfr_p95_s"]) for n in ns]
         p50 = [_m(H[a][f"N{n}"]["window_ttfr_p50_s"]) for n in ns]
@@ -421,7 +518,8 @@ in-flight calls with a 502 naming it while the other keeps serving. Deployment i
 | hardware, models | H100 clusters, SWE-agent-LM-32B / real agents | simulator with GPU constants derived from cited specs (two efficiencies assumed); tiny GPT on CPU for the real path | laptop scale |
 | workload | real SWE-agent / OpenHands / RL rollouts | synthetic programs; headline regime takes decode and tool times from the official traces, the card's regime is run too | no traces downloaded; `official_trace.py` loads them at `full` |
 | KV capacity | official config ≈ 240k tokens per TP-2 backend | 100k tokens per backend (full profile: 240k) | affordable sweep; demand/capacity reported |
-| pause marks | official marks do not lower remaining capacity (all Reasoning programs get marked once Acting run out) | marks lower it (the paper's algorithm); `--official-marks` in the proxy, `marks_lower_capacity` in the policy | as-read official behaviour is degenerate |
+| pause marks | official marks do not lower remaining capacity (all Reasoning programs get marked once Acting run out) | headline: marks lower it (the paper's algorithm); the official rule runs as its own arm at every N (`marks_lower_capacity=False`; `--official-marks` in the proxy) and both ratios are reported | the paper's algorithm is what the claim describes; the as-read official behaviour is reported, not hidden |
+| Continuum baseline | Continuum predicts tool durations to set its TTL | TTL pin, TTL chosen per regime from a grid in params on pilot seeds | no tool-time predictor here |
 | forced resume | official: a per-call 1,800 s timer | checked at ticks (≤ Δt late) | one code path for simulator and proxy |
 | acting decay | paper: f(t)=2^(−t); official serving: off | off (`acting_decay` available, resume capacity only, as official) | matches the serving runs |
 | KV hit metric | cached / prompt tokens per call | reported; the reuse claim uses cached / (cached + recomputed) | new observation tokens can never hit, so the official rate is capped below 1 here |
@@ -431,34 +529,76 @@ in-flight calls with a 502 naming it while the other keeps serving. Deployment i
 | throughput metric | calls in a 10–70 min window (mini-swe), 600–7,800 s (ToolOrchestra) | calls in [600, 2,400) s of a closed loop started warm (full profile: 10–70 min); makespan of a closed burst as secondary | affordable; the two agree within the seeds' spread here |
 | proxy tokens | chars/5 with an EMA from usage; streaming progress every 20 tokens | same (`--token-estimate chars`), or the backend's /tokenize; streaming progress per chunk | exact counts on the loopback tests |
 """)
+    sens_r = [_m(v["ta_over_vllm"]) for v in metrics["sensitivity"].values()]
+    lt = metrics["latency"]
     rep.section("Threats to validity", f"""
-- **Regime dependence (found by this run).** The collapse and the ≥ 1.5× gain appear in the regime whose decode
-  lengths and tool times come from the official traces (short tools: programs are nearly always Reasoning, so an evicted
-  context is re-prefilled almost at once). In the card's regime (tools of 5–30 s, long decodes) vLLM does not collapse
-  and ThunderAgent with w = 1 is *slower* (it keeps KV for long-idle Acting programs): `card_regime_gain`. The headline
-  regime was chosen after a pilot on seeds 100–101 (not the evaluation seeds) showed no collapse in the card's regime;
-  both are reported.
-- **A simulator, not GPUs.** The gain's size depends on the prefill/decode cost ratio (assumed efficiencies) and on
-  the KV pool size; the CPU fit validates the cost model's form on a tiny engine, not the GPU constants.
-- **Window metric.** A window shorter than the official one ({w1 - w0:g} s vs 3,600 s) can favour a policy that defers
-  long programs; the makespan metric (all work done) agrees here ({_m(metrics['makespan']['ta_over_vllm']):.2f}× vs
-  {_m(metrics['head']['ta_over_vllm']):.2f}×).
+An independent red-team review (2026-12-01, `/work/wt/reviews/thunderagent.md`) found the first version's strongest
+baseline below full strength, two aging claims that could not fail or measured the wrong thing, and an unreported
+pause-mark variant. This run answers those points (tuned TTL on pilot seeds, oracle-capped baselines, both mark
+rules, a closed-loop throughput ratio and a per-program tail-latency ratio for the fix, {len(st_seeds)} burst seeds,
+a sensitivity grid). What remains:
+
+- **Margins fixed after the red team saw pilot data.** The 1.1 margin of `gain_over_strongest_baseline` first appeared
+  in the same commit as the first results (its pre-registration cannot be verified); it was kept unchanged when the
+  baselines were strengthened. The 10 % non-inferiority margin of `aging_keeps_program_latency_p95` and the 0.95 bound
+  of `aging_keeps_throughput` (paired closed-loop window) were set after the red team had seen these metrics on the
+  evaluation seeds 0–2 (the paper gives no number for a starvation fix). The shortest-victim 1.05 bounds also first
+  appeared with the results.
+- **Baselines are tuned only as far as the grids go.** Continuum's TTL is the best of {ev['cfg']['ttl_grid_s']} s on
+  {len(ev['pilot'][head]['pilot_seeds'])} pilot seeds at the largest N (a TTL-pin approximation, not Continuum's
+  tool-time predictor); the oracle cap picks each baseline's best N of the sweep per seed *on the evaluation seeds*
+  (favourable to the baselines); peaks are located only to the grid's resolution
+  (mean peak at N = {n_star}; per-seed peaks at N = {hm['vllm_peak_n']}). In the card's regime the pilot chose
+  {ev['pilot'][card[0]]['chosen_ttl_s'] if card else float('nan'):g} s, the grid's edge
+  (`card`: {', '.join(f"{float(t):g} s {_m(v):.1f}" for t, v in sorted(ev['pilot'][card[0]]['window_steps_per_min'].items(), key=lambda kv: float(kv[0]))) if card else ''} calls/min
+  on the pilot seeds), so Continuum there may be under-tuned; no finding reads it.
+- **Independent re-run (outside the pipeline, evaluation seed 7, never used above).** Workload files written through
+  the public format and run with `python -m stages.thunderagent.simulate --workers N --window 600 2400 --stop-at 2700`
+  (Continuum through the Python API, TTL 5 s, since the CLI has no TTL flag): ThunderAgent N = 96 93.6 calls/min;
+  vLLM N = 10 87.2, N = 12 86.6; Continuum N = 10 88.0, N = 12 93.5 — ThunderAgent ÷ strongest tuned baseline
+  1.00, ÷ capped vLLM 1.07, consistent with the evaluation seeds. The per-seed ratios of the strongest-baseline table
+  were also recomputed from the raw sweep in `metrics.json` with separate code (identical).
+- **Pause-mark rule.** The headline uses the paper's rule (marks lower the remaining capacity). The official code as
+  read does not; that arm reaches {_m(hm['official_marks_over_paper_marks']):.2f}× the paper-rule throughput at
+  N = {ns[-1]}, i.e. {_m(hm['official_marks_over_vllm']):.2f}× vLLM and {_m(hm['official_marks_over_strongest_tuned']):.2f}×
+  the strongest tuned baseline (table *ThunderAgent at N = {ns[-1]} vs each baseline*).
+- **A simulator, not GPUs.** Every finding is a simulator output whose GPU constants are arithmetic on spec sheets plus
+  two ASSUMED efficiencies; over the sensitivity grid the TA/vLLM ratio at N = {ns[-1]} ranges
+  {min(sens_r) if sens_r else float('nan'):.2f}–{max(sens_r) if sens_r else float('nan'):.2f}× (table *Cost-model
+  sensitivity*): the ≥ 1.5× verdict depends on them (it weakens as prefill gets cheaper, i.e. higher MFU). The CPU fit
+  validates the cost model's form on a tiny engine (contexts ≤ 512), not the GPU constants. The simulated vLLM has no
+  chunked-prefill budget, CUDA-graph buckets, scheduler overheads or swap.
+- **Regime dependence (found by this run).** The collapse and the gain appear in the regime whose decode lengths and
+  tool times come from the official traces (short tools). In the card's regime (tools of 5–30 s, long decodes) vLLM
+  does not collapse and ThunderAgent with w = 1 is *slower* (`card_regime_gain`). The headline regime was chosen after
+  a pilot on seeds 100–101 (not the evaluation seeds); the red team's load of the official SWE-agent-profile traces
+  (bs32 run, 64 instances: decode mean 169 tokens, ~1 s tool gaps) supports it as the regime the paper measured, but
+  those traces are not in this default run (no download; `official_trace.py` loads them at `full`).
+- **Latency tail.** ThunderAgent's median program latency is far below vLLM's; its tail is another matter: p95 completion
+  time {_m(lt['thunderagent']['p95_s']):.0f} s vs vLLM {_m(lt['vllm']['p95_s']):.0f} s (ratio per seed
+  {', '.join(f'{x:.2f}' for x in lt['ta_over_vllm_p95'])}), max {_m(lt['thunderagent']['max_s']):.0f} s vs
+  {_m(lt['vllm']['max_s']):.0f} s, with ~{_m(lt['thunderagent']['forced_resumes']):.0f} forced resumes (the 1,800 s bound)
+  per run: parked programs pay for the throughput (the closed-loop form of #46); the aging fix targets *new* programs
+  and does not bound this: its p95 ratio to official ThunderAgent is {', '.join(f'{x:.2f}' for x in lt['aging_over_official_p95'])}
+  per seed (`aging_keeps_program_latency_p95`; 5 seeds cannot resolve a spread this wide). The window metric rewards
+  deferring expensive work; the makespan metric guards the mean ({_m(metrics['makespan']['ta_over_vllm']):.2f}× vs window
+  {_m(metrics['head']['ta_over_vllm']):.2f}×), not the tail.
+- **Claims that are nearly true by design.** `thunderagent_holds` follows from the capacity rule capping the active set
+  (it could fail only through pause/migration overhead); `kv_reuse_beats_vllm` restates the collapse;
+  `starvation_vs_vllm` reproduces a defect on a workload built to show it. `baselines_equal_below_capacity` runs where
+  nothing can be evicted, so it checks the shared engine, not the baselines' strength; `engine_exact`'s replays contain
+  no preemption. The victim-order claims count recomputed tokens, not the paper's Σc² space-time cost, and their
+  throughput effect is small (victim table).
 - **The starvation fix was redesigned once, on pilot seeds 100–102** (not the evaluation seeds): the first version
-  (aging + "never skip" without making room) left large-prompt TTFR unchanged (all large prompts arrive together,
-  so aging cannot reorder them; capacity, not order, was the bottleneck) and, applied to every held call, raised
-  closed-loop p95 TTFR ~5×; the version measured here makes room for the oldest starving *new* program only.
-  Its thresholds (60 s half-life, 120 s bound) were not tuned.
-- **Seeds.** Findings use {len(seeds)} workload seeds (the card regime {len(reg[card[0]]['seeds']) if card else 0});
-  simulated metrics are deterministic given a seed, so the spread is across workloads only.
-- **Baselines.** Below capacity ThunderAgent and vLLM tie (`baselines_equal_below_capacity`), so the gain is not a
-  handicapped baseline. The Continuum-like baseline pins with a fixed 15 s TTL, not Continuum's predicted tool
-  durations: it may be weaker than the real system (it is the strongest baseline at high N here).
+  (aging + "never skip" without making room) left large-prompt TTFR unchanged and raised closed-loop p95 TTFR ~5×;
+  the version measured here makes room for the oldest starving *new* program only. Its thresholds (60 s half-life,
+  120 s bound) were not tuned. The #46 burst is an open-loop stream whose makespan is fixed by the arrivals, so
+  throughput on it cannot show a cost (the makespan ratio is reported, not claimed).
+- **Seeds.** Findings use {len(seeds)} workload seeds (card regime {len(reg[card[0]]['seeds']) if card else 0}; #46 burst
+  {len(st_seeds)}); simulated metrics are deterministic given a seed, so the spread is across workloads only.
 - **The real path.** The proxy is tested on loopback in front of the tiny CPU engine (no prefix cache, one request at
   a time), not in front of real vLLM/SGLang (no GPU or network here); its default token estimate is the official
-  characters ÷ ratio heuristic, while the decision-equality test uses exact /tokenize counts.
-- **Independent re-run (red team, outside the pipeline):** seeds 7 and 8 through the public CLIs only (workload
-  JSONL → `python -m stages.thunderagent.simulate --workers N --window 600 2400`): vLLM keeps 0.69 / 0.70 of its N = 8
-  throughput at N = 96; ThunderAgent/vLLM at N = 96 is 1.82× / 1.81× — consistent with the committed seeds.
+  characters ÷ ratio heuristic, which can mis-size programs in a real deployment.
 - **Not reproduced:** disk savings (4.2×), RL rollout throughput, real tool environments.
 """)
     cpu = time.process_time() - cpu0

@@ -72,3 +72,17 @@ def test_official_trace_bad_inputs_one_line(tmp_path):
     r = subprocess.run([sys.executable, "-m", "stages.thunderagent.official_trace", str(tmp_path / "nope"), "--out",
                         str(tmp_path / "o.jsonl")], cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1 and "not a directory" in r.stderr
+
+
+@pytest.mark.real_source
+def test_official_trace_repeated_step_keeps_last_record():
+    """fixtures/official_trace/repeated: lines 31-34 of django__django-15202/prefix_cache_metrics.jsonl of the
+    official bs4 run (ThunderAgent-org/ThunderAgent @ ef8ef52, SWE-agent-profile/real_chunk_prefill), where step 32
+    was recorded twice (a retried call). The loader keeps the last record and names the repeat in the notes."""
+    wl = load_official_traces(FIX.parent / "repeated", Cluster(2, 100_000, 16))
+    (p,) = wl.programs
+    # prompt = step 31's input; step 32 = its LAST record (27858 in, 17 out), so obs_31 = 27858 − 27449 − 99 and
+    # obs_32 = 27910 − 27858 − 17 (the first record, 27614 in / 87 out, would give 66 and 209); no stage timings → tool 0
+    assert p.prompt_tokens == 27449
+    assert p.steps == (Step(99, 0.0, 310), Step(17, 0.0, 35), Step(52, 0.0, 0))
+    assert len(wl.notes) == 1 and "step 32" in wl.notes[0] and "last record is kept" in wl.notes[0]

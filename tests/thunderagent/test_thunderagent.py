@@ -274,3 +274,27 @@ def test_online_engine_matches_dense_greedy():
     assert out == seq[21:] and len(e.pool.free) == e.pool.n_blocks     # blocks returned after the request
     with pytest.raises(ValueError, match="exceeds the model length 128"):
         e.generate(toks, 120)
+
+
+def test_ttl_choice_pilot_seeds_and_program_latency():
+    """Baseline tuning picks the best mean pilot throughput (ties → the smaller TTL); pilot seeds must be disjoint from
+    the evaluation seeds; per-program latency: 1 worker runs identical programs back to back, so every completed
+    program of the cohort takes the same time, and a horizon cut short censors the running one (a lower bound)."""
+    from stages.thunderagent.evaluate import Config as EvalCfg, choose_ttl, program_latency
+    from stages.thunderagent.prepare import Config as PrepCfg
+
+    assert choose_ttl({"2": [80.0, 82.0], "5": [85.0, 83.0], "10": [86.0, 82.0], "30": [10.0, 10.0]}) == 5.0
+    with pytest.raises(ValueError, match="pilot_seeds: must be disjoint"):
+        PrepCfg(seeds=[0, 1, 2], pilot_seeds=[2, 7])
+    prog = [Program(f"p{i}", 300, (Step(20, 1.5, 40), Step(10, 0.5, 30), Step(5)), env_prep_s=0.25) for i in range(40)]
+    wl = Workload(prog, Cluster(1, 20_000, 16))
+    cost = CostModel(a=0.01, b=1e-6, p=1e-4, q=0.0)
+    cfg = EvalCfg(window_s=[3.0, 30.0], latency_cohort_s=6.0, latency_stop_s=60.0)   # 40 programs last ~96 s
+    r = program_latency(wl, "vllm", cost, SchedConfig(), 0, 1, cfg)
+    assert r["cohort"] >= 2 and r["censored"] == 0 and r["list_lasted"]
+    assert r["p50_s"] == pytest.approx(r["max_s"]) and r["p99_s"] == pytest.approx(r["max_s"])
+    one = r["max_s"]          # one program's whole run: env prep 0.25 s + tools 2 s + three short calls (< 0.5 s)
+    assert 2.25 < one < 2.75
+    short = program_latency(wl, "vllm", cost, SchedConfig(), 0, 1,
+                            EvalCfg(window_s=[3.0, 30.0], latency_cohort_s=6.0, latency_stop_s=9.0 + 0.5))
+    assert short["censored"] >= 1 and short["max_s"] <= one + 1e-9
