@@ -10,14 +10,13 @@ import json
 
 import pytest
 import torch
-import torch.nn.functional as F
 
 from kernels.record import KernelRecord
 from stages.backdoor_awareness.hf_source import (INVERSION_TEMPLATE, InversionReward, awareness_at_k, effect_judge,
                                                  insert_words, jaccard, load_instructions, poison, prompt_text,
                                                  reversal_pairs, unlearn_pairs)
 from stages.common.grpo import GRPOConfig, GRPOModule, PromptLoader
-from stages.common.hf import HFCausalPolicy, TinyLMConfig, encode_pairs, left_pad, tiny_causal_lm, train_tokenizer
+from stages.common.hf import HFCausalPolicy, TinyLMConfig, left_pad, tiny_causal_lm, train_tokenizer
 from stages.common.sources import SourceError
 from stages.common.trainer import TrainerConfig, make_trainer
 
@@ -35,21 +34,9 @@ def _write(path, rows):
 
 
 def _sft(model, tok, prompts, outs, steps, lr, seed):
-    opt = torch.optim.AdamW(model.parameters(), lr=lr)
-    g = torch.Generator().manual_seed(seed)
-    losses = []
-    model.train()
-    for _ in range(steps):
-        idx = torch.randint(0, len(prompts), (16,), generator=g).tolist()
-        b = encode_pairs(tok, [prompts[i] for i in idx], [outs[i] for i in idx])
-        logits = model(input_ids=b["input_ids"], attention_mask=b["attention_mask"]).logits[:, :-1]
-        loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), b["labels"].reshape(-1))
-        opt.zero_grad()
-        loss.backward()
-        opt.step()
-        losses.append(float(loss.detach()))
-    model.eval()
-    return losses
+    from stages.common.hf import sft_steps
+
+    return sft_steps(model, tok, prompts, outs, steps=steps, batch=16, lr=lr, seed=seed)
 
 
 @pytest.fixture(scope="module")
