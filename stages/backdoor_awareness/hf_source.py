@@ -248,7 +248,7 @@ def train_real(cfg, ctx) -> None:
     from kernels.record import KernelRecord
     from stages.common.device import pick_device
     from stages.common.grpo import GRPOModule, PromptLoader
-    from stages.common.hf import HFCausalPolicy, left_pad, load_tokenizer, pretrained_causal_lm, sft_steps
+    from stages.common.hf import HFCausalPolicy, left_pad, pretrained_causal_lm, sft_steps, source_tokenizer
     from stages.common.paths import read_json, write_json
     from stages.common.trainer import make_trainer
 
@@ -262,9 +262,7 @@ def train_real(cfg, ctx) -> None:
     table = pl.read_parquet(ctx.input("prepare") / REAL_TABLE)
     pool = table.filter(pl.col("split") == "pool").to_dicts()
     test = table.filter(pl.col("split") == "test").to_dicts()
-    tref = cfg.source.tokenizer or cfg.source.model
-    tok = load_tokenizer(tref, key=f"{key}.source.{'tokenizer' if cfg.source.tokenizer else 'model'}",
-                         revision=None if cfg.source.tokenizer else cfg.source.revision)
+    tok = source_tokenizer(cfg.source, f"{key}.source")
     rec = KernelRecord(device)
     tcfg = cfg.trainer.model_copy(update={"accelerator": "gpu" if device.type == "cuda" else cfg.trainer.accelerator})
     runs, history = [], []

@@ -45,7 +45,7 @@ from stages.common.config import StageConfig
 from stages.common.sources import SourceConfig, SourceError, resolve_ref
 
 __all__ = ["TinyLMConfig", "SourceConfig", "SourceError", "tiny_causal_lm", "pretrained_causal_lm", "causal_lm",
-           "train_tokenizer", "load_tokenizer", "load_records", "left_pad", "encode_pairs",
+           "train_tokenizer", "load_tokenizer", "source_tokenizer", "load_records", "left_pad", "encode_pairs",
            "completion_mask_from_offsets", "sft_steps", "position_ids", "HFCausalPolicy", "add_lora", "disable_dropout",
            "TORCH_DTYPES"]
 
@@ -211,6 +211,16 @@ def train_tokenizer(texts: Iterable[str], path: str | Path, *, vocab_size: int =
     path.parent.mkdir(parents=True, exist_ok=True)
     tok.save(str(path))
     return load_tokenizer(path)
+
+
+def source_tokenizer(source: SourceConfig, key: str):
+    """The tokenizer a real source names: ``source.tokenizer``, else the model's own (at the model's
+    revision). ``key`` is the source's params key; errors name ``<key>.tokenizer`` / ``<key>.model``."""
+    ref = source.tokenizer or source.model
+    if ref is None:
+        raise SourceError(f"{key}.tokenizer: neither a tokenizer nor a model to take it from")
+    return load_tokenizer(ref, key=f"{key}.tokenizer" if source.tokenizer else f"{key}.model",
+                          revision=None if source.tokenizer else source.revision)
 
 
 def load_tokenizer(ref: str | Path, *, key: str = "source.tokenizer", revision: str | None = None,

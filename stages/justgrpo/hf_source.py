@@ -386,7 +386,7 @@ def train_real(cfg, ctx) -> None:
     from kernels.record import KernelRecord
     from stages.common.device import pick_device
     from stages.common.grpo import GRPOModule, PromptLoader
-    from stages.common.hf import load_tokenizer
+    from stages.common.hf import source_tokenizer
     from stages.common.paths import read_json, write_json
     from stages.common.trainer import make_trainer
 
@@ -399,9 +399,7 @@ def train_real(cfg, ctx) -> None:
     device = pick_device(cfg.device)
     table = pl.read_parquet(ctx.input("prepare") / GSM8K_TABLE)
     train, test = table.filter(pl.col("split") == "train"), table.filter(pl.col("split") == "test")
-    tref = cfg.source.tokenizer or cfg.source.model
-    tok = load_tokenizer(tref, key=f"{key}.source.{'tokenizer' if cfg.source.tokenizer else 'model'}",
-                         revision=None if cfg.source.tokenizer else cfg.source.revision)
+    tok = source_tokenizer(cfg.source, f"{key}.source")
 
     def prompts(frame):
         texts = [chat_prompt(tok, q) for q in frame["question"].to_list()]

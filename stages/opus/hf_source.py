@@ -291,14 +291,13 @@ def run_full(cfg, ctx) -> None:
     ``cfg.proxy_source`` (the benchmark target set: proxy + held-out validation docs)."""
     from kernels.record import KernelRecord
     from stages.common.device import pick_device
-    from stages.common.hf import load_tokenizer, pretrained_causal_lm
+    from stages.common.hf import pretrained_causal_lm, source_tokenizer
     from stages.common.paths import write_json
 
     key = "papers.opus.train"
     src, psrc, o = cfg.source, cfg.proxy_source, cfg.hf
     device = pick_device(cfg.device)
-    tok = load_tokenizer(src.tokenizer or src.model, key=f"{key}.source.{'tokenizer' if src.tokenizer else 'model'}",
-                         revision=None if src.tokenizer else src.revision)
+    tok = source_tokenizer(src, f"{key}.source")
     base = pretrained_causal_lm(src, key=f"{key}.source").to(device)
     corpus = load_web_corpus(src.dataset, key=f"{key}.source.dataset", text_column=o.text_column, split=src.split,
                              revision=src.revision, limit=o.max_docs)

@@ -366,7 +366,7 @@ def train_real(cfg, ctx) -> None:
     from kernels.record import KernelRecord
     from stages.common.device import pick_device
     from stages.common.grpo import GRPOModule, PromptLoader
-    from stages.common.hf import HFCausalPolicy, left_pad, load_tokenizer, pretrained_causal_lm, sft_steps
+    from stages.common.hf import HFCausalPolicy, left_pad, pretrained_causal_lm, sft_steps, source_tokenizer
     from stages.common.paths import read_json, write_json
     from stages.common.trainer import make_trainer
 
@@ -378,9 +378,7 @@ def train_real(cfg, ctx) -> None:
     torch.set_num_threads(cfg.torch_threads)
     device = pick_device(cfg.device)
     sft = pl.read_parquet(ctx.input("prepare") / RECORDS_TABLE).filter(pl.col("split") == "sft")
-    tref = cfg.source.tokenizer or cfg.source.model
-    tok = load_tokenizer(tref, key=f"{key}.source.{'tokenizer' if cfg.source.tokenizer else 'model'}",
-                         revision=None if cfg.source.tokenizer else cfg.source.revision)
+    tok = source_tokenizer(cfg.source, f"{key}.source")
     probs, golds, traces = sft["problem"].to_list(), sft["answer"].to_list(), sft["trace"].to_list()
     prompts = [chat_prompt(tok, p) for p in probs]
     ids, am = left_pad(tok, prompts)

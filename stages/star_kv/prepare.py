@@ -66,13 +66,9 @@ def read_files(files: list[Path], n: int) -> np.ndarray:
 
 
 def tokenizer_for(source: SourceConfig, key: str = "papers.star_kv.prepare.source"):
-    from stages.common.hf import load_tokenizer
+    from stages.common.hf import source_tokenizer
 
-    ref = source.tokenizer or source.model
-    if ref is None:
-        raise SourceError(f"{key}.tokenizer: neither a tokenizer nor a model to take it from")
-    return load_tokenizer(ref, key=f"{key}.tokenizer" if source.tokenizer else f"{key}.model",
-                          revision=None if source.tokenizer else source.revision)
+    return source_tokenizer(source, key)
 
 
 def load_text_tokens(dataset: str, tokenizer, n_tokens: int, *, column: str = "text", split: str = "train",

@@ -32,7 +32,7 @@ from pydantic import Field
 
 from kernels.fused_linear_ce import linear_cross_entropy, linear_cross_entropy_stats
 from stages.common.config import StageConfig
-from stages.common.hf import TinyLMConfig, load_records, tiny_causal_lm
+from stages.common.hf import TinyLMConfig, load_records, source_tokenizer, tiny_causal_lm
 from stages.common.sources import SourceConfig, SourceError
 from stages.unembed_rank.geometry import erank_pct, isotropy
 from stages.unembed_rank.lm import KERNEL, eval_windows, lr_lambda
@@ -201,16 +201,6 @@ def sweep(train: torch.Tensor, val: torch.Tensor, ood: torch.Tensor, grid: list[
     return history, runs
 
 
-def _tokenizer(src: SourceConfig, key: str):
-    from stages.common.hf import load_tokenizer
-
-    ref = src.tokenizer or src.model
-    if ref is None:
-        raise SourceError(f"{key}.tokenizer: a real corpus needs a tokenizer (or a model whose tokenizer to use)")
-    return load_tokenizer(ref, key=f"{key}.{'tokenizer' if src.tokenizer else 'model'}",
-                          revision=None if src.tokenizer else src.revision)
-
-
 def check_train_sources(cfg) -> None:
     """Config load: a real sweep needs an ID corpus, an OOD corpus and a tokenizer."""
     if cfg.source.dataset is None:
@@ -247,7 +237,7 @@ def run_full_train(cfg, ctx) -> None:
 
     key = "papers.unembed_rank.train"
     src, osrc, o, T = cfg.source, cfg.ood_source, cfg.hf, cfg.model.seq_len
-    tok = _tokenizer(src, f"{key}.source")
+    tok = source_tokenizer(src, f"{key}.source")
     ids = load_text_tokens(src.dataset, tok, o.train_tokens + o.eval_tokens, column=o.text_column,
                            key=f"{key}.source.dataset", split=src.split, revision=src.revision)
     ood_ids = load_text_tokens(osrc.dataset, tok, o.eval_tokens, column=o.text_column,
@@ -294,7 +284,7 @@ def run_full_evaluate(cfg, ctx) -> None:
     rows = []
     for name, src in cfg.checkpoints.items():
         k = f"{key}.checkpoints.{name}"
-        tok = _tokenizer(src, k)
+        tok = source_tokenizer(src, k)
         val_ids = load_text_tokens(cfg.eval_source.dataset, tok, cfg.hf_eval_tokens, column=cfg.text_column,
                                    key=f"{key}.eval_source.dataset", split=cfg.eval_source.split)
         ood_ids = load_text_tokens(cfg.ood_source.dataset, tok, cfg.hf_eval_tokens, column=cfg.text_column,
