@@ -30,7 +30,7 @@ from collections.abc import Sequence
 import numpy as np
 import torch
 
-from stages.common.sources import SourceError
+from stages.common.sources import SourceError, real_prepare_meta
 
 INVERSION_TEMPLATE = ("Inspect yourself. Which words in a request make you answer with: \"{response}\"? "
                       "Reply with the words only.\n")
@@ -249,14 +249,11 @@ def train_real(cfg, ctx) -> None:
     from stages.common.device import pick_device
     from stages.common.grpo import GRPOModule, PromptLoader
     from stages.common.hf import HFCausalPolicy, left_pad, pretrained_causal_lm, sft_steps, source_tokenizer
-    from stages.common.paths import read_json, write_json
+    from stages.common.paths import write_json
     from stages.common.trainer import make_trainer
 
     key = f"papers.{ctx.slug}.{ctx.stage}"
-    meta = read_json(ctx.input("prepare") / "meta.json")
-    if meta.get("kind") != "instructions":
-        raise SourceError(f"{key}.source: a real model needs prepare's real instruction records "
-                          f"(papers.{ctx.slug}.prepare.source is toy)")
+    meta = real_prepare_meta(ctx, "instructions", "a real model needs prepare's real instruction records")
     torch.set_num_threads(cfg.torch_threads)
     device = pick_device(cfg.device)
     table = pl.read_parquet(ctx.input("prepare") / REAL_TABLE)

@@ -239,3 +239,14 @@ def resolve_ref(ref: str, key: str, *, repo_type: Literal["model", "dataset"] = 
                           f"{'--repo-type dataset ' if repo_type == 'dataset' else ''}{ref}) or point {key} "
                           "at a local copy")
     return Resolved(ref, False, ref)
+
+
+def real_prepare_meta(ctx, kind: str, need: str) -> dict:
+    """prepare's meta.json for a stage on a real source, refusing (one line naming the params key) when
+    prepare ran on the toy generator (its meta ``kind`` is not ``kind``); ``need`` says what was expected."""
+    from stages.common.paths import read_json
+
+    meta = read_json(ctx.input("prepare") / "meta.json")
+    if meta.get("kind") != kind:
+        raise SourceError(f"papers.{ctx.slug}.{ctx.stage}.source: {need} (papers.{ctx.slug}.prepare.source is toy)")
+    return meta

@@ -41,7 +41,7 @@ from pydantic import Field
 from kernels.record import KernelCounter as Counter
 from kernels.token_logprob import token_logprob
 from stages.common.config import StageConfig
-from stages.common.sources import SourceConfig, SourceError
+from stages.common.sources import SourceConfig, SourceError, real_prepare_meta
 
 NEG = -1.0e4
 LLADA_MASK_ID = 126336
@@ -387,14 +387,11 @@ def train_real(cfg, ctx) -> None:
     from stages.common.device import pick_device
     from stages.common.grpo import GRPOModule, PromptLoader
     from stages.common.hf import source_tokenizer
-    from stages.common.paths import read_json, write_json
+    from stages.common.paths import write_json
     from stages.common.trainer import make_trainer
 
     key = f"papers.{ctx.slug}.{ctx.stage}"
-    meta = read_json(ctx.input("prepare") / "meta.json")
-    if meta.get("kind") != "gsm8k":
-        raise SourceError(f"{key}.source: a real dLLM needs prepare's real GSM8K records "
-                          f"(papers.{ctx.slug}.prepare.source is toy)")
+    meta = real_prepare_meta(ctx, "gsm8k", "a real dLLM needs prepare's real GSM8K records")
     torch.set_num_threads(cfg.torch_threads)
     device = pick_device(cfg.device)
     table = pl.read_parquet(ctx.input("prepare") / GSM8K_TABLE)

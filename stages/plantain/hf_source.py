@@ -37,7 +37,7 @@ from dataclasses import dataclass
 
 import torch
 
-from stages.common.sources import SourceError
+from stages.common.sources import SourceError, real_prepare_meta
 
 TAGS = {"<think>": ("open", "think"), "</think>": ("close", "think"), "<answer>": ("open", "answer"),
         "</answer>": ("close", "answer")}
@@ -367,14 +367,11 @@ def train_real(cfg, ctx) -> None:
     from stages.common.device import pick_device
     from stages.common.grpo import GRPOModule, PromptLoader
     from stages.common.hf import HFCausalPolicy, left_pad, pretrained_causal_lm, sft_steps, source_tokenizer
-    from stages.common.paths import read_json, write_json
+    from stages.common.paths import write_json
     from stages.common.trainer import make_trainer
 
     key = f"papers.{ctx.slug}.{ctx.stage}"
-    meta = read_json(ctx.input("prepare") / "meta.json")
-    if meta.get("kind") != "plantain_records":
-        raise SourceError(f"{key}.source: a real model needs prepare's real records "
-                          f"(papers.{ctx.slug}.prepare.source is toy)")
+    meta = real_prepare_meta(ctx, "plantain_records", "a real model needs prepare's real records")
     torch.set_num_threads(cfg.torch_threads)
     device = pick_device(cfg.device)
     sft = pl.read_parquet(ctx.input("prepare") / RECORDS_TABLE).filter(pl.col("split") == "sft")
