@@ -217,6 +217,7 @@ class Report:
         write_json(self.ctx.out / "claims.json", {"slug": self.ctx.slug, "profile": self.ctx.profile,
                                                   "findings": counts, "claims": verdicts})
         write_json(self.ctx.out / "plots" / "_specs.json", self.plots)
+        self.real_source_sections()
         self.section("Kernel paths", describe(kernels))
         atomic_write_text(self.ctx.out / "report.md", self._markdown(verdicts, runtime, command))
         if self.ctx.tracker is not None:
@@ -227,6 +228,32 @@ class Report:
                                       **{f"metric/{k}": v for k, v in flat_scalars(verdicts, self.ctx.slug).items()
                                          if not isinstance(v, str)}})
         return verdicts
+
+    def real_source_sections(self) -> None:
+        """At `full` with a real source, the runs a stage wrote under ``<stage>/hf/*.json`` (opus, reversal_curse,
+        unembed_rank: the real model's results beside the miniature's) as tables: which model and data, then
+        one row per run with its scalar results. Nothing is added when no stage wrote an ``hf/`` folder."""
+        for stage in ("train", "evaluate"):
+            folder = stage_dir(self.ctx.slug, stage, self.ctx.root) / "hf"
+            for path in sorted(folder.glob("*.json")) if folder.is_dir() else []:
+                if path.name in ("kernels.json", "_stage.json"):
+                    continue
+                doc = json.loads(path.read_text())
+                if not isinstance(doc, dict):
+                    continue
+                rel = f"data/{self.ctx.slug}/{stage}/hf/{path.name}"
+                srcs = [f"`{k}`: " + ", ".join(f"{f} = {v[f]}" for f in ("kind", "model", "tokenizer", "dataset",
+                                                                        "split", "revision") if v.get(f))
+                        for k, v in doc.items() if isinstance(v, dict) and "kind" in v]
+                rows = next((v for k, v in doc.items() if k in ("runs", "rows") and isinstance(v, list)), None)
+                frame = real_runs_frame(rows or [])
+                note = "; ".join(srcs) or "no source block recorded"
+                if frame.is_empty():
+                    self.section(f"Real source ({stage}: {path.name})", f"{note}. No per-run rows in `{rel}`.")
+                else:
+                    self.table(f"Real source ({stage}: {path.name})", frame,
+                               note=f"Read from `{rel}` ({note}). The claims above are the miniature's; these "
+                                    "are the real model's numbers from the same stage, shown, not judged.")
 
     def _markdown(self, verdicts: list[dict[str, Any]], runtime: dict[str, float | None], command: str) -> str:
         lines = [f"# {self.title}", "", f"**Paper's claim.** {self.claim.strip()}", "",
@@ -262,6 +289,46 @@ class Report:
                      + f" | {sum(known):.1f} s |")
         lines.append("")
         return "\n".join(lines)
+
+
+def real_runs_frame(rows: list[Any], max_cols: int = 12, max_rows: int = 60) -> pl.DataFrame:
+    """One row per run: its scalar fields (nested dicts flattened to dotted keys, lists of numbers as their
+    last value, i.e. the end of a curve), the first ``max_cols`` columns, at most ``max_rows`` rows."""
+    flat_rows: list[dict[str, Any]] = []
+    for row in rows[:max_rows]:
+        if not isinstance(row, dict):
+            continue
+        flat: dict[str, Any] = {}
+
+        def walk(prefix: str, v: Any) -> None:
+            if isinstance(v, dict):
+                for k, x in v.items():
+                    walk(f"{prefix}.{k}" if prefix else str(k), x)
+            elif isinstance(v, list):
+                nums = [x for x in v if isinstance(x, (int, float)) and not isinstance(x, bool)]
+                if nums and len(nums) == len(v):
+                    flat[f"{prefix} (last)"] = float(nums[-1])
+            elif isinstance(v, (bool, int, float, str)) or v is None:
+                flat[prefix] = v
+        walk("", row)
+        flat_rows.append(flat)
+    cols: list[str] = []
+    for r in flat_rows:
+        cols += [c for c in r if c not in cols]
+    cols = cols[:max_cols]
+    if not cols:
+        return pl.DataFrame()
+    def numeric(v: Any) -> bool:
+        return isinstance(v, (int, float)) and not isinstance(v, bool)
+
+    data = {}
+    for c in cols:
+        vals = [r.get(c) for r in flat_rows]
+        if all(numeric(v) or v is None for v in vals):
+            data[c] = pl.Series(c, [None if v is None else float(v) for v in vals], dtype=pl.Float64)
+        else:
+            data[c] = pl.Series(c, ["" if v is None else str(v) for v in vals], dtype=pl.Utf8)
+    return pl.DataFrame(data)
 
 
 def measured_text(v: dict[str, Any]) -> str:

@@ -128,6 +128,17 @@ def test_full_profile_train_on_fixture(fixture, tmp_path):
     assert res["runs"][0]["before"] == res["runs"][1]["before"]          # same checkpoint before fine-tuning
     assert res["runs"][1]["train_facts"] == res["runs"][0]["train_facts"] + 2 * N
     assert json.loads((out / "hf" / "kernels.json").read_text())["fused_linear_ce"]["calls"] > 0
+    # the report at `full` shows these runs beside the miniature's claims (Report.real_source_sections)
+    import shutil
+
+    from stages.common.reporting import Report
+    shutil.copytree(out / "hf", tmp_path / "root/data/reversal_curse/train/hf")
+    rep = Report(SimpleNamespace(slug="reversal_curse", root=tmp_path / "root", out=tmp_path / "rep", tracker=None),
+                 "t", "c")
+    rep.real_source_sections()
+    assert len(rep.parts) == 1 and f"model = {ckpt}" in rep.parts[0]
+    rows = [ln for ln in rep.parts[0].splitlines() if ln.startswith("| none |") or ln.startswith("| AB |")]
+    assert len(rows) == 2, rep.parts[0]
 
 
 def test_facts_bad_inputs(tmp_path, fixture):
