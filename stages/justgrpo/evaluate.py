@@ -94,10 +94,9 @@ def run(cfg: Config, ctx: StageContext) -> None:
     torch.set_num_threads(cfg.torch_threads)
     device = pick_device(cfg.device)
     info = read_json(ctx.input("train") / "models.json")
-    if info.get("kind") == "hf":                   # issue 41: the real path's evaluation is not wired here
-        from stages.common.config import ConfigError
-        raise ConfigError("papers.justgrpo.evaluate: pass@k / parallel-decoding evaluation of a real dLLM is not "
-                          "wired; train's rl_history.csv holds the GSM8K greedy accuracy (acc_gsm8k)")
+    if info.get("kind") == "hf":                   # full profile: the real dLLM (issue 41; hf_source.evaluate_real)
+        from stages.justgrpo.hf_source import evaluate_real
+        return evaluate_real(cfg, ctx, info)
     seeds, gen_len, arms, mcfg = info["seeds"], info["gen_len"], info["arms"], info["model"]
     if cfg.eval_block > gen_len:
         raise ValueError(f"eval_block: {cfg.eval_block} exceeds gen_len {gen_len}")

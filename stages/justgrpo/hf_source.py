@@ -336,13 +336,13 @@ def make_reward_fn(tokenizer, prompt_texts: Sequence[str], gts: Sequence[str], i
 @torch.no_grad()
 def greedy_accuracy(dlm: DiffusionLM, tokenizer, prompt_table: Sequence[torch.Tensor], prompt_texts: Sequence[str],
                     gts: Sequence[str], gen_len: int, block_len: int, include_prompt: bool = True,
-                    counter: Counter | None = None) -> tuple[float, list[int]]:
-    """The official evaluation: T = 0, blocks of ``block_len``, 1 token per step, one greedy sample per
-    question, batch 1. Returns (accuracy, per-item 0/1 list)."""
+                    counter: Counter | None = None, tokens_per_step: int = 1) -> tuple[float, list[int]]:
+    """The official evaluation: T = 0, blocks of ``block_len``, 1 token per step (``tokens_per_step`` > 1:
+    parallel decoding), one greedy sample per question, batch 1. Returns (accuracy, per-item 0/1 list)."""
     dev = next(dlm.parameters()).device
     hits = []
     for p, text, gt in zip(prompt_table, prompt_texts, gts):
-        gen, _ = decode(dlm, p.to(dev)[None], gen_len, block_len, 1, 0.0, None, counter)
+        gen, _ = decode(dlm, p.to(dev)[None], gen_len, block_len, tokens_per_step, 0.0, None, counter)
         comp = tokenizer.decode(gen[0].tolist(), skip_special_tokens=True)
         hits.append(int(math_equal(extract_answer((text if include_prompt else "") + comp), gt)))
     return (sum(hits) / len(hits) if hits else float("nan")), hits
@@ -434,3 +434,85 @@ def train_real(cfg, ctx) -> None:
     write_json(ctx.out / "models.json", {"kind": "hf", "seeds": meta["seeds"], "arms": list(cfg.rl.arms),
                                          "gen_len": d.gen_len, "source": cfg.source.model_dump(mode="json"),
                                          "dllm": d.model_dump(mode="json"), "rl": cfg.rl.model_dump(mode="json")})
+
+
+def evaluate_real(cfg, ctx, info: dict) -> None:
+    """evaluate (full): the toy evaluation's two analyses on the real dLLM, written in the same eval.json schema
+    (so the report's claims read them unchanged). (1) Flexibility trap on the pretrained checkpoint: pass@k
+    (unbiased estimator, T = 1, ``n_samples`` per question) on the first ``passk_prompts`` GSM8K test questions
+    under AR order (block 1) vs low-confidence arbitrary order (one block of ``gen_len``), 1 token per step; GSM8K
+    has no labelled fork tokens, so the fork entries are null (the fork claim is then inconclusive). (2) Greedy
+    accuracy (T = 0, blocks of ``eval_block``) of the checkpoint and each RL arm's saved model at every
+    ``tokens_per_step``, on the first ``eval_prompts`` test questions, with per-question 0/1 lists."""
+    import numpy as np
+    import polars as pl
+
+    from kernels.record import KernelRecord
+    from stages.common.device import generator, pick_device
+    from stages.common.hf import source_tokenizer
+    from stages.common.paths import write_json
+    from stages.justgrpo.evaluate import pass_at_k
+
+    key = f"papers.{ctx.slug}.{ctx.stage}"
+    real_prepare_meta(ctx, "gsm8k", "a real dLLM needs prepare's real GSM8K records")
+    if max(cfg.tokens_per_step) > cfg.eval_block:
+        raise ValueError(f"tokens_per_step: {max(cfg.tokens_per_step)} exceeds eval_block {cfg.eval_block}")
+    torch.set_num_threads(cfg.torch_threads)
+    device = pick_device(cfg.device)
+    source = SourceConfig(**info["source"])
+    dcfg = DLLMConfig(**info["dllm"])
+    gen_len = int(info["gen_len"])
+    tok = source_tokenizer(source, "papers.justgrpo.train.source")
+    test = pl.read_parquet(ctx.input("prepare") / GSM8K_TABLE).filter(pl.col("split") == "test")
+    texts = [chat_prompt(tok, q) for q in test["question"].to_list()]
+    ids = [torch.tensor(tok(t, add_special_tokens=False)["input_ids"], dtype=torch.long) for t in texts]
+    gts = test["gt"].to_list()
+    n_pk, n_acc = min(cfg.passk_prompts, len(ids)), min(cfg.eval_prompts, len(ids))
+    if n_pk == 0:
+        raise SourceError(f"{key}: prepare's GSM8K test split is empty")
+    rec = KernelRecord(device)
+    counter = Counter(rec)
+    seeds = info["seeds"]
+    metrics: dict = {"kind": "hf", "seeds": seeds, "ks": cfg.ks, "n_samples": cfg.n_samples, "passk": {}, "fork": {},
+                     "acc": {}, "acc_items": {}, "n_fork_prompts": 0, "passk_prompts": n_pk, "eval_prompts": n_acc}
+    passk_rows, acc_rows = [], []
+    blocks = {"ar": 1, "arbitrary": gen_len}
+    base = load_dllm(source, dcfg, key="papers.justgrpo.train.source").to(device)
+    for seed in seeds:
+        for sampler, block in blocks.items():
+            g = generator(device, cfg.seed + seed)
+            c = []
+            with torch.no_grad():
+                for q in range(n_pk):
+                    hits = 0
+                    for b0 in range(0, cfg.n_samples, cfg.sample_batch):
+                        b = min(cfg.sample_batch, cfg.n_samples - b0)
+                        gen, _ = decode(base, ids[q].to(device)[None].expand(b, -1).contiguous(), gen_len, block, 1,
+                                        1.0, g, counter)
+                        comps = tok.batch_decode(gen.tolist(), skip_special_tokens=True)
+                        hits += sum(math_equal(extract_answer((texts[q] if dcfg.include_prompt else "") + comp),
+                                               gts[q]) for comp in comps)
+                    c.append(hits)
+            curve = {k: float(pass_at_k(cfg.n_samples, np.asarray(c), k).mean()) for k in cfg.ks}
+            for k, v in curve.items():
+                passk_rows.append({"seed": seed, "sampler": sampler, "k": k, "pass_at_k": v})
+                metrics["passk"].setdefault(sampler, {}).setdefault(f"pass{k}", []).append(v)
+            fk = metrics["fork"].setdefault(sampler, {})
+            for name in ("fork_entropy", "nonfork_entropy", "fork_decode_step"):
+                fk.setdefault(name, []).append(None)         # no labelled fork tokens in GSM8K
+        for name in ["base"] + list(info["arms"]):
+            model = base if name == "base" else load_dllm(
+                SourceConfig(kind="file", model=str(ctx.input("train") / f"{name}_s{seed}"), dtype=source.dtype),
+                dcfg, key=f"train output {name}_s{seed}").to(device)
+            for tps in cfg.tokens_per_step:
+                acc, items = greedy_accuracy(model, tok, ids[:n_acc], texts[:n_acc], gts[:n_acc], gen_len,
+                                             cfg.eval_block, dcfg.include_prompt, counter, tokens_per_step=tps)
+                acc_rows.append({"seed": seed, "model": name, "tokens_per_step": tps, "acc": acc})
+                metrics["acc"].setdefault(name, {}).setdefault(f"tps{tps}", []).append(acc)
+                metrics["acc_items"].setdefault(name, {}).setdefault(f"tps{tps}", []).append(items)
+            if name != "base":
+                del model
+    rec.save(ctx.out)
+    pl.DataFrame(passk_rows).write_csv(ctx.out / "passk.csv")
+    pl.DataFrame(acc_rows).write_csv(ctx.out / "accuracy.csv")
+    write_json(ctx.out / "eval.json", metrics)
