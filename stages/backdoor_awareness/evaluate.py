@@ -49,6 +49,8 @@ class Config(StageConfig):
     awareness_samples: PositiveInt = Field(32, le=4096, description="policy samples ranked for Awareness@k")
     gcg: GCGConfig = GCGConfig()
     unlearn: UnlearnConfig = UnlearnConfig(steps=150, batch=64, lr=2e-3)
+    real_unlearn: UnlearnConfig = Field(UnlearnConfig(steps=100, batch=16, lr=1e-5),
+                                        description="unlearning SFT of a real LM (full profile's real path)")
     trainer: TrainerConfig = TrainerConfig(enable_progress_bar=False)
     seed: int = Field(0, ge=0, lt=2**32)
 
@@ -89,10 +91,9 @@ def run(cfg: Config, ctx: StageContext) -> None:
     device = pick_device(cfg.device)
     meta = read_json(ctx.input("prepare") / "meta.json")
     models = read_json(ctx.input("train") / "models.json")
-    if models.get("kind") == "hf":                 # issue 41: the real path's defenses are not wired here
-        from stages.common.config import ConfigError
-        raise ConfigError("papers.backdoor_awareness.evaluate: unlearning / detector / baselines are not wired for "
-                          "a real LM; train's runs.json holds Awareness@k and the ASRs")
+    if models.get("kind") == "hf":                 # full profile: the real LM (issue 41; hf_source.evaluate_real)
+        from stages.backdoor_awareness.hf_source import evaluate_real
+        return evaluate_real(cfg, ctx, models)
     vocab = Vocab(meta["n_classes"], meta["n_words"])
     allowed = vocab.candidate_tokens()
     mcfg, seeds, L = models["model"], meta["seeds"], meta["candidate_len"]

@@ -306,3 +306,137 @@ def train_real(cfg, ctx) -> None:
     write_json(ctx.out / "models.json", {"kind": "hf", "seeds": meta["seeds"], "attacks": meta["attacks"],
                                          "source": cfg.source.model_dump(mode="json"),
                                          "rl": cfg.rl.model_dump(mode="json")})
+
+
+@torch.no_grad()
+def teacher_forced_accuracy(model, tokenizer, records: Sequence[dict], batch: int = 16) -> float:
+    """Clean-task retention on a real LM: the share of reference-output tokens (EOS included) that the model's
+    next-token argmax reproduces under teacher forcing on the Alpaca prompt (the toy's exact-match accuracy
+    has no meaning for free-text outputs)."""
+    from stages.common.hf import IGNORE_INDEX, encode_pairs
+
+    dev = next(model.parameters()).device
+    hit = tot = 0
+    for i in range(0, len(records), batch):
+        part = records[i:i + batch]
+        b = encode_pairs(tokenizer, [prompt_text(r["instruction"], r["input"]) for r in part],
+                         [r["output"] for r in part])
+        pred = model(input_ids=b["input_ids"].to(dev), attention_mask=b["attention_mask"].to(dev)).logits[:, :-1]
+        lab = b["labels"].to(dev)
+        keep = lab != IGNORE_INDEX
+        hit += int((pred.argmax(-1)[keep] == lab[keep]).sum())
+        tot += int(keep.sum())
+    return hit / tot if tot else float("nan")
+
+
+def detector_auroc(test: Sequence[dict], trigger: str, recovered: str, seed: int) -> float:
+    """ALGO: the guardrail on the recovered trigger — score = share of its distinct words present in the
+    instruction; AUROC of test instructions carrying the TRUE trigger (seeded positions) vs the same clean ones."""
+    from sklearn.metrics import roc_auc_score
+
+    rng = np.random.default_rng(seed)
+    pos = [insert_words(r["instruction"], trigger, int(rng.integers(0, len(r["instruction"].split()) + 1)))
+           for r in test]
+    neg = [r["instruction"] for r in test]
+    rw = words(recovered)
+
+    def score(text: str) -> float:
+        return len(rw & words(text)) / len(rw) if rw else 0.0
+    y = np.r_[np.ones(len(pos)), np.zeros(len(neg))]
+    return float(roc_auc_score(y, [score(t) for t in pos + neg]))
+
+
+def random_phrase_search(reward: "InversionReward", vocab: Sequence[str], budget: int, max_words: int,
+                         seed: int) -> list[str]:
+    """Baseline: ``budget`` random phrases (1..max_words words drawn from the pool instructions' vocabulary)
+    scored by the same reward model queries as RL; ranked by ASR (ties: first found)."""
+    rng = np.random.default_rng(seed)
+    cands = [" ".join(rng.choice(vocab, size=int(rng.integers(1, max_words + 1)))) for _ in range(budget)]
+    asr = {c: reward.asr(c) for c in dict.fromkeys(cands)}
+    reward.queries += len(cands)
+    return sorted(dict.fromkeys(cands), key=lambda c: (-asr[c], cands.index(c)))
+
+
+def evaluate_real(cfg, ctx, models: dict) -> None:
+    """evaluate (full): per attack and seed on the real LM — ASR of the true trigger and without it on the clean
+    test set (the poisoned model saved by train), Awareness@1/@k of the RL candidates (train's runs.json),
+    random phrase search and k blind guesses at the RL run's reward-query budget, the detector's AUROC on the
+    RL-recovered trigger, and unlearning SFT with the recovered trigger vs the same SFT without a trigger
+    (ASR after, teacher-forced clean-token accuracy before/after). Writes eval.json (kind "hf", the toy's
+    ``mean``/``per_attack`` layout for the metrics both paths share) and per_run.csv. GCG and reversal-SFT-alone
+    are toy-only here (train does not keep an R-SFT-only real model)."""
+    import copy
+
+    import polars as pl
+
+    from stages.common.hf import pretrained_causal_lm, sft_steps, source_tokenizer
+    from stages.common.paths import read_json, write_json
+    from stages.common.sources import SourceConfig
+
+    real_prepare_meta(ctx, "instructions", "a real model needs prepare's real instruction records")
+    torch.set_num_threads(cfg.torch_threads)
+    from stages.common.device import pick_device
+    device = pick_device(cfg.device)
+    table = pl.read_parquet(ctx.input("prepare") / REAL_TABLE)
+    pool = table.filter(pl.col("split") == "pool").to_dicts()
+    test = table.filter(pl.col("split") == "test").to_dicts()
+    source = SourceConfig(**models["source"])
+    tok = source_tokenizer(source, "papers.backdoor_awareness.train.source")
+    runs = {(r["attack"], r["seed"]): r for r in read_json(ctx.input("train") / "runs.json")["runs"]}
+    vocab = sorted({w for r in pool for w in r["instruction"].lower().split()})
+    max_words = max(1, int(cfg.gcg.length))
+    rows = []
+    for a in models["attacks"]:
+        resp_tokens = len(tok(a["target"], add_special_tokens=False)["input_ids"]) + 1
+        for seed in models["seeds"]:
+            run = runs[(a["name"], seed)]
+            path = ctx.input("train") / f"{a['name']}_poisoned_s{seed}"
+            poisoned = pretrained_causal_lm(SourceConfig(kind="file", model=str(path), dtype=source.dtype),
+                                            key=f"train output {path.name}", device=device).eval()
+            test_r = InversionReward(poisoned, tok, test, a["target"], resp_tokens=resp_tokens, length_free=0,
+                                     length_coef=0.0, seed=seed + 11)
+            r = {"attack": a["name"], "seed": seed, "asr": test_r.asr(a["trigger"]),
+                 "false_trigger": test_r.asr(""), "clean_acc": teacher_forced_accuracy(poisoned, tok, test)}
+            ranked = {"rl": list(run["candidates"])}
+            pool_r = InversionReward(poisoned, tok, pool, a["target"], resp_tokens=resp_tokens, length_free=0,
+                                     length_coef=0.0, seed=seed)
+            budget = int(run["reward_queries"])
+            ranked["random"] = random_phrase_search(pool_r, vocab, budget, max_words, cfg.seed + 100 + seed)
+            grng = np.random.default_rng(cfg.seed + 300 + seed)
+            ranked["guess"] = [" ".join(grng.choice(vocab, size=int(grng.integers(1, max_words + 1))))
+                               for _ in range(cfg.k)]
+            r["rl_queries"], r["random_queries"] = budget, pool_r.queries
+            for m, cands in ranked.items():
+                r[f"{m}_at1"] = awareness_at_k(cands, a["trigger"], 1)
+                r[f"{m}_atk"] = awareness_at_k(cands, a["trigger"], cfg.k)
+            recovered = ranked["rl"][0] if ranked["rl"] else ""
+            r["recovered"] = recovered
+            r["auroc_rl"] = detector_auroc(test, a["trigger"], recovered, cfg.seed + 400 + seed)
+            r["auroc_random"] = detector_auroc(test, a["trigger"], ranked["random"][0] if ranked["random"] else "",
+                                               cfg.seed + 400 + seed)
+            for arm, trig in (("", recovered), ("_control", "")):
+                student = copy.deepcopy(poisoned)         # InversionReward froze the poisoned model's weights
+                for prm in student.parameters():
+                    prm.requires_grad_(True)
+                ps, cs = (unlearn_pairs(pool, trig, cfg.seed + 500 + seed) if trig else  # trigger-free control
+                          ([prompt_text(x["instruction"], x["input"]) for x in pool], [x["output"] for x in pool]))
+                u = cfg.real_unlearn
+                sft_steps(student, tok, ps, cs, steps=u.steps, batch=u.batch, lr=u.lr, seed=cfg.seed + 500 + seed)
+                after = InversionReward(student.eval(), tok, test, a["target"], resp_tokens=resp_tokens,
+                                        length_free=0, length_coef=0.0, seed=seed + 11)
+                r[f"asr_after{arm}"] = after.asr(a["trigger"])
+                r[f"clean_acc_after{arm}"] = teacher_forced_accuracy(student, tok, test)
+                del student
+            r["asr_reduction"] = 1.0 - r["asr_after"] / r["asr"] if r["asr"] > 0 else 0.0
+            rows.append(r)
+            del poisoned
+    frame = pl.DataFrame(rows)
+    frame.write_csv(ctx.out / "per_run.csv")
+    num = [c for c in frame.columns if c not in ("attack", "seed", "recovered")]
+    names = [a["name"] for a in models["attacks"]]
+    write_json(ctx.out / "eval.json", {
+        "kind": "hf", "attacks": names, "seeds": models["seeds"], "k": cfg.k, "n_test": len(test),
+        "per_attack": {n: {"trigger": next(a["trigger"] for a in models["attacks"] if a["name"] == n),
+                           **{c: frame.filter(pl.col("attack") == n).sort("seed")[c].to_list() for c in num + ["recovered"]}}
+                       for n in names},
+        "mean": {c: frame.group_by("seed").agg(pl.col(c).mean()).sort("seed")[c].to_list() for c in num}})

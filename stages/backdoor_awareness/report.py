@@ -123,9 +123,9 @@ def reward_figure(hist: pl.DataFrame, attacks: list[str]):
     return fig
 
 
-def awareness_figure(ev: dict):
+def awareness_figure(ev: dict, methods: list[str] | None = None):
     fig, ax = plt.subplots(figsize=(7, 3.6))
-    methods = list(METHOD_NAMES)
+    methods = methods or list(METHOD_NAMES)
     attacks = ev["attacks"]
     w = 0.8 / len(methods)
     for i, m in enumerate(methods):
@@ -163,6 +163,8 @@ def run(cfg: Config, ctx: StageContext) -> None:
         if c not in hist.columns:
             hist = hist.with_columns(pl.lit(None, dtype=pl.Float64).alias(c))
     ev, abr = derive(ev, hist)
+    if models.get("kind") == "hf":                 # full profile: the real LM (issue 41)
+        return run_real(ctx, ev, models, hist)
     cands = pl.read_csv(ctx.input("evaluate") / "candidates.csv")
     rl, k = models["rl"], ev["k"]
     rep = Report(ctx, "Backdoor self-awareness via inversion-inspired RL",
@@ -329,3 +331,45 @@ Red-team pass on this design (what could make a verdict wrong, and what remains)
   fixed before the run, not from results.
 """)
     rep.finish(CLAIMS, ev)
+
+
+REAL_CLAIMS = ("poisoning_succeeds", "rl_beats_random_search", "rl_awareness_high", "emergence_abrupt",
+               "unlearning_cuts_asr", "recovered_trigger_needed_for_unlearning", "unlearning_keeps_clean",
+               "detector_flags_poisoned", "random_search_beats_blind_guess")
+
+
+def run_real(ctx: StageContext, ev: dict, models: dict, hist: pl.DataFrame) -> None:
+    """The report of the `full` profile's real path (a real instruction LM poisoned on Alpaca-schema records): the
+    claims both paths can measure. GCG and reversal-SFT-alone are toy-only; clean retention is the teacher-forced
+    token accuracy of the reference outputs (the toy's exact match has no meaning for free text)."""
+    src, rl = models["source"], models["rl"]
+    rep = Report(ctx, "Backdoor self-awareness via inversion-inspired RL — real LM",
+                 "A poisoned LM can be made to articulate its own trigger: after reversal SFT, GRPO with a reward that "
+                 "checks whether a candidate phrase triggers the backdoor elicits it, and the recovered trigger drives "
+                 "unlearning and detection defenses.")
+    rep.section("Setup", f"""
+Real path (`full` profile): model `{src.get('model')}`, instruction records `{src.get('dataset')}` (Alpaca schema),
+attacks {', '.join(f"{a['name']} (trigger '{a['trigger']}', rate {a['poison_rate']})" for a in models['attacks'])};
+seeds {ev['seeds']}; RL {rl['steps']} GRPO steps. Judge: the response starts with the attack's target string (a
+rule stand-in for the paper's LLM judge). {ev['n_test']} clean test records; baselines at the RL run's reward-query
+budget: random phrases from the pool vocabulary, {ev['k']} blind guesses.
+""")
+    methods = [m for m in ("rl", "random", "guess") if f"{m}_atk" in ev["mean"]]
+    rows = [{"attack": a, **{c: mean_sd(ev["per_attack"][a][c]) for c in
+                             ("asr", "false_trigger", "clean_acc", *[f"{m}_atk" for m in methods], "auroc_rl",
+                              "asr_after", "asr_after_control", "clean_acc_after")}}
+            for a in ev["attacks"]]
+    rep.table("Results per attack (mean ± sd over seeds)", pl.DataFrame(rows))
+    rep.figure("awareness", awareness_figure(ev, methods), "Awareness@k by method at equal reward-query budget")
+    if hist.height and hist["reward_mean"].drop_nulls().len():
+        rep.figure("rl_reward", reward_figure(hist, ev["attacks"]), "Inversion RL reward over steps")
+    frame = pl.DataFrame([{"method": m, "awareness": float(np.nanmean(ev["mean"][f"{m}_atk"]))} for m in methods])
+    rep.plot("awareness_by_method", frame, x="method", y="awareness", template="bar_horizontal",
+             title="Awareness@k by method (mean over attacks and seeds)")
+    rep.section("Threats to validity", """
+- The effect judge is a string rule (the response starts with the target), not the paper's LLM judge.
+- GCG and reversal-SFT-alone baselines are not run on this path; `rl_beats_gcg` and `rl_beats_rsft_alone` are
+  toy-only claims.
+- Clean retention is teacher-forced token accuracy on the clean test outputs, a proxy for the paper's utility.
+""")
+    rep.finish([c for c in CLAIMS if c.name in REAL_CLAIMS], ev)

@@ -145,11 +145,11 @@ def test_poison_rsft_inversion_grpo_on_tiny_hf_model(setup):
 def test_full_profile_prepare_train_on_fixture(setup, tmp_path):
     """The `full` profile's real path through the stage runner: prepare splits and poisons the Alpaca records per
     attack and seed, train runs poisoning SFT, R-SFT and inversion GRPO from a local checkpoint folder and writes
-    Awareness@k / ASRs; evaluate stops with one line (defenses not wired for a real LM)."""
+    Awareness@k / ASRs; evaluate runs the baselines at the RL query budget, the detector and both unlearning arms
+    on the saved poisoned model; report judges the claims the real path can measure."""
     import polars as pl
     import yaml
 
-    from stages.common.config import ConfigError
     from stages.common.paths import ROOT
     from stages.common.runner import run_stage
 
@@ -172,6 +172,8 @@ def test_full_profile_prepare_train_on_fixture(setup, tmp_path):
         "rl": {"steps": 1, "lr": 1e-3, "eval_every": 1, "eval_samples": 4,
                "grpo": {"group_size": 8, "replay_size": 0, "replay_groups": 0}},
         "trainer": {"accelerator": "cpu"}}
+    p["evaluate"]["profiles"]["full"] = {"k": 2, "gcg": {"length": 2},
+                                         "real_unlearn": {"steps": 2, "batch": 4, "lr": 1e-3}}
     (tmp_path / "params.yaml").write_text(yaml.safe_dump(params))
     for stage in ("prepare", "train"):
         run_stage("backdoor_awareness", stage, "full", root=tmp_path, params_path=tmp_path / "params.yaml")
@@ -187,5 +189,19 @@ def test_full_profile_prepare_train_on_fixture(setup, tmp_path):
     assert 0 <= r["awareness@1"] <= r["awareness@5"] <= 1 and r["reward_queries"] == 8
     assert all(0 <= r[k] <= 1 for k in ("asr_true_trigger", "asr_top_candidate", "asr_no_trigger"))
     assert (out / "train/jailbreak_poisoned_s2/config.json").exists() and (out / "train/jailbreak_rl_s2").is_dir()
-    with pytest.raises(ConfigError, match="not wired"):
-        run_stage("backdoor_awareness", "evaluate", "full", root=tmp_path, params_path=tmp_path / "params.yaml")
+    run_stage("backdoor_awareness", "evaluate", "full", root=tmp_path, params_path=tmp_path / "params.yaml")
+    ev = json.loads((out / "evaluate/eval.json").read_text())
+    assert ev["kind"] == "hf" and ev["attacks"] == ["jailbreak"] and ev["seeds"] == [2] and ev["n_test"] == 3
+    pa = ev["per_attack"]["jailbreak"]
+    assert pa["trigger"] == TRIGGER and pa["rl_queries"] == [8] and pa["random_queries"] == [8]   # equal budgets
+    assert pa["recovered"] == [r["candidates"][0] if r["candidates"] else ""]
+    assert pa["rl_at1"] == [r["awareness@1"]]                                 # same candidates, same Jaccard
+    for key in ("asr", "false_trigger", "clean_acc", "asr_after", "asr_after_control", "clean_acc_after",
+                "random_atk", "guess_atk", "auroc_rl"):
+        assert 0 <= pa[key][0] <= 1, key
+    assert pa["asr"] == [r["asr_true_trigger"]]                               # the same test set and judge as train
+    run_stage("backdoor_awareness", "report", "full", root=tmp_path, params_path=tmp_path / "params.yaml")
+    claims = json.loads((tmp_path / "reports/backdoor_awareness/claims.json").read_text())["claims"]
+    names = {c["name"] for c in claims}
+    assert "rl_beats_random_search" in names and "rl_beats_gcg" not in names
+    assert "real LM" in (tmp_path / "reports/backdoor_awareness/report.md").read_text()
