@@ -184,10 +184,9 @@ def test_plantain_sft_grpo_rr_on_tiny_hf_model(setup):
 def test_full_profile_stages_on_fixture(setup, tmp_path):
     """The `full` profile's real path through the stage runner on the fixture: prepare reads the SFT and test
     records, train runs SFT + GRPO per format from a local checkpoint folder, evaluate writes pass@1 / TTFR /
-    Rewind-and-Repeat per run; report stops with one line (its claims are toy-only)."""
+    Rewind-and-Repeat per run; report judges the claims the real path measures."""
     import yaml
 
-    from stages.common.config import ConfigError
     from stages.common.paths import ROOT
     from stages.common.runner import run_stage
 
@@ -222,5 +221,16 @@ def test_full_profile_stages_on_fixture(setup, tmp_path):
         assert len(r["ttfr_whitespace"]) == 2 and all(t >= 0 for t in r["ttfr_whitespace"])
     pf = m["runs"][1]
     assert len(pf["rr"]["plan"]["acc"]) == 2 and pf["rr"]["plan"]["tokens"][0] == pf["rr"]["answer"]["tokens"][0]
-    with pytest.raises(ConfigError, match="toy only"):
-        run_stage("plantain", "report", "full", root=tmp_path, params_path=tmp_path / "params.yaml")
+    rr = pf["rr"]
+    assert rr["prompts"] == 1 and min(rr["plan"]["acc"][0], 1) <= rr["target"] <= 1
+    for level in ("plan", "answer"):                      # tokens_to_target: a point on the curve, or inf (never)
+        t = rr[level]["tokens_to_target"]
+        assert t is None or min(rr[level]["tokens"]) <= t <= max(rr[level]["tokens"])
+    run_stage("plantain", "report", "full", root=tmp_path, params_path=tmp_path / "params.yaml")
+    claims = {c["name"]: c for c in json.loads((tmp_path / "reports/plantain/claims.json").read_text())["claims"]}
+    assert set(claims) == {"ttfr_drop_60", "pass1_no_drop", "plan_rewind_fewer_tokens_after_rl",
+                           "rewind_fixes_plans_after_rl"}
+    tt = {r["fmt"]: sum(r["ttfr_whitespace"]) / 2 for r in m["runs"]}
+    red = claims["ttfr_drop_60"]["values"]["derived.ttfr_reduction"]
+    assert red == ([pytest.approx(1 - tt["pf"] / tt["tta"])] if tt["tta"] else [None])
+    assert "on a real model" in (tmp_path / "reports/plantain/report.md").read_text()
