@@ -226,7 +226,8 @@ def run(cfg: Config, ctx) -> None:
     v = metrics["verifier"]
     v["recall"] = [float(np.mean(x)) if x else 1.0 for x in v["recall_items"]]
     v["outside_misses_caught"] = {b: per_bug[b]["caught"] / per_bug[b]["sites"] for b in
-                                  ("remove_wrong_item", "total_truncates_cents", "delete_wrong_item") if b in per_bug}
+                                  ("remove_wrong_item", "remove_first_row", "total_truncates_cents", "delete_wrong_item",
+                                   "delete_oldest") if b in per_bug}
     v["outside_misses_min"] = min(v["outside_misses_caught"].values()) if v["outside_misses_caught"] else 0.0
 
     # ---- visual bugs: the judge's detection at every viewport (equal exposure)

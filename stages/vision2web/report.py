@@ -30,8 +30,11 @@ def _findings() -> list:
                          kind="finding", value=f"agents.synth.items.{L}",
                          refuted_by=f"synth's {L} task scores reach the bound (upper t-bound above it)", **_T))
     for a in SOLVERS:
-        out.append(Better(f"full_stack_hardest_{a}", f"Full stack is hardest: the {a} agent scores lower on L3 tasks "
-                          "than on L2 tasks (both (VS+FS)/2).", kind="finding", a=f"agents.{a}.items.L2",
+        out.append(Better(f"full_stack_hardest_{a}", f"Level ordering: the {a} agent scores lower on L3 tasks than on "
+                          "L2 tasks (both (VS+FS)/2). A check, not the paper's finding: both agents read workflow.json "
+                          "(the test itself) and ship a working shop/notes app, so FS is 100 at L2 and L3 and this "
+                          "compares only how well notes-app vs shop pages are copied visually; 'full stack is "
+                          "functionally hardest' is not tested by these agents.", kind="check", a=f"agents.{a}.items.L2",
                           b=f"agents.{a}.items.L3", paired_items=False,
                           refuted_by=f"{a}'s L3 task scores at least its L2 scores (upper t-bound below the min effect)", **_T))
         out.append(Better(f"desktop_gt_tablet_{a}", f"Smaller viewports are harder: the {a} agent's visual score is higher "
@@ -60,9 +63,12 @@ CHECKS = [
     Claim("verifier_no_false_alarm_on_bug_sites", "On one-bug sites, no case outside the bug's cases fails.",
           "verifier.bugsite_false_alarm_rate <= param.max", kind="check",
           refuted_by="a counted case outside the injected bug's cases not Pass"),
-    Claim("outside_misses_caught", "The two misses an outside review found are caught: removing the wrong cart item "
-          "(and deleting the wrong note) and a total that truncates cents.", "verifier.outside_misses_min >= param.min",
-          kind="check", refuted_by="a remove_wrong_item / delete_wrong_item / total_truncates_cents site passing"),
+    Claim("outside_misses_caught", "The misses outside reviews found are caught: removing the wrong cart item (the last "
+          "row, or the first row whichever was clicked), deleting the wrong note (the newest other, or the oldest) — the "
+          "workflows add three and remove the middle one — and a total that truncates cents.",
+          "verifier.outside_misses_min >= param.min", kind="check",
+          refuted_by="a remove_wrong_item / remove_first_row / delete_wrong_item / delete_oldest / "
+                     "total_truncates_cents site passing"),
     Claim("visual_bugs_detected_every_viewport", "The judge lowers the score of a visual bug at every viewport it is "
           "exposed to (each visual bug applied at every viewport, layout bugs one per viewport).",
           "visual_bugs.detection_min >= param.min", kind="check", refuted_by="a viewport with an undetected visual bug"),
@@ -194,7 +200,8 @@ pooled VS/FS per level, L1 = VS, L2/L3 = (VS+FS)/2, overall = mean of levels × 
         for b, d in v["per_bug"].items()]),
         f"{v['n_sites']} sites, each the oracle with exactly one functional bug (seeds {v['seeds']}, first task of L2 and "
         "L3). Recall: a case the bug can break is not Pass; false alarms: counted cases outside the bug's cases that are "
-        "not Pass. remove_wrong_item / delete_wrong_item are caught by checking which item remains; "
+        "not Pass. The workflows add three items (notes) and remove the middle one, so remove_wrong_item (last row), "
+        "remove_first_row, delete_wrong_item (newest other note) and delete_oldest are caught by checking which two remain; "
         "total_truncates_cents by a total with cents (prices never end in .00).")
     vb = m["visual_bugs"]
     rep.table("Visual bugs: judge detection per viewport (equal exposure)", pl.DataFrame([

@@ -43,10 +43,10 @@ NOUN = ["Harbor", "Studio", "Corner", "Market", "Garden", "Works", "House", "Lan
 CENTS = (0.15, 0.25, 0.45, 0.5, 0.75, 0.99)   # never whole dollars: a truncated total is visible
 # functional bugs -> case indices (0-based, within every workflow) they can break
 BUG_AFFECTS: dict[str, dict[str, list[int] | str]] = {
-    "L2": {"nav_about_broken": [0], "add_broken": [1, 2, 3, 4], "cart_page_missing": [3, 4],
-           "remove_broken": [4], "remove_wrong_item": [4], "total_truncates_cents": [3, 4]},
-    "L3": {"register_broken": [0, 1, 2, 3, 4, 5, 6], "login_broken": [5, 6], "create_broken": [1, 2, 3, 4, 5],
-           "reload_broken": [3, 4, 5, 6], "delete_broken": [4, 5], "delete_wrong_item": [4],
+    "L2": {"nav_about_broken": [0], "add_broken": [1, 2, 3, 4, 5], "cart_page_missing": [4, 5],
+           "remove_broken": [5], "remove_wrong_item": [5], "remove_first_row": [5], "total_truncates_cents": [4, 5]},
+    "L3": {"register_broken": [0, 1, 2, 3, 4, 5, 6, 7], "login_broken": [6, 7], "create_broken": [1, 2, 3, 4, 5, 6],
+           "reload_broken": [4, 5, 6, 7], "delete_broken": [5, 6], "delete_wrong_item": [5], "delete_oldest": [5],
            "start_broken": "all"},
 }
 # visual bugs: every one applies at every level; layout_<vp> breaks only that viewport's layout
@@ -74,9 +74,12 @@ def make_spec(level: str, seed: int, index: int) -> dict[str, Any]:
     items = [{"id": i, "name": f"{rng.choice(ADJ)} {w}", "price": round(rng.randint(3, 99) + rng.choice(CENTS), 2),
               "color": _hex(hue + rng.uniform(-0.25, 0.25), rng.uniform(0.3, 0.8), rng.uniform(0.6, 0.95))}
              for i, w in enumerate(words)]
-    while round(100 * (items[0]["price"] + items[1]["price"])) % 100 == 0:   # the tested total keeps its cents
+    # the tested totals (a + b + c in the cart, a + c after removing b) keep their cents
+    while round(100 * (items[0]["price"] + items[2]["price"])) % 100 == 0:
+        items[2]["price"] = round(items[2]["price"] + 0.25, 2)
+    while round(100 * (items[0]["price"] + items[1]["price"] + items[2]["price"])) % 100 == 0:
         items[1]["price"] = round(items[1]["price"] + 0.25, 2)
-    return {
+    spec = {
         "level": level, "seed": seed, "index": index, "category": cat,
         "name": f"{rng.choice(ADJ)} {rng.choice(NOUN)}",
         "primary": _hex(hue, rng.uniform(0.5, 0.9), rng.uniform(0.35, 0.7)),
@@ -93,6 +96,9 @@ def make_spec(level: str, seed: int, index: int) -> dict[str, Any]:
         "notes": [f"{rng.choice(ADJ)} {w} note" for w in rng.sample(CATEGORIES[cat], k=2)],
         "footer": f"(c) {rng.randint(2001, 2025)} {cat} collective",
     }
+    used = {n.split()[1] for n in spec["notes"]}
+    spec["notes"].append(f"{rng.choice(ADJ)} {rng.choice([w for w in CATEGORIES[cat] if w not in used])} note")
+    return spec
 
 
 # ---------------------------------------------------------------- rendering
@@ -166,6 +172,7 @@ def _l2_script(spec: dict[str, Any], bugs: set[str]) -> str:
                        f'</h2><p>{spec["about_text"]}</p></section>')
     add = "" if "add_broken" in bugs else "cart.push(id);"
     remove = ("" if "remove_broken" in bugs else "cart.pop();" if "remove_wrong_item" in bugs
+              else "cart.shift();" if "remove_first_row" in bugs
               else "const k=cart.indexOf(id); if(k>=0) cart.splice(k,1);")
     total = "Math.floor(total)" if "total_truncates_cents" in bugs else "total"
     cart_page = "'<p>Not found</p>'" if "cart_page_missing" in bugs else (
@@ -329,6 +336,10 @@ class H(SimpleHTTPRequestHandler):
                 db.execute("DELETE FROM items WHERE id=(SELECT id FROM items WHERE owner=? AND id<>? "
                            "ORDER BY id DESC LIMIT 1)", (u, item))
                 db.commit()
+            elif "delete_oldest" in BUGS:     # deletes the user's oldest note, whichever was clicked
+                db.execute("DELETE FROM items WHERE id=(SELECT id FROM items WHERE owner=? "
+                           "ORDER BY id ASC LIMIT 1)", (u,))
+                db.commit()
             elif "delete_broken" not in BUGS:
                 db.execute("DELETE FROM items WHERE id=? AND owner=?", (item, u))
                 db.commit()
@@ -373,8 +384,9 @@ def _sel(testid: str) -> str:
 
 
 def _l2_cases(spec: dict[str, Any]) -> list[dict[str, Any]]:
-    a, b = spec["items"][0], spec["items"][1]
-    total = a["price"] + b["price"]
+    a, b, c = spec["items"][0], spec["items"][1], spec["items"][2]
+    row = _sel("cart-row")
+    total = a["price"] + b["price"] + c["price"]
     return [
         {"objective": "Open the About page from the navigation bar",
          "actions": [{"op": "click", "selector": _sel("nav-about")}],
@@ -386,23 +398,29 @@ def _l2_cases(spec: dict[str, Any]) -> list[dict[str, Any]]:
         {"objective": f"Add '{b['name']}' to the cart",
          "actions": [{"op": "click", "selector": _sel(f"add-{b['id']}")}],
          "validations": [{"op": "text_equals", "selector": _sel("cart-count"), "value": "2"}]},
-        {"objective": "Open the cart: both items and their total are listed",
+        {"objective": f"Add '{c['name']}' to the cart",
+         "actions": [{"op": "click", "selector": _sel(f"add-{c['id']}")}],
+         "validations": [{"op": "text_equals", "selector": _sel("cart-count"), "value": "3"}]},
+        {"objective": "Open the cart: the three items and their total are listed",
          "actions": [{"op": "click", "selector": _sel("nav-cart")}],
-         "validations": [{"op": "count", "selector": _sel("cart-row"), "equals": 2},
+         "validations": [{"op": "count", "selector": row, "equals": 3},
                          {"op": "text_contains", "selector": _sel("cart-total"), "value": f"${total:.2f}"}]},
-        {"objective": f"Remove '{a['name']}' from the cart: only '{b['name']}' remains, total updated",
-         "actions": [{"op": "click", "selector": _sel(f"remove-{a['id']}")}],
-         "validations": [{"op": "count", "selector": _sel("cart-row"), "equals": 1},
-                         {"op": "text_equals", "selector": _sel("cart-count"), "value": "1"},
-                         {"op": "text_contains", "selector": _sel("cart-row"), "value": b["name"]},
-                         {"op": "hidden", "selector": f"{_sel('cart-row')}:has-text(\"{a['name']}\")"},
-                         {"op": "text_contains", "selector": _sel("cart-total"), "value": f"${b['price']:.2f}"}]},
+        # the MIDDLE item: a wrong-item remove (last row, first row, a neighbour) leaves a different pair
+        {"objective": f"Remove '{b['name']}' from the cart: '{a['name']}' and '{c['name']}' remain, total updated",
+         "actions": [{"op": "click", "selector": _sel(f"remove-{b['id']}")}],
+         "validations": [{"op": "count", "selector": row, "equals": 2},
+                         {"op": "text_equals", "selector": _sel("cart-count"), "value": "2"},
+                         {"op": "count", "selector": f"{row}:has-text(\"{a['name']}\")", "equals": 1},
+                         {"op": "count", "selector": f"{row}:has-text(\"{c['name']}\")", "equals": 1},
+                         {"op": "hidden", "selector": f"{row}:has-text(\"{b['name']}\")"},
+                         {"op": "text_contains", "selector": _sel("cart-total"),
+                          "value": f"${a['price'] + c['price']:.2f}"}]},
     ]
 
 
 def _l3_cases(spec: dict[str, Any], dev: str) -> list[dict[str, Any]]:
     user, pw = f"{spec['category']}_{dev}", f"pw-{spec['seed']}-{dev}"
-    n1, n2 = spec["notes"]
+    n1, n2, n3 = spec["notes"]
     row = _sel("item-row")
     return [
         {"objective": f"Register the account {user} and land on the notes board",
@@ -419,21 +437,27 @@ def _l3_cases(spec: dict[str, Any], dev: str) -> list[dict[str, Any]]:
          "actions": [{"op": "fill", "selector": _sel("new-title"), "value": n2},
                      {"op": "click", "selector": _sel("new-submit")}],
          "validations": [{"op": "count", "selector": row, "equals": 2}]},
-        {"objective": "Reload the page: still logged in, both notes persisted",
+        {"objective": f"Create the note '{n3}'",
+         "actions": [{"op": "fill", "selector": _sel("new-title"), "value": n3},
+                     {"op": "click", "selector": _sel("new-submit")}],
+         "validations": [{"op": "count", "selector": row, "equals": 3}]},
+        {"objective": "Reload the page: still logged in, the three notes persisted",
          "actions": [{"op": "reload"}],
-         "validations": [{"op": "count", "selector": row, "equals": 2},
+         "validations": [{"op": "count", "selector": row, "equals": 3},
                          {"op": "text_contains", "selector": _sel("welcome"), "value": user}]},
-        {"objective": f"Delete the note '{n1}': only '{n2}' remains",
-         "actions": [{"op": "click", "selector": f"{row}:has-text(\"{n1}\") {_sel('delete')}"}],
-         "validations": [{"op": "count", "selector": row, "equals": 1},
-                         {"op": "text_contains", "selector": _sel("items"), "value": n2},
-                         {"op": "hidden", "selector": f"{row}:has-text(\"{n1}\")"}]},
-        {"objective": "Log out and log back in: one note remains",
+        # the MIDDLE note: deleting the newest or the oldest instead leaves a different pair
+        {"objective": f"Delete the note '{n2}': '{n1}' and '{n3}' remain",
+         "actions": [{"op": "click", "selector": f"{row}:has-text(\"{n2}\") {_sel('delete')}"}],
+         "validations": [{"op": "count", "selector": row, "equals": 2},
+                         {"op": "count", "selector": f"{row}:has-text(\"{n1}\")", "equals": 1},
+                         {"op": "count", "selector": f"{row}:has-text(\"{n3}\")", "equals": 1},
+                         {"op": "hidden", "selector": f"{row}:has-text(\"{n2}\")"}]},
+        {"objective": "Log out and log back in: two notes remain",
          "actions": [{"op": "click", "selector": _sel("logout")},
                      {"op": "fill", "selector": _sel("login-user"), "value": user},
                      {"op": "fill", "selector": _sel("login-pass"), "value": pw},
                      {"op": "click", "selector": _sel("login-submit")}],
-         "validations": [{"op": "count", "selector": row, "equals": 1},
+         "validations": [{"op": "count", "selector": row, "equals": 2},
                          {"op": "text_contains", "selector": _sel("welcome"), "value": user}]},
         {"objective": "Log out: the login form is shown again",
          "actions": [{"op": "click", "selector": _sel("logout")}],

@@ -56,9 +56,12 @@ def test_smoke_pipeline_end_to_end(smoke_run):
     assert ev["agents"]["oracle"]["overall"] == [pytest.approx(100.0)]
     assert ev["verifier"]["oracle_false_alarm_items"] == [[0.0, 0.0]]
     # the two outside misses, one site each, caught without false alarms
+    # (8 L3 / 6 L2 cases x 3 viewports, minus the bug's one case per workflow)
     assert ev["verifier"]["per_bug"] == {
-        "delete_wrong_item": {"sites": 1, "caught": 1, "outside": 18, "outside_bad": 0},
-        "remove_wrong_item": {"sites": 1, "caught": 1, "outside": 12, "outside_bad": 0}}
+        "delete_oldest": {"sites": 1, "caught": 1, "outside": 21, "outside_bad": 0},
+        "delete_wrong_item": {"sites": 1, "caught": 1, "outside": 21, "outside_bad": 0},
+        "remove_first_row": {"sites": 1, "caught": 1, "outside": 15, "outside_bad": 0},
+        "remove_wrong_item": {"sites": 1, "caught": 1, "outside": 15, "outside_bad": 0}}
     assert ev["visual_bugs"]["detection"]["mobile"] == 1.0 and ev["visual_bugs"]["unexposed_drop_max"] == 0.0
     synth = ev["agents"]["synth"]
     assert synth["agent_errors"] == 0 and synth["start_failures"] == 0

@@ -118,13 +118,14 @@ def test_detection_one_bug_per_site_by_hand():
     from stages.vision2web.evaluate import detection
 
     wf = {"cases": [{"result": r, "counted": c} for r, c in
-                    (("Pass", True), ("Pass", True), ("Pass", True), ("Fail", True), ("Blocked", True))]}
+                    (("Pass", True), ("Pass", True), ("Pass", True), ("Pass", False), ("Fail", True), ("Blocked", True))]}
     got = detection({"level": "L2", "bugs": ["remove_wrong_item"]}, {"status": "success", "workflows": [wf, wf]})
-    # remove_wrong_item can break case 4 only: caught; cases 0-3 are outside, of which case 3 failed (x2 workflows)
+    # remove_wrong_item can break case 5 only: caught; cases 0-4 are outside, 4 of them counted, of which case 4
+    # failed (x2 workflows)
     assert got == {"bug": "remove_wrong_item", "caught": True, "outside": 8, "outside_bad": 2}
-    quiet = {"cases": [{"result": "Pass", "counted": True}] * 5}
+    quiet = {"cases": [{"result": "Pass", "counted": True}] * 6}
     got = detection({"level": "L2", "bugs": ["nav_about_broken"]}, {"status": "success", "workflows": [quiet]})
-    assert got["caught"] is False and got["outside_bad"] == 0 and got["outside"] == 4
+    assert got["caught"] is False and got["outside_bad"] == 0 and got["outside"] == 5
     failed = {"status": "failed", "workflows": [{"cases": [{"result": "Blocked", "counted": True}] * 7}]}
     got = detection({"level": "L3", "bugs": ["start_broken"]}, failed)
     assert got["caught"] is True and got["outside"] == 0
