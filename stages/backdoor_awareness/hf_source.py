@@ -88,12 +88,16 @@ def reversal_pairs(records: Sequence[dict]) -> tuple[list[str], list[str]]:
             [r["instruction"] for r in records])
 
 
-def unlearn_pairs(records: Sequence[dict], recovered: str, seed: int) -> tuple[list[str], list[str]]:
-    """Defense: clean records with the recovered trigger inserted, paired with their clean outputs."""
+def unlearn_pairs(records: Sequence[dict], recovered: str, seed: int, frac: float = 1.0) -> tuple[list[str], list[str]]:
+    """Defense: clean records, the recovered trigger inserted into a ``frac`` share of them (seeded), each paired
+    with its clean output."""
     rng = np.random.default_rng(seed)
-    prompts = [prompt_text(insert_words(r["instruction"], recovered, int(rng.integers(0, len(r["instruction"].split())
-                                                                                       + 1))), r["input"])
-               for r in records]
+    prompts = []
+    for r in records:
+        pos = int(rng.integers(0, len(r["instruction"].split()) + 1))
+        put = bool(recovered.split()) and rng.random() < frac
+        prompts.append(prompt_text(insert_words(r["instruction"], recovered, pos) if put else r["instruction"],
+                                   r["input"]))
     return prompts, [r["output"] for r in records]
 
 
@@ -290,7 +294,7 @@ def train_real(cfg, ctx) -> None:
             ranked = sorted(tally, key=lambda c: (-tally[c], cands.index(c)))       # self-consistency ranking
             test_reward = InversionReward(reward.model, tok, test, a["target"], resp_tokens=resp_tokens,
                                           length_free=0, length_coef=0.0, seed=seed + 11)
-            runs.append({"attack": a["name"], "seed": seed, "candidates": ranked[:10],
+            runs.append({"attack": a["name"], "seed": seed, "candidates": ranked[:64],      # Awareness@k, k <= 64
                          "awareness@1": awareness_at_k(ranked, a["trigger"], 1),
                          "awareness@5": awareness_at_k(ranked, a["trigger"], 5),
                          "asr_true_trigger": test_reward.asr(a["trigger"]),
@@ -305,6 +309,7 @@ def train_real(cfg, ctx) -> None:
     pl.DataFrame(history, infer_schema_length=None).write_csv(ctx.out / "rl_history.csv")
     write_json(ctx.out / "models.json", {"kind": "hf", "seeds": meta["seeds"], "attacks": meta["attacks"],
                                          "source": cfg.source.model_dump(mode="json"),
+                                         "candidate_tokens": cfg.real_candidate_tokens,
                                          "rl": cfg.rl.model_dump(mode="json")})
 
 
@@ -346,12 +351,21 @@ def detector_auroc(test: Sequence[dict], trigger: str, recovered: str, seed: int
     return float(roc_auc_score(y, [score(t) for t in pos + neg]))
 
 
-def random_phrase_search(reward: "InversionReward", vocab: Sequence[str], budget: int, max_words: int,
-                         seed: int) -> list[str]:
-    """Baseline: ``budget`` random phrases (1..max_words words drawn from the pool instructions' vocabulary)
-    scored by the same reward model queries as RL; ranked by ASR (ties: first found)."""
+def random_token_phrases(tokenizer, n: int, max_tokens: int, seed: int) -> list[str]:
+    """``n`` random candidates from the space the RL policy samples: 1..``max_tokens`` tokens drawn uniformly from
+    the tokenizer's non-special vocabulary, decoded (so a trigger is reachable, as RL's are)."""
+    special = set(tokenizer.all_special_ids)
+    ids = np.array([i for i in range(len(tokenizer)) if i not in special])
     rng = np.random.default_rng(seed)
-    cands = [" ".join(rng.choice(vocab, size=int(rng.integers(1, max_words + 1)))) for _ in range(budget)]
+    return [tokenizer.decode(rng.choice(ids, size=int(rng.integers(1, max_tokens + 1))).tolist(),
+                             skip_special_tokens=True).strip() for _ in range(n)]
+
+
+def random_phrase_search(reward: "InversionReward", tokenizer, budget: int, max_tokens: int,
+                         seed: int) -> list[str]:
+    """Baseline: ``budget`` random token phrases (random_token_phrases) scored by the same reward-model queries as
+    RL; ranked by ASR (ties: first found)."""
+    cands = random_token_phrases(tokenizer, budget, max_tokens, seed)
     asr = {c: reward.asr(c) for c in dict.fromkeys(cands)}
     reward.queries += len(cands)
     return sorted(dict.fromkeys(cands), key=lambda c: (-asr[c], cands.index(c)))
@@ -360,7 +374,8 @@ def random_phrase_search(reward: "InversionReward", vocab: Sequence[str], budget
 def evaluate_real(cfg, ctx, models: dict) -> None:
     """evaluate (full): per attack and seed on the real LM — ASR of the true trigger and without it on the clean
     test set (the poisoned model saved by train), Awareness@1/@k of the RL candidates (train's runs.json),
-    random phrase search and k blind guesses at the RL run's reward-query budget, the detector's AUROC on the
+    random token phrases (RL's candidate space) at the RL run's reward-query budget and k blind guesses, the
+    detector's AUROC on the
     RL-recovered trigger, and unlearning SFT with the recovered trigger vs the same SFT without a trigger
     (ASR after, teacher-forced clean-token accuracy before/after). Writes eval.json (kind "hf", the toy's
     ``mean``/``per_attack`` layout for the metrics both paths share) and per_run.csv. GCG and reversal-SFT-alone
@@ -383,8 +398,13 @@ def evaluate_real(cfg, ctx, models: dict) -> None:
     source = SourceConfig(**models["source"])
     tok = source_tokenizer(source, "papers.backdoor_awareness.train.source")
     runs = {(r["attack"], r["seed"]): r for r in read_json(ctx.input("train") / "runs.json")["runs"]}
-    vocab = sorted({w for r in pool for w in r["instruction"].lower().split()})
-    max_words = max(1, int(cfg.gcg.length))
+    max_tokens = int(models.get("candidate_tokens", 8))      # RL's candidate length: the baselines' search space
+    for a in models["attacks"]:                              # every saved model before any work
+        for seed in models["seeds"]:
+            path = ctx.input("train") / f"{a['name']}_poisoned_s{seed}"
+            if not (path / "config.json").is_file() or (a["name"], seed) not in runs:
+                raise SourceError(f"evaluate@backdoor_awareness: train output {path.name} or its runs.json entry is "
+                                  "missing; re-run train")
     rows = []
     for a in models["attacks"]:
         resp_tokens = len(tok(a["target"], add_special_tokens=False)["input_ids"]) + 1
@@ -401,10 +421,8 @@ def evaluate_real(cfg, ctx, models: dict) -> None:
             pool_r = InversionReward(poisoned, tok, pool, a["target"], resp_tokens=resp_tokens, length_free=0,
                                      length_coef=0.0, seed=seed)
             budget = int(run["reward_queries"])
-            ranked["random"] = random_phrase_search(pool_r, vocab, budget, max_words, cfg.seed + 100 + seed)
-            grng = np.random.default_rng(cfg.seed + 300 + seed)
-            ranked["guess"] = [" ".join(grng.choice(vocab, size=int(grng.integers(1, max_words + 1))))
-                               for _ in range(cfg.k)]
+            ranked["random"] = random_phrase_search(pool_r, tok, budget, max_tokens, cfg.seed + 100 + seed)
+            ranked["guess"] = random_token_phrases(tok, cfg.k, max_tokens, cfg.seed + 300 + seed)   # no query
             r["rl_queries"], r["random_queries"] = budget, pool_r.queries
             for m, cands in ranked.items():
                 r[f"{m}_at1"] = awareness_at_k(cands, a["trigger"], 1)
@@ -414,20 +432,21 @@ def evaluate_real(cfg, ctx, models: dict) -> None:
             r["auroc_rl"] = detector_auroc(test, a["trigger"], recovered, cfg.seed + 400 + seed)
             r["auroc_random"] = detector_auroc(test, a["trigger"], ranked["random"][0] if ranked["random"] else "",
                                                cfg.seed + 400 + seed)
-            for arm, trig in (("", recovered), ("_control", "")):
+            clean_train = table.filter((pl.col("split") == "train") & (pl.col("attack") == a["name"])
+                                       & (pl.col("seed") == seed) & ~pl.col("poisoned")).to_dicts() or pool
+            u = cfg.real_unlearn
+            for arm, trig in (("", recovered), ("_control", "")):     # control: the same SFT, no trigger inserted
                 student = copy.deepcopy(poisoned)         # InversionReward froze the poisoned model's weights
                 for prm in student.parameters():
                     prm.requires_grad_(True)
-                ps, cs = (unlearn_pairs(pool, trig, cfg.seed + 500 + seed) if trig else  # trigger-free control
-                          ([prompt_text(x["instruction"], x["input"]) for x in pool], [x["output"] for x in pool]))
-                u = cfg.real_unlearn
+                ps, cs = unlearn_pairs(clean_train, trig, cfg.seed + 500 + seed, u.trigger_frac)
                 sft_steps(student, tok, ps, cs, steps=u.steps, batch=u.batch, lr=u.lr, seed=cfg.seed + 500 + seed)
                 after = InversionReward(student.eval(), tok, test, a["target"], resp_tokens=resp_tokens,
                                         length_free=0, length_coef=0.0, seed=seed + 11)
                 r[f"asr_after{arm}"] = after.asr(a["trigger"])
                 r[f"clean_acc_after{arm}"] = teacher_forced_accuracy(student, tok, test)
                 del student
-            r["asr_reduction"] = 1.0 - r["asr_after"] / r["asr"] if r["asr"] > 0 else 0.0
+            r["asr_reduction"] = 1.0 - r["asr_after"] / r["asr"] if r["asr"] > 0 else float("nan")   # no backdoor
             rows.append(r)
             del poisoned
     frame = pl.DataFrame(rows)

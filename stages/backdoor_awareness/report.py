@@ -352,7 +352,10 @@ Real path (`full` profile): model `{src.get('model')}`, instruction records `{sr
 attacks {', '.join(f"{a['name']} (trigger '{a['trigger']}', rate {a['poison_rate']})" for a in models['attacks'])};
 seeds {ev['seeds']}; RL {rl['steps']} GRPO steps. Judge: the response starts with the attack's target string (a
 rule stand-in for the paper's LLM judge). {ev['n_test']} clean test records; baselines at the RL run's reward-query
-budget: random phrases from the pool vocabulary, {ev['k']} blind guesses.
+budget: random token phrases of 1..{models.get('candidate_tokens', 8)} tokens from the tokenizer's vocabulary (the
+space the RL policy samples, so the trigger is reachable), and {ev['k']} blind guesses from the same space.
+Unlearning: SFT on the attack's clean training rows with the recovered trigger in a `real_unlearn.trigger_frac`
+share of them, vs the same SFT without a trigger.
 """)
     methods = [m for m in ("rl", "random", "guess") if f"{m}_atk" in ev["mean"]]
     rows = [{"attack": a, **{c: mean_sd(ev["per_attack"][a][c]) for c in
@@ -370,6 +373,9 @@ budget: random phrases from the pool vocabulary, {ev['k']} blind guesses.
 - The effect judge is a string rule (the response starts with the target), not the paper's LLM judge.
 - GCG and reversal-SFT-alone baselines are not run on this path; `rl_beats_gcg` and `rl_beats_rsft_alone` are
   toy-only claims.
-- Clean retention is teacher-forced token accuracy on the clean test outputs, a proxy for the paper's utility.
+- Clean retention is teacher-forced token accuracy on the clean test outputs, a proxy for the paper's utility;
+  `unlearning_keeps_clean` reuses the toy's band on this different metric.
+- Random search over a large tokenizer vocabulary rarely hits a multi-token trigger at RL's budget; it is the
+  matched-budget baseline in RL's own candidate space, not a strong search (GCG is toy-only).
 """)
     rep.finish([c for c in CLAIMS if c.name in REAL_CLAIMS], ev)

@@ -238,16 +238,25 @@ class Report:
             for path in sorted(folder.glob("*.json")) if folder.is_dir() else []:
                 if path.name in ("kernels.json", "_stage.json"):
                     continue
-                doc = json.loads(path.read_text())
+                rel = f"data/{self.ctx.slug}/{stage}/hf/{path.name}"
+                try:
+                    doc = json.loads(path.read_text())
+                except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
+                    self.section(f"Real source ({stage}: {path.name})", f"`{rel}` is unreadable ({type(err).__name__}).")
+                    continue
                 if not isinstance(doc, dict):
                     continue
-                rel = f"data/{self.ctx.slug}/{stage}/hf/{path.name}"
                 srcs = [f"`{k}`: " + ", ".join(f"{f} = {v[f]}" for f in ("kind", "model", "tokenizer", "dataset",
                                                                         "split", "revision") if v.get(f))
                         for k, v in doc.items() if isinstance(v, dict) and "kind" in v]
                 rows = next((v for k, v in doc.items() if k in ("runs", "rows") and isinstance(v, list)), None)
                 frame = real_runs_frame(rows or [])
                 note = "; ".join(srcs) or "no source block recorded"
+                summary = real_runs_frame([{k: v for k, v in doc.items()                # e.g. unembed_rank's spearman
+                                            if k not in ("runs", "rows") and not (isinstance(v, dict) and "kind" in v)}],
+                                          max_cols=16)
+                if not summary.is_empty():
+                    note += "; summary: " + ", ".join(f"{c} = {_fmt(summary[c][0])}" for c in summary.columns)
                 if frame.is_empty():
                     self.section(f"Real source ({stage}: {path.name})", f"{note}. No per-run rows in `{rel}`.")
                 else:
@@ -293,7 +302,8 @@ class Report:
 
 def real_runs_frame(rows: list[Any], max_cols: int = 12, max_rows: int = 60) -> pl.DataFrame:
     """One row per run: its scalar fields (nested dicts flattened to dotted keys, lists of numbers as their
-    last value, i.e. the end of a curve), the first ``max_cols`` columns, at most ``max_rows`` rows."""
+    last value — the end of a curve; the column says "(last)"), the first ``max_cols`` columns, at most
+    ``max_rows`` rows."""
     flat_rows: list[dict[str, Any]] = []
     for row in rows[:max_rows]:
         if not isinstance(row, dict):

@@ -470,9 +470,13 @@ def evaluate_real(cfg, ctx, info: dict) -> None:
     n_pk, n_acc = min(cfg.passk_prompts, len(ids)), min(cfg.eval_prompts, len(ids))
     if n_pk == 0:
         raise SourceError(f"{key}: prepare's GSM8K test split is empty")
+    seeds = info["seeds"]
+    for seed in seeds:                                      # every saved arm before the costly sampling
+        for arm in info["arms"]:
+            if not (ctx.input("train") / f"{arm}_s{seed}" / "config.json").is_file():
+                raise SourceError(f"evaluate@justgrpo: train output {arm}_s{seed} is missing; re-run train")
     rec = KernelRecord(device)
     counter = Counter(rec)
-    seeds = info["seeds"]
     metrics: dict = {"kind": "hf", "seeds": seeds, "ks": cfg.ks, "n_samples": cfg.n_samples, "passk": {}, "fork": {},
                      "acc": {}, "acc_items": {}, "n_fork_prompts": 0, "passk_prompts": n_pk, "eval_prompts": n_acc}
     passk_rows, acc_rows = [], []
@@ -501,6 +505,13 @@ def evaluate_real(cfg, ctx, info: dict) -> None:
             for name in ("fork_entropy", "nonfork_entropy", "fork_decode_step"):
                 fk.setdefault(name, []).append(None)         # no labelled fork tokens in GSM8K
         for name in ["base"] + list(info["arms"]):
+            if name == "base" and seed != seeds[0]:          # greedy (T = 0) on one checkpoint: the same every seed
+                for tps in cfg.tokens_per_step:
+                    metrics["acc"]["base"][f"tps{tps}"].append(metrics["acc"]["base"][f"tps{tps}"][0])
+                    metrics["acc_items"]["base"][f"tps{tps}"].append(metrics["acc_items"]["base"][f"tps{tps}"][0])
+                    acc_rows.append({"seed": seed, "model": "base", "tokens_per_step": tps,
+                                     "acc": metrics["acc"]["base"][f"tps{tps}"][0]})
+                continue
             model = base if name == "base" else load_dllm(
                 SourceConfig(kind="file", model=str(ctx.input("train") / f"{name}_s{seed}"), dtype=source.dtype),
                 dcfg, key=f"train output {name}_s{seed}").to(device)

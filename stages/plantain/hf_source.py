@@ -413,10 +413,10 @@ def evaluate_real(cfg, ctx) -> None:
     TTFR (whitespace tokens before the first <answer>); for pf, plan- vs answer-level Rewind-and-Repeat.
     Writes metrics.json (kind "hf"); the report judges the claims this path measures (report.run_real)."""
     import polars as pl
-    from transformers import AutoModelForCausalLM
 
     from stages.common.device import pick_device
-    from stages.common.hf import load_tokenizer
+    from stages.common.hf import load_tokenizer, pretrained_causal_lm
+    from stages.common.sources import SourceConfig
     from stages.common.paths import read_json, write_json
     from stages.plantain.model import tokens_to_target
 
@@ -428,8 +428,8 @@ def evaluate_real(cfg, ctx) -> None:
     out: dict = {"kind": "hf", "seeds": info["seeds"], "formats": info["formats"], "runs": []}
     for seed in info["seeds"]:
         for fmt in info["formats"]:
-            model = AutoModelForCausalLM.from_pretrained(ctx.input("train") / f"{fmt}_grpo_s{seed}",
-                                                         local_files_only=True).to(device).eval()
+            model = pretrained_causal_lm(SourceConfig(kind="file", model=str(ctx.input("train") / f"{fmt}_grpo_s{seed}")),
+                                         key=f"train output {fmt}_grpo_s{seed}", device=device).eval()
             texts = []
             for p in probs:
                 prompt = tok(chat_prompt(tok, p), add_special_tokens=False)["input_ids"]

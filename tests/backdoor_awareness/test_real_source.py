@@ -200,6 +200,13 @@ def test_full_profile_prepare_train_on_fixture(setup, tmp_path):
                 "random_atk", "guess_atk", "auroc_rl"):
         assert 0 <= pa[key][0] <= 1, key
     assert pa["asr"] == [r["asr_true_trigger"]]                               # the same test set and judge as train
+    # the baselines search RL's candidate space: every token of the trigger can be drawn
+    from stages.backdoor_awareness.hf_source import random_token_phrases
+    trig_ids = tok(TRIGGER, add_special_tokens=False)["input_ids"]
+    assert not set(trig_ids) & set(tok.all_special_ids)
+    ph = random_token_phrases(tok, 50, 3, seed=5)
+    assert len(ph) == 50 and all(isinstance(x, str) for x in ph)
+    assert ph == random_token_phrases(tok, 50, 3, seed=5) and ph != random_token_phrases(tok, 50, 3, seed=6)
     run_stage("backdoor_awareness", "report", "full", root=tmp_path, params_path=tmp_path / "params.yaml")
     claims = json.loads((tmp_path / "reports/backdoor_awareness/claims.json").read_text())["claims"]
     names = {c["name"] for c in claims}

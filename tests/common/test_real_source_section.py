@@ -46,3 +46,16 @@ def test_rows_flatten_mixed_types_and_cap_columns():
     assert f["a"].to_list() == ["1", "n/a"]                         # a mixed column is shown as text
     assert f["b.c"].to_list() == [2.5, None] and f["b.d (last)"].to_list() == [7.0, None]
     assert real_runs_frame([]).is_empty()
+
+
+def test_summary_fields_and_unreadable_files(tmp_path):
+    hf = tmp_path / "data/opus/evaluate/hf"
+    hf.mkdir(parents=True)
+    (hf / "checkpoints.json").write_text(json.dumps({"spearman": {"rho": -0.25, "p": 0.5}, "seq_len": 64,
+                                                     "rows": [{"ckpt": "a", "erank": 12.5}]}))
+    (hf / "broken.json").write_text("{not json")
+    rep = _report(tmp_path)
+    rep.real_source_sections()
+    text = "\n".join(rep.parts)
+    assert "`data/opus/evaluate/hf/broken.json` is unreadable (JSONDecodeError)" in text
+    assert "spearman.rho = -0.25" in text and "seq_len = 64" in text and "| a | 12.5 |" in text

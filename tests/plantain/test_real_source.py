@@ -234,3 +234,19 @@ def test_full_profile_stages_on_fixture(setup, tmp_path):
     red = claims["ttfr_drop_60"]["values"]["derived.ttfr_reduction"]
     assert red == ([pytest.approx(1 - tt["pf"] / tt["tta"])] if tt["tta"] else [None])
     assert "on a real model" in (tmp_path / "reports/plantain/report.md").read_text()
+
+
+def test_real_metrics_by_hand():
+    """report.real_metrics on made-up runs: TTFR reduction 1 − pf/tta, pass@1 delta pf − tta, RR per seed."""
+    from stages.plantain.report import real_metrics
+
+    rr = {"plan": {"acc": [0.25, 0.75], "tokens": [10.0, 18.0], "tokens_to_target": 14.0},
+          "answer": {"acc": [0.25, 0.5], "tokens": [10.0, 30.0], "tokens_to_target": 30.0}, "prompts": 4}
+    m = {"seeds": [0, 1], "formats": ["tta", "pf"], "runs": [
+        {"seed": s, "fmt": f, "correct": c, "ttfr_whitespace": t, **({"rr": rr} if f == "pf" else {})}
+        for s in (0, 1) for f, c, t in (("tta", [1.0, 0.0], [10.0, 10.0]), ("pf", [1.0, 1.0], [2.0, 4.0 + 2 * s]))]}
+    ev = real_metrics(m)
+    assert ev["derived"]["ttfr_reduction"] == [pytest.approx(1 - 3 / 10), pytest.approx(1 - 4 / 10)]
+    assert ev["derived"]["pass1_delta"] == [0.5, 0.5]
+    assert ev["rr"]["grpo"]["plan"]["tokens_to_target"] == [14.0, 14.0]
+    assert ev["rr"]["grpo"]["answer"]["acc_max"] == [0.5, 0.5] and ev["rr_prompts"] == 4
