@@ -270,7 +270,9 @@ What a red-team pass (REVIEW.md, done by the author on the final design) found a
 - **One author wrote the benchmark and both solver agents.** The synthesis agent never sees the oracle's HTML, the
   spec or the component boxes (it is served over HTTP and reads only the messages), but its archetypes (header /
   hero / card grid / footer, shop SPA, notes app) match the generator's vocabulary and it was debugged on the
-  generator's pages (first-seed tasks of the smoke profile). Its errors (a font family it cannot identify, font
+  generator's pages (first-seed tasks of the smoke profile; seed 0 is also one of the evaluation seeds, and its
+  tasks score no higher than the others'). Both agents read workflow.json, i.e. the functional test itself, so FS
+  cannot separate them (the level ordering is a check for that reason). Its errors (a font family it cannot identify, font
   metrics it assumes, spacing estimated from ink) are inference limits, not injected bugs, but they are one
   program's, not a population of LLMs'. The level and viewport findings are statements about these two agents on
   this benchmark, not about LLM coding agents.
@@ -280,7 +282,8 @@ What a red-team pass (REVIEW.md, done by the author on the final design) found a
 - **The judge is a calibrated pixel statistic, not a VLM.** The calibration targets are our reading of the rubric
   (the card states only .75 = < 2 px / minor typo and 0 = missing); the per-perturbation table shows which cases
   the linear map confuses. The weights were fitted on the training pages before the run (`judge_params_current`
-  fails if they are stale); the held-out pages were not used for the fit.
+  fails if they are stale); the held-out pages were not used for the fit — but the perturbation TYPES are the same
+  in both splits, so the calibration error is for seen kinds of change on unseen pages.
 - **Checks are mechanical.** Verifier recall is measured on {m['verifier']['n_sites']} one-bug sites (one per bug type,
   first task of L2 and L3 of seed(s) {m['verifier']['seeds']}); visual-bug detection on the first L1 task of the first
   seed. Bugs are placed by us; an outside review's misses (wrong item removed, cents truncated) are among them.
