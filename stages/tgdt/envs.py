@@ -5,12 +5,14 @@
   [x / 20, y / 20, vx, vy]. Task = target velocity v* = speed · (cos θ, sin θ): 8 compass
   directions × 3 speeds (slow 0.25, medium 0.5, fast 0.8); reward r = 1 − ‖v' − v*‖.
 * ``HalfCheetah-v5`` (``gymnasium[mujoco]``, offline assets) wrapped by ``TargetVelocity``: task =
-  direction (forward / backward) × speed (slow 0.5, medium 1.0, fast 1.5 m/s), reward
+  direction (forward / backward) × speed (slow 0.5, steady 0.75, medium 1.0, brisk 1.25, fast 1.5 m/s), reward
   r = −|v_x − v*| − 0.05 ‖a‖² (cheetah_vel / cheetah_dir style), a gait clock [sin ωt, cos ωt]
   appended to the observation so that scripted sinusoidal gaits are functions of the state.
 
-Held-out tasks are combinations whose words all occur in training tasks (checked by
-``check_split``). Descriptions come from templates; the vocabulary is built from the training
+Held-out tasks are combinations whose words all occur in training tasks, and (pairwise factor
+coverage) whose direction occurs in training with another speed and whose speed occurs in training
+with another direction (both checked by ``check_split``). ``PointMassBatch`` steps many point masses
+at once with numpy (evaluation); it equals ``PointMassVel`` episode by episode (tests/tgdt). Descriptions come from templates; the vocabulary is built from the training
 descriptions only, and a word outside it is warned about and mapped to ``<unk>``.
 """
 from __future__ import annotations
@@ -29,12 +31,12 @@ HALFCHEETAH_ID = "HalfCheetah-v5"
 PM_DIRECTIONS = ("east", "northeast", "north", "northwest", "west", "southwest", "south", "southeast")
 PM_SPEEDS = {"slow": 0.25, "medium": 0.5, "fast": 0.8}
 HC_DIRECTIONS = {"forward": 1.0, "backward": -1.0}
-HC_SPEEDS = {"slow": 0.5, "medium": 1.0, "fast": 1.5}
+HC_SPEEDS = {"slow": 0.5, "steady": 0.75, "medium": 1.0, "brisk": 1.25, "fast": 1.5}
 # held-out (direction, speed) combinations: every word also appears in some training task
 HELD_OUT = {
     "pointmass": [("east", "slow"), ("northeast", "medium"), ("north", "fast"),
                   ("northwest", "slow"), ("west", "medium"), ("southwest", "fast")],
-    "halfcheetah": [("forward", "medium"), ("backward", "fast")],
+    "halfcheetah": [("forward", "steady"), ("backward", "brisk")],   # interpolating speeds, one per direction
 }
 TEMPLATES = ("move {d} at a {s} speed", "go {d} , {s}", "head to the {d} at {s} speed",
              "a {s} run to the {d}")
@@ -67,13 +69,22 @@ def tasks_of(env: str) -> list[Task]:
 
 
 def check_split(tasks: list[Task]) -> None:
-    """Every word of every held-out description occurs in some training description."""
+    """Every word of every held-out description occurs in some training description, and every held-out
+    (direction, speed) pair's direction occurs in training with another speed and its speed with
+    another direction (pairwise factor coverage: the combination is new, each factor is not)."""
     seen = {w for t in tasks if not t.held_out for k in range(len(TEMPLATES)) for w in t.describe(k).split()}
+    train = [(t.direction, t.speed) for t in tasks if not t.held_out]
     for t in tasks:
         if t.held_out:
             missing = [w for w in t.describe(0).split() if w not in seen]
             if missing:
                 raise ValueError(f"held-out task {t.direction} {t.speed}: words {missing} never seen in training")
+            if not any(d == t.direction and s != t.speed for d, s in train):
+                raise ValueError(f"held-out task {t.direction} {t.speed}: direction {t.direction!r} never trained "
+                                 "with another speed")
+            if not any(s == t.speed and d != t.direction for d, s in train):
+                raise ValueError(f"held-out task {t.direction} {t.speed}: speed {t.speed!r} never trained with "
+                                 "another direction")
 
 
 class Vocab:
@@ -140,6 +151,38 @@ class PointMassVel(gym.Env):
         """Scripted expert: the action that reaches v* in one step (clipped)."""
         v = np.asarray(obs[2:4], dtype=np.float64)
         return np.clip((self.target - self.rho * v) / (1 - self.rho), -1, 1)
+
+
+class PointMassBatch:
+    """n point masses stepped at once (numpy); env i equals ``PointMassVel(targets[i])`` reset with
+    ``seeds[i]`` (same start draws, dynamics, reward and truncation)."""
+
+    def __init__(self, targets, max_steps: int = 50, rho: float = 0.5):
+        self.target = np.asarray(targets, dtype=np.float64).reshape(-1, 2)
+        self.max_steps, self.rho = int(max_steps), float(rho)
+        self.n = len(self.target)
+        self.p, self.v, self.t = np.zeros((self.n, 2)), np.zeros((self.n, 2)), 0
+
+    def _obs(self):
+        return np.concatenate([self.p / 20.0, self.v], 1).astype(np.float32)
+
+    def reset(self, seeds):
+        if len(seeds) != self.n:
+            raise ValueError(f"seeds: {len(seeds)} seeds for {self.n} environments")
+        for i, s in enumerate(seeds):        # gymnasium's np_random(seed): PCG64 of the seed, same draw order
+            rng = np.random.Generator(np.random.PCG64(int(s)))
+            self.p[i] = rng.uniform(-1, 1, size=2)
+            self.v[i] = rng.uniform(-0.1, 0.1, size=2)
+        self.t = 0
+        return self._obs()
+
+    def step(self, actions):
+        a = np.clip(np.asarray(actions, dtype=np.float64).reshape(self.n, 2), -1, 1)
+        self.v = self.rho * self.v + (1 - self.rho) * a
+        self.p = self.p + self.v
+        self.t += 1
+        reward = 1.0 - np.linalg.norm(self.v - self.target, axis=1)
+        return self._obs(), reward, np.full(self.n, self.t >= self.max_steps)
 
 
 if POINTMASS_ID not in gym.registry:

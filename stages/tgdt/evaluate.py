@@ -8,6 +8,9 @@ the task id (onehot), the true target velocity (oracle) or nothing (dt), from th
 return-to-go R̂_0 = mean training-task expert return, R̂ ← R̂ − r / scale. Normalised return per
 task = (R − R_random) / (R_expert − R_random) from prepare's reference returns.
 
+Point-mass rollouts step a numpy ``PointMassBatch`` (equal to the gymnasium env, tests/tgdt); the
+zero-action policy's normalised return on the same starts is kept as a reference (``zero_action``).
+
 Retrieval (hot loop through kernels/fused_infonce.py via KernelRecord): for each TG-DT(-noalign)
 seed and ``retrieval_rounds`` rounds, every task's description vs one expert segment of every task
 (held-out tasks' trajectories included) → per-row top-1 hit (text → trajectory), split by seen /
@@ -17,6 +20,7 @@ training is warned about and listed under ``unknown_words``.
 """
 from __future__ import annotations
 
+import time
 import warnings
 
 import numpy as np
@@ -48,51 +52,96 @@ def load_model(path, device) -> TGDT:
     return model.eval()
 
 
+class GymBatch:
+    """A list of gymnasium envs behind PointMassBatch's interface (HalfCheetah: MuJoCo steps one by one)."""
+
+    def __init__(self, tasks: list[E.Task], T: int):
+        self.envs = [E.make_env(task, T) for task in tasks]
+        self.alive = np.ones(len(tasks), dtype=bool)
+
+    def reset(self, seeds):
+        self.alive[:] = True
+        return np.stack([env.reset(seed=int(s))[0] for env, s in zip(self.envs, seeds)])
+
+    def step(self, actions):
+        obs, rew = [], np.zeros(len(self.envs))
+        for i, env in enumerate(self.envs):
+            if self.alive[i]:
+                o, rew[i], term, trunc, _ = env.step(actions[i])
+                obs.append(o)
+                self.alive[i] = not (term or trunc)
+            else:
+                obs.append(np.zeros(env.observation_space.shape, np.float32))
+        return np.stack(obs), rew, ~self.alive
+
+    def close(self):
+        for env in self.envs:
+            env.close()
+
+
+def batch_env(tasks: list[E.Task], T: int):
+    """Point mass: the numpy batch stepper (equal to the gymnasium env, tests/tgdt); else gym envs."""
+    if all(t.env == "pointmass" for t in tasks):
+        return E.PointMassBatch([t.vector for t in tasks], T)
+    return GymBatch(tasks, T)
+
+
+def episode_seed(seed: int, task: E.Task, e: int) -> int:
+    return int(seed * 100_003 + 1000 * task.index + e)
+
+
+def policy_rollout(policy, tasks: list[E.Task], meta: dict, episodes: int, seed: int) -> np.ndarray:
+    """Raw returns (n_tasks, episodes) of a state-feedback policy(obs (n, ds), t) -> (n, da), same starts."""
+    flat = [task for task in tasks for _ in range(episodes)]
+    env = batch_env(flat, meta["max_steps"])
+    obs = env.reset([episode_seed(seed, task, e) for task in tasks for e in range(episodes)])
+    ret, alive = np.zeros(len(flat)), np.ones(len(flat), dtype=bool)
+    for t in range(meta["max_steps"]):
+        obs, r, done = env.step(policy(obs, t))
+        ret += np.where(alive, r, 0.0)
+        alive &= ~done
+    getattr(env, "close", lambda: None)()
+    return ret.reshape(len(tasks), episodes)
+
+
 @torch.no_grad()
 def rollout(model: TGDT, tasks: list[E.Task], data: dict, meta: dict, episodes: int, seed: int, device):
     """Batched rollouts of every task × episode; returns raw returns (n_tasks, episodes)."""
     K, T = model.hparams.context, meta["max_steps"]
     mean = torch.tensor(meta["obs_mean"], device=device)
     std = torch.tensor(meta["obs_std"], device=device)
-    envs = [(task, e, E.make_env(task, T)) for task in tasks for e in range(episodes)]
-    n = len(envs)
-    obs0 = [env.reset(seed=int(seed * 100_003 + 1000 * task.index + e))[0] for task, e, env in envs]
+    flat = [(task, e) for task in tasks for e in range(episodes)]
+    n = len(flat)
+    env = batch_env([task for task, _ in flat], T)
+    obs0 = env.reset([episode_seed(seed, task, e) for task, e in flat])
     O = torch.zeros(n, T, meta["obs_dim"], device=device)
     A = torch.zeros(n, T, meta["act_dim"], device=device)
     Rh = torch.zeros(n, T, device=device)
-    O[:, 0] = (torch.tensor(np.stack(obs0), device=device) - mean) / std
+    O[:, 0] = (torch.as_tensor(obs0, device=device) - mean) / std
     Rh[:, 0] = meta["target_return"] / meta["rtg_scale"]                 # fixed target return-to-go
-    task_ids = torch.tensor([task.index for task, _, _ in envs], device=device)
-    tmpl = torch.tensor([e % len(E.TEMPLATES) for _, e, _ in envs], device=device)
+    task_ids = torch.tensor([task.index for task, _ in flat], device=device)
+    tmpl = torch.tensor([e % len(E.TEMPLATES) for _, e in flat], device=device)
     cond = {"task": task_ids, "vector": data["vector"].to(device)[task_ids],
             "text": data["text"].to(device)[task_ids, tmpl]}
     ret = np.zeros(n)
     alive = np.ones(n, dtype=bool)
     memory = model.memory(cond)                      # the condition is fixed for the whole episode
-    o_next = np.zeros((n, meta["obs_dim"]), dtype=np.float32)
-    r_now = np.zeros(n)
     for t in range(T):
         idx = t + 1 - K + torch.arange(K, device=device)
         pad = (idx < 0)[None].expand(n, K)
         idc = idx.clamp_min(0)
         a = model.act(Rh[:, idc], O[:, idc], A[:, idc], idc[None].expand(n, K), pad, cond, memory=memory)[:, -1]
         A[:, t] = a
-        a_np = a.cpu().numpy()
-        stepped = alive.copy()
-        for i, (_, _, env) in enumerate(envs):
-            if not alive[i]:
-                continue
-            o, r, term, trunc, _ = env.step(a_np[i])
-            ret[i] += r
-            o_next[i], r_now[i] = o, r
-            alive[i] = not (term or trunc)
-        if t + 1 < T and stepped.any():             # one batched update of the stepped envs
-            live = torch.as_tensor(stepped, device=device)
-            O[live, t + 1] = (torch.as_tensor(o_next[stepped], device=device) - mean) / std
-            Rh[live, t + 1] = Rh[live, t] - torch.as_tensor(r_now[stepped] / meta["rtg_scale"], dtype=torch.float32,
+        o, r, done = env.step(a.cpu().numpy())
+        r = np.where(alive, r, 0.0)
+        ret += r
+        if t + 1 < T and alive.any():                # one batched update of the stepped envs
+            live = torch.as_tensor(alive, device=device)
+            O[live, t + 1] = (torch.as_tensor(o[alive], device=device) - mean) / std
+            Rh[live, t + 1] = Rh[live, t] - torch.as_tensor(r[alive] / meta["rtg_scale"], dtype=torch.float32,
                                                             device=device)
-    for _, _, env in envs:
-        env.close()
+        alive &= ~done
+    getattr(env, "close", lambda: None)()
     return ret.reshape(len(tasks), episodes)
 
 
@@ -132,7 +181,7 @@ def run(cfg: Config, ctx) -> None:
     probe_env = "pointmass" if "pointmass" in env_names else env_names[0]
     out["probe_env"] = probe_env
     for env in env_names:
-        data, meta = load_env(prep / env, tcfg["text_len"])
+        data, meta = load_env(prep / env, tcfg["text_len"], tcfg["context"])
         tasks = [E.Task(env, t["index"], t["direction"], t["speed"], tuple(t["vector"]), t["held_out"])
                  for t in meta["tasks"]]
         rand = np.array([t["ref_random"] for t in meta["tasks"]])
@@ -140,6 +189,11 @@ def run(cfg: Config, ctx) -> None:
         denom = np.maximum(expert - rand, 0.1 * np.abs(rand) + 1e-3)   # guard: expert ≈ random (HalfCheetah slow)
         held = np.array([t.held_out for t in tasks])
         res: dict = {"arms": {}, "tasks": meta["tasks"], "retrieval": {}}
+        # reference: the zero-action policy (no task information, stops moving) on the same starts, the
+        # behaviour a no-info DT would reach by averaging over the tasks' actions
+        zero = policy_rollout(lambda o, t: np.zeros((len(o), meta["act_dim"])), tasks, meta, cfg.episodes, cfg.seed)
+        zn = (zero.mean(1) - rand) / denom
+        res["zero_action"] = {"seen": float(zn[~held].mean()), "unseen": float(zn[held].mean())}
         for arm in tcfg["arms"]:
             per = {"seen": [], "unseen": [], "per_task": []}
             for seed in tcfg["seeds"]:
@@ -169,6 +223,7 @@ def run(cfg: Config, ctx) -> None:
         out["envs"][env] = res
     rec.save(ctx.out)
     write_json(ctx.out / "eval.json", out)
+    print(f"evaluate@tgdt: CPU time {time.process_time():.1f} s")
 
 
 @torch.no_grad()

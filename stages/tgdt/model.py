@@ -10,6 +10,8 @@ Arms (``arm``) differ only in what the decision transformer cross-attends to (th
     tgdt_noalign  same, trained with the DT loss only (alignment ablation)
     dt            one learned constant token (no task information)
     onehot        an embedding of the task id (held-out ids are never trained)
+    oracle_id     the one-hot model trained on ALL tasks' data, held-out tasks included (the upper
+                  bound of what a task-conditioned DT of this size reaches on the held-out tasks)
     oracle        an MLP of the true task vector (target velocity)
     tgdt_share    TG-DT fine-tuned with description-guided data sharing (``share_with``): half of each
                   batch pairs a held-out description with windows of training tasks drawn ∝ softmax of
@@ -34,7 +36,8 @@ import torch.nn.functional as F
 
 from kernels.fused_infonce import fused_infonce
 
-ARMS = ("tgdt", "tgdt_noalign", "dt", "onehot", "oracle", "tgdt_share")
+ARMS = ("tgdt", "tgdt_noalign", "dt", "onehot", "oracle_id", "oracle", "tgdt_share")
+ID_ARMS = ("onehot", "oracle_id")
 TEXT_ARMS = ("tgdt", "tgdt_noalign", "tgdt_share")
 
 
@@ -84,7 +87,7 @@ class TGDT(L.LightningModule):
             self.match_head = nn.Linear(d, 1)
         elif arm == "dt":
             self.null = nn.Parameter(0.02 * torch.randn(1, 1, d))
-        elif arm == "onehot":
+        elif arm in ID_ARMS:
             self.task_emb = nn.Embedding(n_tasks, d)
         elif arm == "oracle":
             self.task_mlp = nn.Sequential(nn.Linear(task_dim, d), nn.GELU(), nn.Linear(d, d))
@@ -123,7 +126,7 @@ class TGDT(L.LightningModule):
         B = cond["task"].shape[0]
         if arm == "dt":
             mem = self.null.expand(B, 1, -1)
-        elif arm == "onehot":
+        elif arm in ID_ARMS:
             mem = self.task_emb(cond["task"])[:, None]
         else:
             mem = self.task_mlp(cond["vector"])[:, None]
@@ -148,8 +151,9 @@ class TGDT(L.LightningModule):
 
     def on_fit_start(self):
         dev = self.device
-        self.data = {k: (v.to(dev) if torch.is_tensor(v) else {i: t.to(dev) for i, t in v.items()})
-                     for k, v in self.data.items()}
+        def to(x):
+            return x.to(dev) if torch.is_tensor(x) else {i: to(t) for i, t in x.items()}
+        self.data = {k: to(v) for k, v in self.data.items()}
         self.gen = torch.Generator(device=self.device).manual_seed(int(self.hparams.seed) + 12345)
         # per-task episode lists as padded (n_tasks, max) matrices + counts: vectorised sampling
         for key in ("expert_eps", "task_eps"):
@@ -234,6 +238,20 @@ class TGDT(L.LightningModule):
         itm = F.binary_cross_entropy_with_logits(logit, label)
         return out[0], itm
 
+    @torch.no_grad()
+    def val_mse(self) -> float:
+        """Action MSE on the fixed validation windows (training tasks' held-back expert episodes, never
+        trained on; ``data["val"]``), conditioned as at test: the learning curve that fixes ``steps``."""
+        v = self.data.get("val")
+        if v is None:
+            return float("nan")
+        was = self.training
+        self.eval()
+        pred = self.act(v["rtg"], v["obs"], v["act"], v["tsteps"], v["pad"], v["cond"])
+        self.train(was)
+        keep = (~v["pad"]).float()[..., None]
+        return float(((pred - v["act"]) ** 2 * keep).sum() / (keep.sum() * v["act"].shape[-1]))
+
     def training_step(self, batch, batch_idx):
         rtg, obs, act, tsteps, pad, cond = self.sample_windows(self.hparams.batch_size)
         pred = self.act(rtg, obs, act, tsteps, pad, cond)
@@ -246,8 +264,9 @@ class TGDT(L.LightningModule):
             loss = loss + self.hparams.nce_weight * nce + self.hparams.itm_weight * itm   # 1:1:1 as officially
             logs.update(nce=nce.detach(), itm=itm.detach())
         self.log_dict(logs, prog_bar=True)
-        if batch_idx % 20 == 0 or batch_idx == self.trainer.max_steps - 1:       # training curve for the report
-            self.history.append({"step": int(batch_idx), **{k: float(v) for k, v in logs.items()}})
+        if batch_idx % 20 == 0 or batch_idx == self.trainer.max_steps - 1:       # learning curve for the report
+            self.history.append({"step": int(batch_idx), **{k: float(v) for k, v in logs.items()},
+                                 "val_mse": self.val_mse()})
         return loss
 
     def configure_optimizers(self):

@@ -28,7 +28,7 @@ from stages.tgdt.model import ARMS, TGDT
 
 from typing import Literal
 
-Arm = Literal["tgdt", "tgdt_noalign", "dt", "onehot", "oracle", "tgdt_share"]
+Arm = Literal["tgdt", "tgdt_noalign", "dt", "onehot", "oracle_id", "oracle", "tgdt_share"]
 
 
 class Config(StageConfig):
@@ -80,7 +80,7 @@ class Config(StageConfig):
         return self
 
 
-def load_env(path, text_len: int) -> tuple[dict, dict]:
+def load_env(path, text_len: int, context: int = 10) -> tuple[dict, dict]:
     """Episodes as tensors (obs normalised; R̂ in units of rtg_scale) + per-task text ids / vectors."""
     meta = read_json(path / "meta.json")
     ds = load_from_disk(str(path / "dataset")).with_format("numpy")
@@ -96,13 +96,40 @@ def load_env(path, text_len: int) -> tuple[dict, dict]:
     held = torch.as_tensor(np.asarray(ds["held_out"]))
     expert = torch.as_tensor(np.asarray(ds["quality"]) == "expert")
     train_tasks = torch.tensor([t.index for t in tasks if not t.held_out])
+    # validation: the last expert episode of every training task is held back from training (all arms)
+    few = [t for t in train_tasks.tolist() if int((expert & (task == t)).sum()) < 2]
+    if few:
+        raise ValueError(f"expert_episodes: training task(s) {few} have < 2 expert episodes (one is held back "
+                         "for the validation curve)")
+    val_eps = torch.stack([torch.nonzero(expert & (task == t)).squeeze(1)[-1] for t in train_tasks.tolist()])
+    is_val = torch.zeros(len(task), dtype=torch.bool)
+    is_val[val_eps] = True
+    expert = expert & ~is_val
     data = {"obs": torch.from_numpy(obs), "act": torch.from_numpy(np.stack(list(ds["action"])).astype(np.float32)),
             "rtg": torch.from_numpy(np.ascontiguousarray(rtg)), "task": task, "held_out": held,
-            "train_eps": torch.nonzero(~held).squeeze(1), "train_tasks": train_tasks,
+            "train_eps": torch.nonzero(~held & ~is_val).squeeze(1), "train_tasks": train_tasks,
+            "all_eps": torch.nonzero(~is_val).squeeze(1), "val_eps": val_eps,
             "expert_eps": {int(t): torch.nonzero(expert & (task == t)).squeeze(1) for t in range(len(tasks))},
-            "task_eps": {int(t): torch.nonzero(task == t).squeeze(1) for t in range(len(tasks))},
+            "task_eps": {int(t): torch.nonzero((task == t) & ~is_val).squeeze(1) for t in range(len(tasks))},
             "text": text, "vector": torch.tensor([t.vector for t in tasks], dtype=torch.float32)}
+    data["val"] = val_windows(data, val_eps, int(meta["max_steps"]), context)
     return data, meta
+
+
+def val_windows(data: dict, eps: torch.Tensor, T: int, K: int) -> dict:
+    """Fixed validation windows: per held-back episode, 5 windows ending at 1, T/4, T/2, 3T/4, T
+    (left-padded near the start), description template cycling with the window."""
+    ends = torch.tensor(sorted({1, max(1, T // 4), max(1, T // 2), max(1, 3 * T // 4), T}))
+    ep = eps.repeat_interleave(len(ends))
+    end = ends.repeat(len(eps))
+    idx = end[:, None] - K + torch.arange(K)[None]
+    pad = idx < 0
+    idx = idx.clamp_min(0)
+    task = data["task"][ep]
+    tmpl = torch.arange(len(ep)) % data["text"].shape[1]
+    return {"obs": data["obs"][ep[:, None], idx], "act": data["act"][ep[:, None], idx],
+            "rtg": data["rtg"][ep[:, None], idx], "tsteps": idx, "pad": pad,
+            "cond": {"task": task, "vector": data["vector"][task], "text": data["text"][task, tmpl]}}
 
 
 def build(arm: str, seed: int, meta: dict, cfg: Config) -> TGDT:
@@ -134,19 +161,21 @@ def run(cfg: Config, ctx) -> None:
     device = pick_device(cfg.device)
     rec = KernelRecord(device)
     prep = ctx.input("prepare")
-    summary = {}
+    summary, nce_pairs = {}, {}
     for env in read_json(prep / "summary.json")["envs"]:
-        data, meta = load_env(prep / env, cfg.text_len)
+        data, meta = load_env(prep / env, cfg.text_len, cfg.context)
         T = meta["max_steps"]
         if cfg.seg_len > T:
             raise ValueError(f"seg_len: {cfg.seg_len} exceeds the {env} episode length {T}")
+        nce_pairs[env] = len(data["train_tasks"])       # InfoNCE pairs per step: one per training task
         (ctx.out / env).mkdir(parents=True)
         order = [a for a in cfg.arms if a != "tgdt_share"] + [a for a in cfg.arms if a == "tgdt_share"]
         for arm in order:
             for seed in cfg.seeds:
                 model = build(arm, seed, meta, cfg)
                 model.kernel_backend = rec.backend
-                model.attach(data)
+                # oracle_id: the one-hot DT trained on every task's episodes (held-out tasks included)
+                model.attach({**data, "train_eps": data["all_eps"]} if arm == "oracle_id" else data)
                 steps = cfg.steps
                 if arm == "tgdt_share":       # start from the trained TG-DT of this seed, then share data
                     ck = torch.load(ctx.out / env / f"tgdt_s{seed}.pt", weights_only=False)
@@ -168,6 +197,7 @@ def run(cfg: Config, ctx) -> None:
                            ctx.out / env / f"{arm}_s{seed}.pt")
                 summary[f"{env}/{arm}/s{seed}"] = {**last, "history": model.history}
     rec.save(ctx.out)
-    write_json(ctx.out / "train_summary.json", {"config": cfg.model_dump(mode="json"), "runs": summary})
+    write_json(ctx.out / "train_summary.json", {"config": cfg.model_dump(mode="json"), "runs": summary,
+                                                "nce_pairs": nce_pairs})
     print(f"train@tgdt: CPU time {time.process_time():.1f} s")
 

@@ -82,15 +82,15 @@ def text_ids():
 
 # ----------------------------------------------------------------------------- construction
 def test_constructor_errors_and_arm_modules():
-    with pytest.raises(ValueError, match=r"^arm: unknown arm 'bc' \(known: tgdt, tgdt_noalign, dt, onehot, oracle, "
-                                         r"tgdt_share\)$"):
+    with pytest.raises(ValueError, match=r"^arm: unknown arm 'bc' \(known: tgdt, tgdt_noalign, dt, onehot, oracle_id, "
+                                         r"oracle, tgdt_share\)$"):
         TGDT(arm="bc", **KW)
     with pytest.raises(ValueError, match=r"^context: must be a positive number of timesteps \(got 0\)$"):
         TGDT(arm="dt", **{**KW, "context": 0})
     with pytest.raises(ValueError, match=r"got -2"):
         TGDT(arm="dt", **{**KW, "context": -2})
     TGDT(arm="dt", **{**KW, "context": 1})
-    assert ARMS == ("tgdt", "tgdt_noalign", "dt", "onehot", "oracle", "tgdt_share")
+    assert ARMS == ("tgdt", "tgdt_noalign", "dt", "onehot", "oracle_id", "oracle", "tgdt_share")
     assert TEXT_ARMS == ("tgdt", "tgdt_noalign", "tgdt_share")
     for arm in TEXT_ARMS:
         m = TGDT(arm=arm, **KW)
@@ -112,8 +112,9 @@ def test_constructor_errors_and_arm_modules():
     assert m.null.shape == (1, 1, 16) and not hasattr(m, "tok") and 0.005 < float(m.null.std()) < 0.05
     assert m.dt.layers[1].linear1.out_features == 64 and m.dt.layers[0].norm_first and m.dt.layers[0].dropout.p == 0
     assert m.dt.layers[0].self_attn.batch_first
-    m = TGDT(arm="onehot", **KW)
-    assert m.task_emb.num_embeddings == 5 and not hasattr(m, "tok")
+    for arm in ("onehot", "oracle_id"):
+        m = TGDT(arm=arm, **KW)
+        assert m.task_emb.num_embeddings == 5 and not hasattr(m, "tok")
     m = TGDT(arm="oracle", **KW)
     assert m.task_mlp[0].in_features == 2 and m.task_mlp[2].out_features == 16
     assert m.embed_t.num_embeddings == 13 and m.embed_s.in_features == 3 and m.embed_a.in_features == 2
@@ -470,6 +471,7 @@ def test_training_step_loss_composition(arm, aligned):
     assert bool(pad.any())
     assert float(loss) == pytest.approx(exp, rel=1e-5)
     assert float(m._logged["mse"]) == pytest.approx(mse, rel=1e-5)
+    assert math.isnan(m.history[0].pop("val_mse"))                  # no validation windows attached here
     assert m.history == [{"step": 0, **{k: pytest.approx(float(v)) for k, v in m._logged.items()}}]
     for i in (1, 4, 19):
         m.training_step(None, i)
