@@ -195,10 +195,12 @@ level){'' if binds else '; the coverage finding is then a statement about this b
     lines = []
     for f in fracs:
         c = cov[frac_key(f)]
-        held, bag, seen = (float(np.mean(c[k])) for k in ("binding_acc", "bag_binding_acc", "train_binding_acc"))
+        held, bag, seen, sbag = (float(np.mean(c[k])) for k in ("binding_acc", "bag_binding_acc", "train_binding_acc",
+                                                                 "train_bag_binding_acc"))
         lines.append(f"- coverage {f:g}: held-out binding accuracy {held:.3f} is "
                      f"{'above' if held > bag else 'at or below'} the bag-of-concepts oracle ({bag:.3f}); on seen "
-                     f"objects the same score is {seen:.3f} ({'above' if seen > bag else 'at or below'} the oracle).")
+                     f"objects the same score is {seen:.3f} ({'above' if seen > sbag else 'at or below'} the oracle's "
+                     f"{sbag:.3f} there).")
     rep.section("Reading the coverage sweep", "A model that binds beats the bag-of-concepts oracle (which cannot "
                 "reject swap negatives); one that does not stays at or below it.\n\n" + "\n".join(lines))
 
@@ -260,7 +262,9 @@ level){'' if binds else '; the coverage finding is then a statement about this b
     rep.section("Deviations", f"""
 | what | paper / official code | here | why |
 | --- | --- | --- | --- |
-| scale | k=2, v=20, d=256, 6 layers, FF 2048, 50k steps, bs 512, lr 3e-5 | {here} | 2-CPU budget (a pilot at 2000-2500 steps, f=0.75, gave the same held-out binding accuracy as the bag-of-concepts level); the full profile restores the official sizes |
+| scale | k=2, v=20, d=256, 6 layers, FF 2048, 50k steps, bs 512, lr 3e-5 | {here} | 2-CPU budget; the full profile restores the official sizes. Steps fixed from the learning curve of this train stage (figure above; first read on a pilot of the same code, f25 and f75, seed 0, before this run): seen-object binding reaches ~0.98 by step 750 at f25 and flattens at ~0.7 at f75 from step ~1500 to 3000 (d = 32: 0.70 at 1500, 0.75 at 3000; d = 64: 0.72 at 2500; v = 6: 0.75 at 3000; d_out 64: 0.69 at 1250; 3 layers: 0.67 at 750), so steps beyond {kw['steps']} buy little here at ~9 × 0.027 s CPU per step |
+| seeds | one process per run | the 3 seeds of a coverage level trained one after the other (solo), not as the shared `SeedEnsemble` | measured: the vmapped ensemble was not faster (3 seeds × 40 steps, d = 64: 4.07 s CPU vs 3.75 s solo; d = 32: 3.19 vs 3.27 s), because `nn.MultiheadAttention`'s SDPA has no vmap batching rule on CPU and runs per member; its gradients matched the solo run's to 3e-8 |
+| seen-object binding | train accuracy on training batches | `train_binding_acc`: 2-object scenes of training objects, swap negatives from training objects (as trained); `train_binding_acc_any_neg` also lets held-out objects be negatives | held-out objects are never negatives in training (row below), so their probes are untrained as negatives: the any-negative score mixes seen binding with untrained probes |
 | swap negatives | may be held-out objects in training (train_probe_all_objects=True, as read) | only training objects (`heldout_negatives: false`) | with held-out objects as negatives only, their probes are pushed away from every scene and held-out accuracy collapses (measured ~0 in a pilot); configurable |
 | split | random object split | redrawn until every concept value is in the training objects | failure must be about binding, not about unseen tokens |
 | checkpoint | best test checkpoint used downstream | final checkpoint | no test-set selection |
@@ -272,12 +276,17 @@ level){'' if binds else '; the coverage finding is then a statement about this b
     rep.section("Threats to validity", f"""
 Red-team pass by the author (no second reviewer was available):
 
-- **Budget decides the coverage finding.** {kw['steps']} steps against the official 50k: the `train_binding_acc`
-  column shows whether the encoders bind even SEEN objects beyond the bag-of-concepts level; where they do not,
-  `coverage_sharpens_binding` failing says nothing about the paper's effect, only that this budget does not learn
-  binding. A learning curve that fixes the steps from seen-object binding (issue 52) is not built: 9 encoders at
-  several thousand steps do not fit the 300 s default budget without the shared vectorized ensemble (issue 55),
-  which this paper does not use yet.
+- **Budget and capacity decide the coverage finding.** {kw['steps']} steps of d = {kw['d_model']} encoders against the
+  official 50k steps of d = 256, 6 layers: the learning curve and the `seen_binding_learned_*` checks show whether
+  the encoders bind even SEEN objects; where a check fails, `coverage_sharpens_binding` (whatever its verdict) tests
+  this budget, not the paper's effect. The curve flattens at high coverage well below the bound in 3000-step pilots,
+  so a few times more steps would not obviously fix it; the official scale (`full` profile) is not run here.
+- **Seen-binding bound.** 0.9 was fixed in params from the paper's notion of "learned" (encoders fit their training
+  scenes) after the pilot curves had been seen (f25 ~0.98, f75 ~0.7); it was not moved to pass or fail a level.
+- **Seen binding measured with training-distribution negatives.** Held-out objects are never swap negatives in
+  training (Deviations); with them as negatives (`train_binding_acc_any_neg`) seen-object accuracy is lower, because
+  held-out probes were never pushed away from scenes. Earlier versions of this report (500 steps) read seen binding
+  that way (0.39–0.50); the two columns are both in the coverage table.
 - **Low complexity without binding.** The regressors test whether scene embeddings of unseen objects are
   predictable from concept ids. An encoder that encodes a bag of concepts (no binding) is also predictable, so
   `mult_generalizes_trained` / `mult_within_generalizes_trained` holding is evidence of a low-complexity embedding,
@@ -296,7 +305,8 @@ Red-team pass by the author (no second reviewer was available):
   the default budget does not have.
 """)
     top = cov[hi]
-    held, bag, seen = (float(np.mean(top[k])) for k in ("binding_acc", "bag_binding_acc", "train_binding_acc"))
+    held, bag, seen, sbag = (float(np.mean(top[k])) for k in ("binding_acc", "bag_binding_acc", "train_binding_acc",
+                                                              "train_bag_binding_acc"))
     r2 = {f: float(np.mean(cx["trained"][f][clo]["r2"])) for f in FAMILIES}
     rep.section("Discussion", f"""
 The paper measures CLIP-family models on CLEVR-like scenes and trains 6-layer encoders for 50k steps on
@@ -305,9 +315,9 @@ function in CLIP and low-complexity, multiplicative binding in well-covered from
 This miniature trains the from-scratch side at {meta['n_objects']} objects for {kw['steps']} steps and replaces CLIP
 by a random-table control whose object embeddings are by construction unpredictable from concepts: it shows what
 a high-complexity binding function looks like to the regressors, not that CLIP has one.
-At the highest coverage ({hi}) the encoders' binding accuracy is {seen:.3f} on scenes of SEEN objects and {held:.3f}
-on unseen ones, against {bag:.3f} for the bag-of-concepts oracle that cannot bind: binding
-{'beyond' if seen > bag else 'not beyond'} the oracle on seen objects, {'beyond' if held > bag else 'not beyond'} it
+At the highest coverage ({hi}) the encoders' binding accuracy is {seen:.3f} on scenes of SEEN objects (oracle
+{sbag:.3f}) and {held:.3f} on unseen ones (oracle {bag:.3f}; the bag-of-concepts oracle cannot bind): binding
+{'beyond' if seen > sbag else 'not beyond'} the oracle on seen objects, {'beyond' if held > bag else 'not beyond'} it
 on unseen ones at this budget. On the trained encoder's embeddings at split {clo}, the mean R² on unseen objects is
 {', '.join(f'{f} {v:.3f}' for f, v in r2.items())}: the across-objects product (one product of all four slot
 embeddings, the official default) must spend units on constant slots to express a sum over objects, the
