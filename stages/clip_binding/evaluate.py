@@ -85,8 +85,9 @@ def coverage_eval(cfg, world, models, meta, splits, rec, device) -> dict:
     out: dict = {}
     parity_done = False
     for i, f in enumerate(meta["train_object_fractions"]):
-        acc = {k: [] for k in ("object_acc", "binding_acc", "concept_acc", "bag_binding_acc",
-                               "train_binding_acc", "n_binding_items")}
+        acc = {k: [] for k in ("object_acc", "binding_acc", "concept_acc", "bag_binding_acc", "n_binding_items",
+                               "train_binding_acc", "train_bag_binding_acc", "train_binding_acc_any_neg",
+                               "n_train_binding_items")}
         for j, seed in enumerate(meta["seeds"]):
             model = models[f"{frac_key(f)}_s{seed}"]
             objs_all, n_all = splits["test_objs"][i, j].to(device), splits["test_n"][i, j].to(device)
@@ -114,13 +115,20 @@ def coverage_eval(cfg, world, models, meta, splits, rec, device) -> dict:
             acc["binding_acc"].append(float(cat["bind"].mean()))
             acc["n_binding_items"].append(int(cat["bind"].numel()))    # test scenes behind binding_acc (item noise)
             acc["bag_binding_acc"].append(float(cat["bag"].mean()))
-            # the same binding score on scenes of SEEN objects (does the model bind at all?)
+            # the same binding score on scenes of SEEN objects (does the model bind at all?): negatives drawn as
+            # in training (training objects only, unless heldout_negatives) and, apart, from all objects
             train_objs = torch.arange(world.n_objects, device=device)[splits["coverage_masks"][i, j].to(device)]
             objs, n = sample_scenes(world, train_objs, cfg.train_scenes, g, n_fixed=min(2, world.n_max))
-            r = heldout_accuracy(model, objs, n, g, rec.backend)
-            rec.count("cosine_soft_ce", 2)
             two = objs[:, 0] != objs[:, -1] if world.n_max > 1 else n > 0
+            pool = None if model.heldout_negatives else train_objs
+            r = heldout_accuracy(model, objs, n, torch.Generator(device=device).manual_seed(cfg.seed + 7 * j), rec.backend, pool)
+            bag = bag_of_concepts_correct(world, objs, n, r["inputs"][1])
             acc["train_binding_acc"].append(float(r["object_correct"][two].float().mean()))
+            acc["train_bag_binding_acc"].append(float(bag[two].float().mean()))
+            acc["n_train_binding_items"].append(int(two.sum()))
+            r = heldout_accuracy(model, objs, n, torch.Generator(device=device).manual_seed(cfg.seed + 7 * j), rec.backend)
+            acc["train_binding_acc_any_neg"].append(float(r["object_correct"][two].float().mean()))
+            rec.count("cosine_soft_ce", 4)
         out[frac_key(f)] = acc
     return out
 

@@ -55,7 +55,8 @@ class BindingModel(L.LightningModule):
 
     def __init__(self, world: World, train_objects: torch.Tensor, d_model: int, n_heads: int, n_layers: int,
                  d_ff: int, d_out: int, batch_size: int, lr: float, weight_decay: float, warmup: float,
-                 steps: int, seed: int, backend: str = "torch", heldout_negatives: bool = False):
+                 steps: int, seed: int, backend: str = "torch", heldout_negatives: bool = False,
+                 curve_every: int = 0, curve_scenes: int = 256):
         super().__init__()
         self.world = world
         self.register_buffer("train_objects", train_objects.clone(), persistent=False)
@@ -67,6 +68,7 @@ class BindingModel(L.LightningModule):
         self.gen: torch.Generator | None = None
         self.kernel_calls = 0
         self.history: list[dict] = []
+        self.curve_every, self.curve_scenes = curve_every, curve_scenes
 
     def scale(self) -> torch.Tensor:
         return torch.clamp(torch.exp(self.tau), max=SCALE_MAX)        # min(exp(τ), 10)
@@ -114,10 +116,26 @@ class BindingModel(L.LightningModule):
         pool = None if self.heldout_negatives else self.train_objects
         out = self.batch_losses(objs, n, self.gen, self.backend, pool)
         self.log_dict({f"train/{k}": v for k, v in out.items()}, prog_bar=False)
-        if batch_idx % 50 == 0 or batch_idx == self.hp["steps"] - 1:
-            self.history.append({"step": batch_idx, **{k: float(v.detach()) for k, v in out.items()},
-                                 "scale": float(self.scale().detach())})
+        last = batch_idx == self.hp["steps"] - 1
+        if batch_idx % 50 == 0 or last or (self.curve_every and batch_idx % self.curve_every == 0):
+            row = {"step": batch_idx, **{k: float(v.detach()) for k, v in out.items()},
+                   "scale": float(self.scale().detach())}
+            if self.curve_every and (batch_idx % self.curve_every == 0 or last):
+                row["seen_binding_acc"] = self.seen_binding_acc()
+            self.history.append(row)
         return out["loss"]
+
+    @torch.no_grad()
+    def seen_binding_acc(self) -> float:
+        """Learning curve: the evaluate stage's binding score on a FIXED set of `curve_scenes` 2-object
+        scenes of this model's TRAINING objects (own generator: the training stream is untouched)."""
+        g = torch.Generator(device=self.device).manual_seed(10_000 + self.seed)
+        objs, n = sample_scenes(self.world, self.train_objects, self.curve_scenes, g, n_fixed=min(2, self.world.n_max))
+        pool = None if self.heldout_negatives else self.train_objects
+        r = heldout_accuracy(self, objs, n, g, self.backend, pool)
+        self.kernel_calls += 2
+        two = objs[:, 0] != objs[:, -1] if self.world.n_max > 1 else n > 0
+        return float(r["object_correct"][two].float().mean())
 
     def configure_optimizers(self):
         opt = torch.optim.AdamW(self.parameters(), lr=self.hp["lr"], weight_decay=self.hp["weight_decay"])
@@ -132,10 +150,11 @@ class BindingModel(L.LightningModule):
 
 @torch.no_grad()
 def heldout_accuracy(model: BindingModel, objs: torch.Tensor, n: torch.Tensor, gen: torch.Generator,
-                     backend: str) -> dict[str, torch.Tensor]:
+                     backend: str, negative_pool: torch.Tensor | None = None) -> dict[str, torch.Tensor]:
     """ALGO: accuracy = min positive logit > max negative logit over the batch's pooled queries
-    (official train_clean.py:44-56), per scene, for concept and object queries."""
-    pq = pooled_queries(model.world, objs, n, gen)
+    (official train_clean.py:44-56), per scene, for concept and object queries. `negative_pool`: swap
+    negatives only from these objects (the training distribution when heldout_negatives is off)."""
+    pq = pooled_queries(model.world, objs, n, gen, negative_pool)
     x = model.embed_scenes(objs, n)
     s = model.scale()
     qc, qo = model.embed_queries(pq["query_objs"])
@@ -147,3 +166,4 @@ def heldout_accuracy(model: BindingModel, objs: torch.Tensor, n: torch.Tensor, g
 def steps_loader(steps: int):
     """Lightning needs an iterable: one dummy item per optimisation step (the batch is drawn in-step)."""
     return torch.utils.data.DataLoader(torch.arange(steps), batch_size=None, shuffle=False)
+

@@ -27,7 +27,17 @@ def _th(cfg: Config, name: str, key: str) -> str:
     return "the params threshold" if v is None else f"{v:g}"
 
 
-def claims(cfg: Config, lo: str, hi: str, clo: str, chi: str) -> list:
+LEARNED = "seen_binding_learned_*"     # the params key (glob) of the per-coverage seen-binding checks
+
+
+def claims(cfg: Config, lo: str, hi: str, clo: str, chi: str, fracs: list[str]) -> list:
+    learned = _th(cfg, LEARNED, "above")
+    gate = [Bound(f"seen_binding_learned_{f}",
+                  f"Seen binding learned ({f}): on 2-object scenes of the model's TRAINING objects (negatives drawn as "
+                  f"in training) binding accuracy is above {learned}; gates the reading of the coverage finding",
+                  value=f"coverage.{f}.train_binding_acc", n_items=f"coverage.{f}.n_train_binding_items",
+                  refuted_by=f"seen-object binding accuracy at or below {learned}: coverage would be tested on "
+                             "encoders that do not bind even seen objects", kind="check") for f in fracs]
     sharp = _th(cfg, "coverage_sharpens_binding", "min_effect")
     gen = _th(cfg, "mult_generalizes_trained", "above")
     gen_w = _th(cfg, "mult_within_generalizes_trained", "above")
@@ -73,7 +83,7 @@ def claims(cfg: Config, lo: str, hi: str, clo: str, chi: str) -> list:
               f"R² above {add}",
               value="additivity.trained",
               refuted_by=f"additive-fit R² at or below {add}", kind="finding"),
-    ]
+    ] + gate
 
 
 def _mean_se(xs) -> tuple[float, float]:
@@ -118,7 +128,8 @@ Additivity: least-squares fit y(a,b) ≈ μ + A1[a] + A2[b], R² on 20% held-out
     for f in fracs:
         c = cov[frac_key(f)]
         row = {"train_object_fraction": f}
-        for k in ("binding_acc", "object_acc", "concept_acc", "bag_binding_acc", "train_binding_acc"):
+        for k in ("binding_acc", "object_acc", "concept_acc", "bag_binding_acc", "train_binding_acc",
+                  "train_bag_binding_acc", "train_binding_acc_any_neg"):
             m, s = _mean_se(c[k])
             row[k] = m
             row[k + "_se"] = s
@@ -126,8 +137,13 @@ Additivity: least-squares fit y(a,b) ≈ μ + A1[a] + A2[b], R² on 20% held-out
     cov_frame = pl.DataFrame(rows)
     rep.table("Results: coverage sweep (held-out objects, mean over seeds)",
               cov_frame.select("train_object_fraction", "binding_acc", "binding_acc_se", "object_acc",
-                               "concept_acc", "bag_binding_acc", "train_binding_acc"),
-              "binding_acc / object_acc / concept_acc on scenes of unseen objects; train_binding_acc on seen objects.")
+                               "concept_acc", "bag_binding_acc", "train_binding_acc", "train_binding_acc_se",
+                               "train_bag_binding_acc", "train_binding_acc_any_neg"),
+              "binding_acc / object_acc / concept_acc on scenes of unseen objects (bag_binding_acc: the oracle on the "
+              "same queries). train_binding_acc on 2-object scenes of SEEN objects with swap negatives drawn as in "
+              "training (training objects only), train_bag_binding_acc the oracle there; train_binding_acc_any_neg the "
+              "same scenes with swap negatives from ALL objects (held-out objects' probes were never trained as "
+              "negatives, so this mixes seen binding with held-out probes).")
     rep.plot("coverage", cov_frame.select("train_object_fraction", "binding_acc", "bag_binding_acc", "train_binding_acc"),
              x="train_object_fraction", y=["binding_acc", "bag_binding_acc", "train_binding_acc"],
              title="clip_binding: binding accuracy vs coverage")
@@ -141,13 +157,50 @@ Additivity: least-squares fit y(a,b) ≈ μ + A1[a] + A2[b], R² on 20% held-out
     ax.legend(fontsize=8)
     rep.figure("accuracy_vs_coverage", fig, "Binding accuracy vs coverage (mean ± 2 s.e. over seeds)")
 
+    # learning curve recorded by the train stage: seen-object binding accuracy and loss vs step
+    lc = hist.filter(pl.col("seen_binding_acc").is_not_null()) if "seen_binding_acc" in hist.columns else None
+    bound = cfg.claims.get(LEARNED, {}).get("above")
+    if lc is not None and lc.height:
+        curve = (lc.group_by(["fraction", "step"]).agg(pl.col("seen_binding_acc").mean(), pl.col("loss").mean())
+                 .sort(["fraction", "step"]).with_columns(pl.format("f={}", pl.col("fraction")).alias("coverage")))
+        rep.plot("learning_curve", curve.select("step", "seen_binding_acc", "coverage"), x="step",
+                 y="seen_binding_acc", series="coverage",
+                 title="clip_binding: seen-object binding accuracy vs step (mean over seeds)")
+        fig, (a1, a2) = plt.subplots(1, 2, figsize=(9, 3.5))
+        for (f, sd), sub in lc.group_by(["fraction", "seed"], maintain_order=True):
+            lab = f"f={f}" if sd == ev["seeds"][0] else None
+            col = f"C{fracs.index(f)}"
+            a1.plot(sub["step"], sub["seen_binding_acc"], lw=0.9, color=col, label=lab)
+            a2.plot(sub["step"], sub["loss"], lw=0.9, color=col, label=lab)
+        if bound is not None:
+            a1.axhline(bound, color="k", ls="--", lw=0.7, label="'learned' bound (params)")
+        a1.set_xlabel("step"); a1.set_ylabel("seen-object binding acc"); a1.set_ylim(-0.02, 1.02); a1.legend(fontsize=7)
+        a2.set_xlabel("step"); a2.set_ylabel("training loss (concept + object)"); a2.legend(fontsize=7)
+        rep.figure("learning_curve", fig, "Learning curve recorded by the train stage: binding accuracy on a fixed "
+                   "set of 2-object scenes of training objects (left) and training loss (right), per coverage and seed")
+    bound_txt = "the params bound" if bound is None else f"{bound:g}"
+    seen_by_f = {f: float(np.mean(cov[frac_key(f)]["train_binding_acc"])) for f in fracs}
+    binds = all(bound is not None and v > bound for v in seen_by_f.values())
+    rep.section("Were the encoders trained to bind seen objects?", f"""
+The coverage finding only tests the paper when the encoders bind the objects they were trained on. The checks
+`seen_binding_learned_*` (bound {bound_txt} in params: the paper's from-scratch encoders fit their training
+scenes, i.e. bind nearly every seen 2-object scene; the bag-of-concepts oracle scores
+{', '.join(f"{float(np.mean(cov[frac_key(f)]['train_bag_binding_acc'])):.2f}" for f in fracs)} on the same scenes)
+gate its reading. Mean seen-object binding accuracy per coverage: {', '.join(f'{f:g}: {v:.3f}' for f, v in seen_by_f.items())}
+(verdicts with seed and item noise in the Checks table). **Coverage was tested on encoders that
+{'bind' if binds else 'do NOT all bind'} seen objects** (mean over seeds {'above' if binds else 'not above'} the bound at every coverage
+level){'' if binds else '; the coverage finding is then a statement about this budget, not about the paper'}.
+""")
+
     lines = []
     for f in fracs:
         c = cov[frac_key(f)]
-        held, bag, seen = (float(np.mean(c[k])) for k in ("binding_acc", "bag_binding_acc", "train_binding_acc"))
+        held, bag, seen, sbag = (float(np.mean(c[k])) for k in ("binding_acc", "bag_binding_acc", "train_binding_acc",
+                                                                 "train_bag_binding_acc"))
         lines.append(f"- coverage {f:g}: held-out binding accuracy {held:.3f} is "
                      f"{'above' if held > bag else 'at or below'} the bag-of-concepts oracle ({bag:.3f}); on seen "
-                     f"objects the same score is {seen:.3f} ({'above' if seen > bag else 'at or below'} the oracle).")
+                     f"objects the same score is {seen:.3f} ({'above' if seen > sbag else 'at or below'} the oracle's "
+                     f"{sbag:.3f} there).")
     rep.section("Reading the coverage sweep", "A model that binds beats the bag-of-concepts oracle (which cannot "
                 "reject swap negatives); one that does not stays at or below it.\n\n" + "\n".join(lines))
 
@@ -209,7 +262,9 @@ Additivity: least-squares fit y(a,b) ≈ μ + A1[a] + A2[b], R² on 20% held-out
     rep.section("Deviations", f"""
 | what | paper / official code | here | why |
 | --- | --- | --- | --- |
-| scale | k=2, v=20, d=256, 6 layers, FF 2048, 50k steps, bs 512, lr 3e-5 | {here} | 2-CPU budget (a pilot at 2000-2500 steps, f=0.75, gave the same held-out binding accuracy as the bag-of-concepts level); the full profile restores the official sizes |
+| scale | k=2, v=20, d=256, 6 layers, FF 2048, 50k steps, bs 512, lr 3e-5 | {here} | 2-CPU budget; the full profile restores the official sizes. Steps fixed from the learning curve of this train stage (figure above; first read on a pilot of the same code, f25 and f75, seed 0, before this run): seen-object binding reaches ~0.98 by step 750 at f25 and flattens at ~0.7 at f75 from step ~1500 to 3000 (d = 32: 0.70 at 1500, 0.75 at 3000; d = 64: 0.72 at 2500; v = 6: 0.75 at 3000; d_out 64: 0.69 at 1250; 3 layers: 0.67 at 750), so steps beyond {kw['steps']} buy little here at ~9 × 0.027 s CPU per step |
+| seeds | one process per run | the 3 seeds of a coverage level trained one after the other (solo), not as the shared `SeedEnsemble` | measured: the vmapped ensemble was not faster (3 seeds × 40 steps, d = 64: 4.07 s CPU vs 3.75 s solo; d = 32: 3.19 vs 3.27 s), because `nn.MultiheadAttention`'s SDPA has no vmap batching rule on CPU and runs per member; its gradients matched the solo run's to 3e-8 |
+| seen-object binding | train accuracy on training batches | `train_binding_acc`: 2-object scenes of training objects, swap negatives from training objects (as trained); `train_binding_acc_any_neg` also lets held-out objects be negatives | held-out objects are never negatives in training (row below), so their probes are untrained as negatives: the any-negative score mixes seen binding with untrained probes |
 | swap negatives | may be held-out objects in training (train_probe_all_objects=True, as read) | only training objects (`heldout_negatives: false`) | with held-out objects as negatives only, their probes are pushed away from every scene and held-out accuracy collapses (measured ~0 in a pilot); configurable |
 | split | random object split | redrawn until every concept value is in the training objects | failure must be about binding, not about unseen tokens |
 | checkpoint | best test checkpoint used downstream | final checkpoint | no test-set selection |
@@ -221,12 +276,30 @@ Additivity: least-squares fit y(a,b) ≈ μ + A1[a] + A2[b], R² on 20% held-out
     rep.section("Threats to validity", f"""
 Red-team pass by the author (no second reviewer was available):
 
-- **Budget decides the coverage finding.** {kw['steps']} steps against the official 50k: the `train_binding_acc`
-  column shows whether the encoders bind even SEEN objects beyond the bag-of-concepts level; where they do not,
-  `coverage_sharpens_binding` failing says nothing about the paper's effect, only that this budget does not learn
-  binding. A learning curve that fixes the steps from seen-object binding (issue 52) is not built: 9 encoders at
-  several thousand steps do not fit the 300 s default budget without the shared vectorized ensemble (issue 55),
-  which this paper does not use yet.
+- **Budget and capacity decide the coverage finding.** {kw['steps']} steps of d = {kw['d_model']} encoders against the
+  official 50k steps of d = 256, 6 layers: the learning curve and the `seen_binding_learned_*` checks show whether
+  the encoders bind even SEEN objects; where a check fails, `coverage_sharpens_binding` (whatever its verdict) tests
+  this budget, not the paper's effect. The curve flattens at high coverage well below the bound in 3000-step pilots,
+  so a few times more steps would not obviously fix it; the official scale (`full` profile) is not run here.
+- **What the coverage verdict can and cannot say (this run).** Read with the `seen_binding_learned_*` verdicts: where
+  f25 binds its seen objects and f75 does not, `coverage_sharpens_binding` compares a low-coverage encoder that
+  memorised its training objects with a high-coverage one that has not learned binding at all; its failure is then
+  decided by the budget, not evidence against the paper. Held-out binding at or below the oracle for an encoder that
+  does bind its seen objects (low coverage) is consistent with the paper's low-coverage failure, a single observation
+  that no claim tests.
+- **Complexity analysis on the highest-coverage encoders.** The regressors read the f75 encoders (the paper's
+  well-covered setting); where those do not bind seen objects, the mult / mult_within verdicts describe encoders
+  without learned binding.
+- **Independent check (author, outside the pipeline).** Seen-object binding accuracy of all 9 committed encoders was
+  recomputed in float64 numpy (no kernel) on 1024 new 2-object scenes per model (another evaluation seed, one
+  pooled batch of 1024 instead of 512): f25 0.988 / 1.000 / 0.974, f50 0.869 / 0.887 / 0.888, f75 0.651 / 0.639 / 0.662
+  (seeds 0 / 1 / 2), within item noise of the table's numbers.
+- **Seen-binding bound.** 0.9 was fixed in params from the paper's notion of "learned" (encoders fit their training
+  scenes) after the pilot curves had been seen (f25 ~0.98, f75 ~0.7); it was not moved to pass or fail a level.
+- **Seen binding measured with training-distribution negatives.** Held-out objects are never swap negatives in
+  training (Deviations); with them as negatives (`train_binding_acc_any_neg`) seen-object accuracy is lower, because
+  held-out probes were never pushed away from scenes. Earlier versions of this report (500 steps) read seen binding
+  that way (0.39–0.50); the two columns are both in the coverage table.
 - **Low complexity without binding.** The regressors test whether scene embeddings of unseen objects are
   predictable from concept ids. An encoder that encodes a bag of concepts (no binding) is also predictable, so
   `mult_generalizes_trained` / `mult_within_generalizes_trained` holding is evidence of a low-complexity embedding,
@@ -245,7 +318,8 @@ Red-team pass by the author (no second reviewer was available):
   the default budget does not have.
 """)
     top = cov[hi]
-    held, bag, seen = (float(np.mean(top[k])) for k in ("binding_acc", "bag_binding_acc", "train_binding_acc"))
+    held, bag, seen, sbag = (float(np.mean(top[k])) for k in ("binding_acc", "bag_binding_acc", "train_binding_acc",
+                                                              "train_bag_binding_acc"))
     r2 = {f: float(np.mean(cx["trained"][f][clo]["r2"])) for f in FAMILIES}
     rep.section("Discussion", f"""
 The paper measures CLIP-family models on CLEVR-like scenes and trains 6-layer encoders for 50k steps on
@@ -254,12 +328,12 @@ function in CLIP and low-complexity, multiplicative binding in well-covered from
 This miniature trains the from-scratch side at {meta['n_objects']} objects for {kw['steps']} steps and replaces CLIP
 by a random-table control whose object embeddings are by construction unpredictable from concepts: it shows what
 a high-complexity binding function looks like to the regressors, not that CLIP has one.
-At the highest coverage ({hi}) the encoders' binding accuracy is {seen:.3f} on scenes of SEEN objects and {held:.3f}
-on unseen ones, against {bag:.3f} for the bag-of-concepts oracle that cannot bind: binding
-{'beyond' if seen > bag else 'not beyond'} the oracle on seen objects, {'beyond' if held > bag else 'not beyond'} it
+At the highest coverage ({hi}) the encoders' binding accuracy is {seen:.3f} on scenes of SEEN objects (oracle
+{sbag:.3f}) and {held:.3f} on unseen ones (oracle {bag:.3f}; the bag-of-concepts oracle cannot bind): binding
+{'beyond' if seen > sbag else 'not beyond'} the oracle on seen objects, {'beyond' if held > bag else 'not beyond'} it
 on unseen ones at this budget. On the trained encoder's embeddings at split {clo}, the mean R² on unseen objects is
 {', '.join(f'{f} {v:.3f}' for f, v in r2.items())}: the across-objects product (one product of all four slot
 embeddings, the official default) must spend units on constant slots to express a sum over objects, the
 within-object product does not.
 """)
-    rep.finish(claims(cfg, lo, hi, clo, chi), metrics)
+    rep.finish(claims(cfg, lo, hi, clo, chi, [frac_key(f) for f in fracs]), metrics)

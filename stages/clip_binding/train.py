@@ -39,6 +39,9 @@ class Config(StageConfig):
     warmup: Fraction = 0.1
     steps: int = Field(1500, ge=1, le=200_000)
     heldout_negatives: bool = Field(False, description="swap negatives may be held-out objects (official as read)")
+    curve_every: int = Field(100, ge=0, le=100_000, description="learning curve: seen-object binding accuracy "
+                             "every this many steps (0: off)")
+    curve_scenes: int = Field(256, ge=8, le=8192, description="fixed 2-object scenes of training objects per curve point")
     trainer: TrainerConfig = TrainerConfig(enable_progress_bar=False)
 
     @model_validator(mode="after")
@@ -51,7 +54,8 @@ class Config(StageConfig):
 def model_kwargs(cfg: Config, world: World) -> dict:
     return dict(d_model=cfg.d_model, n_heads=cfg.n_heads, n_layers=cfg.n_layers, d_ff=cfg.d_ff,
                 d_out=cfg.d_out, batch_size=cfg.batch_size, lr=cfg.lr, weight_decay=cfg.weight_decay,
-                warmup=cfg.warmup, steps=cfg.steps, heldout_negatives=cfg.heldout_negatives)
+                warmup=cfg.warmup, steps=cfg.steps, heldout_negatives=cfg.heldout_negatives,
+                curve_every=cfg.curve_every, curve_scenes=cfg.curve_scenes)
 
 
 def build_model(world: World, train_objects: torch.Tensor, kwargs: dict, seed: int, backend: str) -> BindingModel:

@@ -171,3 +171,36 @@ def test_smoke_pipeline(smoke_run):
             assert d["r2"] == pytest.approx([float(np.median(r)) for r in d["r2_restarts"]])
             assert all(len(set(r)) == 2 for r in d["r2_restarts"])     # restarts are distinct inits
     assert (out["report"] / "figures" / "accuracy_vs_coverage.png").exists()
+    # the learning curve is recorded by the train stage (every curve_every steps and at the last step) and gates
+    # the coverage reading through one seen_binding_learned check per coverage level
+    import polars as pl
+    hist = pl.read_csv(out["train"] / "history.csv")
+    curve = hist.filter(pl.col("seen_binding_acc").is_not_null())
+    steps = json.loads((out["train"] / "models.json").read_text())["kwargs"]["steps"]
+    for (f, s), sub in curve.group_by(["fraction", "seed"]):
+        assert sub["step"].max() == steps - 1 and sub.height >= 2
+        assert sub["seen_binding_acc"].is_between(0, 1).all()
+    assert kinds["seen_binding_learned_f25"] == "check" and kinds["seen_binding_learned_f75"] == "check"
+    cov = ev["coverage"]["f75"]
+    assert all(0 <= x <= 1 for k in ("train_binding_acc", "train_bag_binding_acc", "train_binding_acc_any_neg")
+               for x in cov[k])
+    assert (out["report"] / "figures" / "learning_curve.png").exists()
+    assert "Were the encoders trained to bind seen objects?" in (out["report"] / "report.md").read_text()
+
+
+def test_learning_curve_leaves_the_training_stream_untouched():
+    """Recording seen-object binding accuracy during training (own generator, no grad) must not change the
+    trajectory: the same seed with and without the curve ends with identical weights."""
+    w = World(2, 3, 2)
+    tr = torch.arange(w.n_objects)[split_objects(w, 0.5, torch.Generator().manual_seed(2))]
+    kw = dict(d_model=8, n_heads=2, n_layers=1, d_ff=16, d_out=4, batch_size=12, lr=3e-3, weight_decay=0.1,
+              warmup=0.2, steps=4)
+    states = []
+    for every in (0, 1):
+        model = train.build_model(w, tr, dict(kw, curve_every=every, curve_scenes=16), seed=5, backend="torch")
+        make_trainer(TrainerConfig(enable_progress_bar=False), None, max_steps=4).fit(model, steps_loader(4))
+        states.append(model.state_dict())
+        if every:
+            accs = [h["seen_binding_acc"] for h in model.history if "seen_binding_acc" in h]
+            assert len(accs) == 4 and all(0 <= a <= 1 for a in accs)
+    assert all(torch.equal(states[0][k], states[1][k]) for k in states[0])
