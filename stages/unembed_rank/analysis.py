@@ -26,11 +26,13 @@ from scipy import stats
 from sklearn.linear_model import LinearRegression
 from sklearn.model_selection import LeaveOneOut, cross_val_predict
 
-HPARAMS = ("batch_size", "weight_decay", "lr")
+HPARAMS = ("batch_size", "weight_decay", "lr", "final_lr_frac", "d_model")
+DESIGNS = ("main", "tokens", "steps", "sat")  # run flags in_<design> (train.run_specs)
+ZERO_OK = ("weight_decay", "final_lr_frac")    # controls that can be 0: log(x + 1e-3)
 
 
 def varying(frame: pl.DataFrame, cols=HPARAMS) -> list[str]:
-    return [c for c in cols if frame[c].n_unique() > 1]
+    return [c for c in cols if c in frame.columns and frame[c].n_unique() > 1]
 
 
 def one_hot(frame: pl.DataFrame, cols: list[str]) -> np.ndarray:
@@ -81,7 +83,7 @@ def partial_spearman(a: np.ndarray, b: np.ndarray, controls: np.ndarray) -> tupl
 
 def controls_of(frame: pl.DataFrame) -> np.ndarray:
     cols = varying(frame)
-    return np.stack([np.log(frame[c].to_numpy().astype(float) + (1e-3 if c == "weight_decay" else 0.0))
+    return np.stack([np.log(frame[c].to_numpy().astype(float) + (1e-3 if c in ZERO_OK else 0.0))
                      for c in cols], 1) if cols else np.zeros((frame.height, 0))
 
 

@@ -62,16 +62,17 @@ def run(cfg: Config, ctx: StageContext) -> None:
     splits = {s: torch.from_numpy(np.load(ctx.input("prepare") / f"{s}.npy")) for s in ("val", "ood")}
     val = eval_windows(splits["val"], T, cfg.max_windows).to(device)  # the first non-overlapping windows
     ood = eval_windows(splits["ood"], T, cfg.max_windows).to(device)
-    mcfg = TinyTransformerConfig(**info["model"])
+    mcfgs = {int(d): TinyTransformerConfig(**m) for d, m in info["models"].items()}
     rows = []
     for i, spec in enumerate(info["runs"]):
+        mcfg = mcfgs[spec["d_model"]]
         model = TinyTransformer(mcfg).to(device)
         model.load_state_dict(states[spec["name"]])
         model.eval()
         id_loss, h = eval_loss(model, val, rec)
         ood_loss, _ = eval_loss(model, ood, rec)
-        rows.append({"run": spec["name"], **{k: spec[k] for k in ("batch_size", "weight_decay", "lr", "seed")},
-                     "steps": spec["steps"], "val_loss": id_loss, "ood_loss": ood_loss,
+        rows.append({"run": spec["name"], **{k: spec[k] for k in (*A.HPARAMS, "seed", "steps", "tokens")},
+                     **{f"in_{d}": spec[f"in_{d}"] for d in A.DESIGNS}, "val_loss": id_loss, "ood_loss": ood_loss,
                      **geometry(model.unembed, h)})
         if i == 0:
             w = val[:2]
@@ -80,29 +81,43 @@ def run(cfg: Config, ctx: StageContext) -> None:
                        slice=f"96 positions of the first 2 in-domain val windows, run {spec['name']}")
     history = pl.read_csv(ctx.input("train") / "history.csv")
     sat = A.saturation(history)
-    res = pl.DataFrame(rows).join(sat, on="run", how="left").sort("seed", "lr", "batch_size", "weight_decay")
+    res = (pl.DataFrame(rows).join(sat, on="run", how="left")
+           .sort("seed", "d_model", "final_lr_frac", "lr", "batch_size", "weight_decay"))
     res.write_csv(ctx.out / "results.csv")
+    main, tok, stp, probe = (res.filter(pl.col(f"in_{d}")) for d in A.DESIGNS)
+    main_hist = history.filter(pl.col("run").is_in(main["run"].to_list()))
 
-    out: dict = {"grid": {k: info[k] for k in ("seeds", "batch_sizes", "weight_decays", "lrs", "tokens")},
-                 "n_runs": res.height}
-    out["erank_effects"] = A.hparam_effects(res, "erank")
-    out["erank_sq_effects"] = A.hparam_effects(res, "erank_sq")
-    out["corr"] = {loss: {m: A.correlations(res, m, loss) for m in METRICS} for loss in ("val_loss", "ood_loss")}
-    out["delta_r2"] = {loss: {m: A.delta_r2(res, m, loss) for m in METRICS} for loss in ("val_loss", "ood_loss")}
+    out: dict = {"grid": {k: info[k] for k in ("seeds", "extra_seeds", "batch_sizes", "weight_decays", "lrs",
+                                                "final_lr_fracs", "d_models", "tokens", "equal_steps")},
+                 "n_runs": res.height, "n_main": main.height, "n_tokens": tok.height, "n_steps": stp.height,
+                 "n_probe": probe.height}
+    # hyperparameter effects: the main block (one width, one final LR, every seed), equal tokens and equal steps
+    out["erank_effects"] = A.hparam_effects(main, "erank")
+    out["erank_sq_effects"] = A.hparam_effects(main, "erank_sq")
+    if stp.height:
+        out["equal_steps"] = A.hparam_effects(stp, "erank")
+        out["equal_steps_loss"] = A.hparam_effects(stp, "val_loss")
+    # correlation analyses: every equal-token run (all cells), every varying hyperparameter controlled
+    out["controls"] = A.varying(tok)
+    out["corr"] = {loss: {m: A.correlations(tok, m, loss) for m in METRICS} for loss in ("val_loss", "ood_loss")}
+    out["delta_r2"] = {loss: {m: A.delta_r2(tok, m, loss) for m in METRICS} for loss in ("val_loss", "ood_loss")}
+    # saturation: every run of every design (the probe is where the val loss can rise late)
     out["saturation"] = A.saturation_counts(res)
-    out["matched_loss"] = A.matched_loss(history, res)
+    out["saturation_by_design"] = {d: A.saturation_counts(f) for d, f in zip(A.DESIGNS, (main, tok, stp, probe))
+                                   if f.height}
+    out["matched_loss"] = A.matched_loss(main_hist, main)
     init = history.filter(pl.col("step") == 0)
     out["init"] = {"erank": float(init["erank"].mean()), "erank_sq": float(init["erank_sq"].mean()),
                    "val_loss": float(init["val_loss"].mean())}
-    # agreement of the other geometry metrics with erank (pooled Spearman over runs)
-    out["agreement"] = {m: A.spearman(res["erank"].to_numpy(), res[m].to_numpy()) for m in METRICS if m != "erank"}
-    A.strata(res, "erank", "val_loss").write_csv(ctx.out / "strata_val.csv")
-    A.strata(res, "erank", "ood_loss").write_csv(ctx.out / "strata_ood.csv")
-    # best run per seed: is it also the run with the highest erank?
-    best = res.sort("val_loss").group_by("seed", maintain_order=True).first().sort("seed")
-    top = res.sort("erank", descending=True).group_by("seed", maintain_order=True).first().sort("seed")
+    # agreement of the other geometry metrics with erank (pooled Spearman over the equal-token runs)
+    out["agreement"] = {m: A.spearman(tok["erank"].to_numpy(), tok[m].to_numpy()) for m in METRICS if m != "erank"}
+    A.strata(tok, "erank", "val_loss").write_csv(ctx.out / "strata_val.csv")
+    A.strata(tok, "erank", "ood_loss").write_csv(ctx.out / "strata_ood.csv")
+    # best run per seed (main block): is it also the run with the highest erank?
+    best = main.sort("val_loss").group_by("seed", maintain_order=True).first().sort("seed")
+    top = main.sort("erank", descending=True).group_by("seed", maintain_order=True).first().sort("seed")
     out["best"] = {"best_run": best["run"].to_list(), "top_erank_run": top["run"].to_list(),
-                   "best_erank_rank": [int((res.filter(pl.col("seed") == s)["erank"] > e).sum()) + 1
+                   "best_erank_rank": [int((main.filter(pl.col("seed") == s)["erank"] > e).sum()) + 1
                                        for s, e in zip(best["seed"], best["erank"])]}
     write_json(ctx.out / "analysis.json", out)
     rec.save(ctx.out)

@@ -135,8 +135,58 @@ def test_smoke_pipeline_end_to_end(smoke_run):
     assert doc["kernels"]["fused_linear_ce"]["calls"] > 0
     assert doc["kernels"]["fused_linear_ce"]["parity_max_abs_err"] < 1e-3
     res = pl.read_csv(outs["evaluate"] / "results.csv")
-    assert res.height == 4 and res["erank"].is_between(0, 100).all()
+    # smoke: bs {4, 8} × wd {0, 1} × final {0.1, 0} × width {16, 8}, seed 0 = 16 equal-token runs (4 main), equal
+    # steps 8 adds bs4@8 for each wd (bs8@8 is the equal-token run), the probe 2 runs: 20 distinct runs
+    assert res.height == 20 and res["erank"].is_between(0, 100).all()
+    assert [int(res[f"in_{d}"].sum()) for d in ("main", "tokens", "steps", "sat")] == [4, 16, 4, 2]
+    assert set(res.filter(pl.col("in_steps"))["steps"].to_list()) == {8}
+    hist = pl.read_csv(outs["train"] / "history.csv")
+    assert hist["run"].n_unique() == 20 and set(hist["d_model"].unique().to_list()) == {8, 16}
     assert (outs["report"] / "figures" / "trajectories.png").exists()
+    assert (outs["report"] / "figures" / "saturation_probe.png").exists()
+
+
+def test_run_specs_designs_by_hand():
+    """Default-like grid, counted by hand: main block 3 bs × 2 wd × 2 seeds = 12; other cells (final 0 at width
+    32, both finals at width 16) 3 × 6 × 1 seed = 18; equal steps at the largest batch's step count shares the 4
+    bs-128 runs and adds 2 × 2 × 2 = 8; probe 1 × 2 × 1 = 2 → 40 distinct runs."""
+    from stages.unembed_rank.train import Config, run_specs
+
+    cfg = Config(seeds=[0, 1], extra_seeds=[5], batch_sizes=[8, 32, 128], weight_decays=[0.0, 1.0],
+                 final_lr_fracs=[0.1, 0.0], d_models=[32, 16], tokens=131072, n_evals=4,
+                 model={"d_model": 32, "n_layers": 1, "n_heads": 4, "seq_len": 64},
+                 equal_steps={"steps": 16}, saturation={"steps": 40, "batch_sizes": [8], "weight_decays": [0.0, 1.0],
+                                                        "seeds": [3], "d_model": 16, "train_bytes": 4000})
+    specs = run_specs(cfg)
+    names = [s["name"] for s in specs]
+    assert len(names) == len(set(names)) == 40
+    count = lambda flag: sum(s[f"in_{flag}"] for s in specs)  # noqa: E731
+    assert [count(d) for d in ("main", "tokens", "steps", "sat")] == [12, 30, 12, 2]
+    shared = [s for s in specs if s["in_main"] and s["in_steps"]]
+    assert len(shared) == 4 and {s["batch_size"] for s in shared} == {128} and {s["steps"] for s in shared} == {16}
+    for s in specs:
+        assert s["tokens"] == s["steps"] * s["batch_size"] * 64
+        if s["in_tokens"]:
+            assert s["tokens"] == 131072
+            assert (s["seed"] in (0, 1)) == (s["final_lr_frac"] == 0.1 and s["d_model"] == 32) == s["in_main"]
+        if s["in_steps"]:
+            assert s["steps"] == 16 and s["d_model"] == 32 and s["final_lr_frac"] == 0.1
+    assert {(s["d_model"], s["seed"], s["probe"]) for s in specs if s["in_sat"]} == {(16, 3, True)}
+
+
+def test_probe_batch_larger_than_its_slice_is_a_config_error(smoke_run, tmp_path):
+    from stages.common.config import ConfigError
+    from stages.common.runner import StageContext
+    from stages.unembed_rank import train
+
+    smoke_run("unembed_rank", stages=("prepare",))
+    cfg = train.Config(batch_sizes=[4], tokens=4 * 64 * 10, n_evals=2,
+                       saturation={"steps": 4, "train_bytes": 650, "batch_sizes": [11], "d_model": 16})
+    ctx = StageContext(slug="unembed_rank", stage="train", profile="smoke", out=tmp_path / "o", root=smoke_run.root)
+    (tmp_path / "o").mkdir()
+    with pytest.raises(ConfigError, match=r"train\.saturation\.batch_sizes: batch size 11 .*10 training windows"):
+        train.run(cfg, ctx)
+    assert not (tmp_path / "o" / "models.pt").exists()
 
 
 @pytest.mark.parametrize("override,key", [
@@ -144,6 +194,9 @@ def test_smoke_pipeline_end_to_end(smoke_run):
     ({"weight_decays": [0.1, -0.5]}, "weight_decays"),
     ({"batch_sizes": [8, 8]}, "batch_sizes"),
     ({"tokens": 1000}, "tokens"),
+    ({"equal_steps": {"steps": 3}}, "equal_steps"),
+    ({"d_models": [32, 12]}, "d_models"),
+    ({"final_lr_fracs": [0.1, 1.5]}, "final_lr_fracs"),
 ])
 def test_bad_config_names_key(override, key):
     from stages.common.config import ConfigError, validate
