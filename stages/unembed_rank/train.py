@@ -242,5 +242,6 @@ def run(cfg: Config, ctx: StageContext) -> None:
                                        "weight_decays": list(cfg.weight_decays), "lrs": list(cfg.lrs),
                                        "final_lr_fracs": list(cfg.final_lr_fracs), "d_models": cfg.widths,
                                        "equal_steps": cfg.equal_steps.steps,
-                                       "saturation": cfg.saturation.model_dump(), "runs": runs})
+                                       "saturation": cfg.saturation.model_dump(), "n_evals": cfg.n_evals,
+                                       "runs": runs})
     rec.save(ctx.out)
