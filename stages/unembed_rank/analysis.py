@@ -132,7 +132,7 @@ def strata(res: pl.DataFrame, metric: str, loss: str) -> pl.DataFrame:
     return pl.DataFrame(rows)
 
 
-def delta_r2(res: pl.DataFrame, metric: str, loss: str) -> dict:
+def delta_r2(res: pl.DataFrame, metric: str, loss: str, cv=None) -> dict:
     """Leave-one-out CV R² of loss from the hyperparameters (one-hot, + seed-free), with and without
     the metric; ΔR² = the metric's incremental out-of-sample R²."""
     y = res[loss].to_numpy().astype(float)
@@ -142,7 +142,7 @@ def delta_r2(res: pl.DataFrame, metric: str, loss: str) -> dict:
     def cv_r2(x: np.ndarray) -> float:
         if x.shape[1] == 0:
             return 0.0
-        pred = cross_val_predict(LinearRegression(), x, y, cv=LeaveOneOut())
+        pred = cross_val_predict(LinearRegression(), x, y, cv=LeaveOneOut() if cv is None else cv)
         return float(1 - ((y - pred) ** 2).sum() / ((y - y.mean()) ** 2).sum())
 
     r_base, r_full = cv_r2(base), cv_r2(full)

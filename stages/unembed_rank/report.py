@@ -63,13 +63,14 @@ CLAIMS = [
           refuted_by="erank explaining ≥ 10% of the loss variance left by the hyperparameters, out of sample", kind="finding"),
     Claim("saturation_low_rank_not_causal",
           "Low erank co-occurs with late saturation (saturated runs have lower erank) but low-rank runs "
-          "without saturation exist (adversarial cases)",
+          "without saturation exist (adversarial cases); compared within the saturation probe (one training regime, "
+          "low = below the probe's median final erank)",
           "saturation.low_sat >= 1 and saturation.low_nosat >= 1 and saturation.erank_gap_nosat_minus_sat > 0",
           refuted_by="no saturated low-rank run, saturated runs not lower in erank, or every low-rank run saturating "
                      "(inconclusive, not refuted, when no run saturates: the erank gap is then undefined)", kind="finding"),
     Claim("saturation_regime_reached",
-          "Design check: at least one run saturates (ID val loss rising by > 0.01 nats over the last 20% of its "
-          "steps), so the saturation finding is testable at this budget",
+          "Design check: at least one saturation-probe run saturates (ID val loss rising by > 0.01 nats over the "
+          "last 20% of its steps), so the saturation finding is testable at this budget",
           "saturation.n_sat >= 1",
           refuted_by="no run saturating", kind="check"),
 ]
@@ -193,9 +194,20 @@ def fig_traj(hist: pl.DataFrame, seed: int):
 
 def threats(rep: Report, an: dict, g: dict, ini: dict, s: dict, dv: dict, do: dict, steps: list[int],
             probe: pl.DataFrame) -> None:
-    sb = an["saturation_by_design"]
-    psat = sb.get("sat", {"n_sat": 0, "n_runs": 0})
-    nonprobe = sum(v["n_sat"] for d, v in sb.items() if d != "sat")
+    sb, sa = an["saturation_by_design"], an["saturation_all"]
+    nonprobe = [(d, v) for d, v in sb.items() if d != "sat"]
+    esl = an.get("equal_steps_loss", {})
+    es_loss = (f"at {g['equal_steps']} steps the in-domain loss is still {num(sum(esl['bs_min']) / len(esl['bs_min']), '.2f')} "
+               f"(smallest batch) / {num(sum(esl['bs_max']) / len(esl['bs_max']), '.2f')} (largest) against "
+               f"{num(ini['val_loss'], '.2f')} at initialization, so the equal-steps comparison is of early training"
+               if esl else "the design is off in this profile")
+    wd_note = ""
+    if probe.height:
+        by_wd = probe.group_by("weight_decay").agg(pl.col("saturated").sum(), pl.len()).sort("weight_decay")
+        wd_note = ("; in the probe, saturated runs per weight decay: " +
+                   ", ".join(f"wd {r['weight_decay']:g}: {r['saturated']}/{r['len']}" for r in by_wd.iter_rows(named=True)) +
+                   " — saturation and erank both move with weight decay there, so the within-probe comparison is "
+                   "largely one between weight-decay levels")
     rep.section("Threats to validity", f"""
 A red-team pass over this design (could each finding have failed? is it decided by construction or by the budget?):
 
@@ -203,23 +215,30 @@ A red-team pass over this design (could each finding have failed? is it decided 
   `erank_driven_by_hparams` and `larger_batch_higher_erank` mix batch size with training progress: the runs start near
   full rank ({num(ini['erank'], '.1f')}% at step 0) and fewer steps leave them closer to it. The matched-loss comparison
   removes the progress difference but not the schedule phase (a small-batch run reaches the matched loss mid-schedule).
-  The equal-steps design (`larger_batch_higher_erank_equal_steps`, {g['equal_steps']} steps for every batch size) removes
-  the update-count difference but confounds batch size with tokens seen, and {g['equal_steps']} steps is short (the
-  largest batch's budget at equal tokens; a longer equal-steps budget would cost the largest batch ×16 the tokens).
-  No single design isolates batch size; the three are reported side by side.
-- **Absolute ΔR² is nearly decided by construction here.** The hyperparameter baseline already explains
-  R² = {num(dv['r2_base'], '.4f')} (ID) / {num(do['r2_base'], '.4f')} (OOD) of the loss out of sample, so the absolute ΔR² (the paper's
-  metric, `no_incremental_r2`) cannot exceed {num(1 - dv['r2_base'], '.2g')} / {num(1 - do['r2_base'], '.2g')}; the relative version
-  (`no_incremental_r2_relative`) is the reading that can fail, and is reported beside it.
-- **Saturation comes from repeated data in the probe, not from the paper's mechanism.** {nonprobe} of the
-  {s['n_runs'] - psat['n_runs']} non-probe runs saturate; in the probe {psat['n_sat']} of {psat['n_runs']} do. The probe repeats
-  a small slice of the training bytes for many epochs, so its late rise in in-domain val loss is overfitting, whereas
-  the paper's saturation (Pythia-14M) happens on fresh Pile data late in a very long run. The operational definition
-  (loss rise over the last 20% of steps) is the same; the cause is not, so `saturation_low_rank_not_causal` tests the
-  co-occurrence pattern in a proxy regime. The probe's setting was fixed from one exploratory learning curve of the
-  same probe (chosen so that the curve turns up; the claim's thresholds were fixed before).
-- **Low/high erank split pools designs**: the median that defines "low erank" is taken over all runs of all designs
-  (widths {g['d_models']} and the probe), and erank in % of max rank is not strictly comparable across widths.
+  The equal-steps design (`larger_batch_higher_erank_equal_steps`, {g['equal_steps']} steps for every batch size, fixed
+  as the largest batch's step count at equal tokens before any run) removes the update-count difference but confounds
+  batch size with tokens seen, and {es_loss}. A longer equal-steps budget costs the largest batch its tokens × steps/16
+  and was not run. No single design isolates batch size; the three are reported side by side.
+- **Absolute ΔR² has little room.** The hyperparameter baseline already explains R² = {num(dv['r2_base'], '.4f')} (ID) /
+  {num(do['r2_base'], '.4f')} (OOD) of the loss out of sample, so the absolute ΔR² (the paper's metric,
+  `no_incremental_r2`) cannot exceed {num(1 - dv['r2_base'], '.2g')} / {num(1 - do['r2_base'], '.2g')}, close to the claim's bound;
+  the relative version (`no_incremental_r2_relative`) is the reading with room to fail, reported beside it.
+- **Saturation comes from repeated data in the probe, not from the paper's mechanism.** Saturated runs outside the probe:
+  {', '.join(f"{d} {v['n_sat']}/{v['n_runs']}" for d, v in nonprobe)}; in the probe {sb.get('sat', {}).get('n_sat', 0)} of
+  {sb.get('sat', {}).get('n_runs', 0)}. The probe repeats a small slice of the training bytes for many epochs, so its late
+  rise in in-domain val loss is overfitting, whereas the paper's saturation (Pythia-14M) happens on fresh Pile data late
+  in a very long run. The operational definition (loss rise over the last 20% of steps) is the same; the cause is not,
+  so `saturation_low_rank_not_causal` tests the co-occurrence pattern in a proxy regime, on {s['n_runs']} runs{wd_note}.
+  The probe's setting was fixed from one exploratory learning curve of the same probe, chosen so that the curve turns
+  up (the claim's expression was fixed before).
+- **Scope of the saturation claim changed after the first default run (disclosed).** As first written, the claim pooled
+  every run of every design; that run gave it "holds" (gap {num(sa['erank_gap_nosat_minus_sat'])} points, low/saturated
+  {sa['low_sat']}, low/unsaturated {sa['low_nosat']}), but the red-team pass found that gap decided by construction: the
+  unsaturated side is mostly barely trained runs (equal steps, large batches at equal tokens) near the full-rank
+  initialization, which cannot saturate. The claim now compares within the probe only; the pooled counts stay in the
+  saturation table's note.
+- **erank in % of max rank across widths** ({g['d_models']}): the correlation analyses pool both widths with width as a
+  control; the percentage is not strictly comparable across widths.
 - **Weight decay has little time to act**: with lr × wd × steps ≤ {num(max(g['lrs']) * max(g['weight_decays']) * max(steps), '.2g')}
   the decay shrinks weights by a bounded factor; the paper's runs are ~10⁵× longer, so `strong_wd_keeps_erank`
   tests a short-horizon regime.
@@ -229,7 +248,9 @@ A red-team pass over this design (could each finding have failed? is it decided 
   ({len(g['seeds'])} seeds; the project's ≥ 5 seeds did not fit the default budget).
 - **Axes**: one peak LR in the default grid (the final-LR axis {g['final_lr_fracs']} and widths {g['d_models']} are varied;
   peak-LR multipliers only in the `full` profile).
-- **Independent checks**: erank recomputed with numpy SVD / scipy entropy in the tests (test_geometry_brute,
+- **Independent checks**: the erank ΔR² recomputed with the paper's 5-fold CV instead of leave-one-out:
+  {num(an['delta_r2_5fold']['val_loss']['delta_r2'], '.2g')} (ID) / {num(an['delta_r2_5fold']['ood_loss']['delta_r2'], '.2g')} (OOD), relative
+  {num(an['delta_r2_5fold']['val_loss']['rel_delta_r2'], '.3f')} / {num(an['delta_r2_5fold']['ood_loss']['rel_delta_r2'], '.3f')}; erank recomputed with numpy SVD / scipy entropy in the tests (test_geometry_brute,
   test_erank_matches_scipy_entropy_and_invariances); the matched-loss interpolation checked on a hand-worked history
   (test_matched_loss_interpolates_the_first_crossing_by_hand); the design bookkeeping (shared runs, flags, seeds per
   cell) against a hand count (test_run_specs_designs_by_hand).
@@ -347,13 +368,18 @@ stratum ρ(erank, ID loss) = {', '.join(num(x) for x in within)}. A positive raw
 loss across strata (the opposite sign to the paper's −0.70): the across-strata association is carried by the number of
 optimizer steps (large batches at equal tokens take few steps and stay near the near-full-rank initialization), while
 the sign within a stratum is the one to compare with the paper's "best models have high rank".""")
-    s = an["saturation"]
-    rep.table("Saturation vs erank (counts over every run of every design)", pl.DataFrame([
+    s, sa = an["saturation"], an["saturation_all"]
+    rep.table("Saturation vs erank (counts within the saturation probe)", pl.DataFrame([
         {"": "low erank (< median)", "saturated": s["low_sat"], "not saturated": s["low_nosat"]},
         {"": "high erank", "saturated": s["high_sat"], "not saturated": s["high_nosat"]}]),
-        note=f"{s['n_sat']} of {s['n_runs']} runs saturate (by design: " + ", ".join(
+        note=f"{s['n_sat']} of {s['n_runs']} probe runs saturate; mean final erank of the unsaturated minus the saturated "
+             f"runs {num(s['erank_gap_nosat_minus_sat'])} points; {s['n_rank_drop_late']} lose erank over the last 20%; median "
+             f"final erank {num(s['median_erank'])}%. Saturated runs by design: " + ", ".join(
             f"{d} {v['n_sat']}/{v['n_runs']}" for d, v in an["saturation_by_design"].items())
-        + f"); {s['n_rank_drop_late']} runs lose erank over the last 20%. Median final erank {num(s['median_erank'])}%.")
+        + f". Pooled over all {sa['n_runs']} runs of every design (low = below {num(sa['median_erank'])}%): low/saturated "
+          f"{sa['low_sat']}, low/unsaturated {sa['low_nosat']}, high/saturated {sa['high_sat']}, high/unsaturated "
+          f"{sa['high_nosat']}, gap {num(sa['erank_gap_nosat_minus_sat'])} points — not the claim's basis: the unsaturated "
+          "side is then dominated by barely trained runs near the full-rank initialization, which cannot saturate.")
     if probe.height:
         rep.table("Design 3: saturation probe, per run", probe_table(probe, hist),
                   note="The probe's learning curves (below) are the recorded curves that show whether its budget "
@@ -362,7 +388,7 @@ the sign within a stratum is the one to compare with the paper's "best models ha
         rep.figure("saturation_probe", fig_probe(hist, probe), "Saturation probe: in-domain val loss and erank vs step")
         ph = hist.filter(pl.col("run").is_in(probe["run"].to_list())).select("step", "run", "val_loss").sort("run", "step")
         rep.plot("saturation_probe", ph, x="step", y="val_loss", series="run",
-                 title="unembed_rank: saturation probe, in-domain val loss vs step")
+                 title="saturation probe, in-domain val loss vs step")
     agree = pl.DataFrame([{"metric": k, "Spearman ρ with erank(W_U)": v} for k, v in an["agreement"].items()])
     rep.table("Agreement of the other geometry metrics with erank (equal-token runs)", agree)
     b = an["best"]
@@ -370,9 +396,9 @@ the sign within a stratum is the one to compare with the paper's "best models ha
                 f"seed's runs (1 = highest): {', '.join(f'{r} (rank {k})' for r, k in zip(b['best_run'], b['best_erank_rank']))}; "
                 f"highest-erank run per seed: {', '.join(b['top_erank_run'])}.")
     rep.plot("erank_vs_loss", tok.select("erank", "val_loss", "ood_loss").sort("erank"), x="erank",
-             y=["val_loss", "ood_loss"], title="unembed_rank: loss vs erank (equal-token runs)")
+             y=["val_loss", "ood_loss"], title="loss vs erank (equal-token runs)")
     bym = main.group_by("batch_size", maintain_order=True).agg(pl.col("erank").mean(), pl.col("erank_sq").mean()).sort("batch_size")
-    rep.plot("erank_vs_batch", bym, x="batch_size", y=["erank", "erank_sq"], title="unembed_rank: erank vs batch size (main block)")
+    rep.plot("erank_vs_batch", bym, x="batch_size", y=["erank", "erank_sq"], title="erank vs batch size (main block)")
     dv, do = an["delta_r2"]["val_loss"]["erank"], an["delta_r2"]["ood_loss"]["erank"]
     steps = sorted({int(x) for x in main["steps"].to_list()})
     threats(rep, an, g, ini, s, dv, do, steps, probe)
@@ -388,6 +414,6 @@ the paper's 50k-vs-512, so erank sits near the maximal rank more easily. Quantiz
 not reproduced.
 """)
     metrics = {k: an[k] for k in ("grid", "n_runs", "erank_effects", "erank_sq_effects", "corr", "delta_r2",
-                                  "saturation", "saturation_by_design", "agreement", "best", "init", "matched_loss",
-                                  "controls", "equal_steps", "equal_steps_loss") if k in an}
+                                  "saturation", "saturation_all", "saturation_by_design", "agreement", "best", "init", "matched_loss",
+                                  "controls", "equal_steps", "equal_steps_loss", "delta_r2_5fold") if k in an}
     rep.finish(CLAIMS, metrics)
