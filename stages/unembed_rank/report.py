@@ -314,7 +314,8 @@ def run(cfg: Config, ctx: StageContext) -> None:
   train/history.csv); final losses over the whole val / OOD splits through the fused linear+CE kernel.
 - **Saturation (operational definition)**: the paper's late saturation is in-domain loss rising late in training
   (Pythia-14M, §3.2); here a run is saturated when its logged in-domain val loss rises by > 0.01 nats from the point
-  at 80% of its steps to the end. Low erank: below the median final erank over all runs.
+  at 80% of its steps to the end. Low erank: below the median final erank of the saturation probe's runs (the claim's
+  comparison set; the pooled split over all runs is given beside it).
 """)
     rep.table("Results: equal-token grid, means over seeds (main block: 3 seeds; other cells: extra seeds)",
               grid_table(tok))
