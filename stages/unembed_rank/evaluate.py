@@ -39,6 +39,10 @@ class Config(StageConfig):
     text_column: str = Field("text", min_length=1, max_length=200)
     hf_seq_len: int = Field(512, ge=2, le=131072, description="tokens per evaluation window of a checkpoint")
     hf_eval_tokens: int = Field(1_000_000, ge=10, le=1_000_000_000, description="tokens read per corpus")
+    matched_loss_max_gap: float = Field(0.05, gt=0.0, le=10.0,
+                                        description="guard of the matched-loss crossing: the largest ID-loss gap "
+                                                    "(nats) between the two logged points that bracket it; a wider "
+                                                    "bracket makes that run's value NaN (inconclusive)")
 
     @model_validator(mode="after")
     def _real(self):
@@ -89,7 +93,8 @@ def run(cfg: Config, ctx: StageContext) -> None:
     main_hist = history.filter(pl.col("run").is_in(main["run"].to_list()))
 
     out: dict = {"grid": {k: info[k] for k in ("seeds", "extra_seeds", "batch_sizes", "weight_decays", "lrs",
-                                                "final_lr_fracs", "d_models", "tokens", "equal_steps")},
+                                                "final_lr_fracs", "d_models", "tokens", "equal_steps")}
+                          | {"equal_steps_weight_decays": info.get("equal_steps_weight_decays", info["weight_decays"])},
                  "n_runs": res.height, "n_main": main.height, "n_tokens": tok.height, "n_steps": stp.height,
                  "n_probe": probe.height}
     # hyperparameter effects: the main block (one width, one final LR, every seed), equal tokens and equal steps
@@ -112,7 +117,17 @@ def run(cfg: Config, ctx: StageContext) -> None:
     out["saturation_all"] = A.saturation_counts(res)
     out["saturation_by_design"] = {d: A.saturation_counts(f) for d, f in zip(A.DESIGNS, (main, tok, stp, probe))
                                    if f.height}
-    out["matched_loss"] = A.matched_loss(main_hist, main)
+    # matched loss on the regular points plus the dense early ones (every step ≤ dense_steps), guarded; two
+    # levels: the main block's (equal tokens) and the equal-steps design's (its largest final loss)
+    dense_path = ctx.input("train") / "history_dense.csv"
+    dense = pl.read_csv(dense_path) if dense_path.exists() else None
+    fine = A.merge_dense(history, dense)
+    out["matched_loss"] = A.matched_loss(fine.filter(pl.col("run").is_in(main["run"].to_list())), main,
+                                         max_gap=cfg.matched_loss_max_gap)
+    if stp.height:
+        out["matched_loss_steps"] = A.matched_loss(fine.filter(pl.col("run").is_in(stp["run"].to_list())), stp,
+                                                   max_gap=cfg.matched_loss_max_gap)
+    out["dense_steps"] = info.get("dense_steps", 0)
     init = history.filter(pl.col("step") == 0)
     out["init"] = {"erank": float(init["erank"].mean()), "erank_sq": float(init["erank_sq"].mean()),
                    "val_loss": float(init["val_loss"].mean())}

@@ -48,6 +48,8 @@ Width = Annotated[int, Field(ge=2, le=4096)]
 
 class EqualSteps(StageConfig):
     steps: int = Field(0, ge=0, le=10_000_000, description="optimizer steps of every batch size (0: design off)")
+    weight_decays: list[WeightDecay] | None = Field(None, min_length=1, max_length=8,
+                                                    description="weight decays of this design (None: the grid's)")
 
 
 class SaturationProbe(StageConfig):
@@ -79,6 +81,9 @@ class Config(StageConfig):
     equal_steps: EqualSteps = EqualSteps()
     saturation: SaturationProbe = SaturationProbe()
     n_evals: int = Field(10, ge=2, le=200, description="token-aligned evaluation points per run")
+    dense_steps: int = Field(0, ge=0, le=100_000,
+                             description="every optimizer step up to this one is also logged (ID val loss + erank "
+                                         "only) in the main-block and equal-steps runs: the matched-loss crossings")
     eval_windows: int = Field(64, ge=1, le=100_000, description="fixed val / OOD windows per evaluation")
     model: ModelConfig = ModelConfig()
     torch_threads: int = Field(1, ge=1, le=64)
@@ -161,7 +166,7 @@ def run_specs(cfg: Config) -> list[dict]:
         for seed in cfg.seeds:
             for lr in cfg.lrs:
                 for bs in cfg.batch_sizes:
-                    for wd in cfg.weight_decays:
+                    for wd in (cfg.equal_steps.weight_decays or cfg.weight_decays):
                         add("steps", bs=bs, wd=wd, lr=lr, final=f0, d=d0, seed=seed, steps=cfg.equal_steps.steps)
     sp = cfg.saturation
     if sp.steps:
@@ -207,7 +212,7 @@ def run(cfg: Config, ctx: StageContext) -> None:
     logging.getLogger("lightning.pytorch").setLevel(logging.WARNING)  # one fit per run: no per-fit banners
     probe = make_trainer(cfg.trainer, None, max_steps=1)
     rec = KernelRecord(probe.strategy.root_device)
-    history, runs, states, models = [], [], {}, {}
+    history, dense, runs, states, models = [], [], [], {}, {}
     meta_keys = ("batch_size", "weight_decay", "lr", "final_lr_frac", "d_model", "seed")
     for spec in specs:
         bs, seed, steps, name = spec["batch_size"], spec["seed"], spec["steps"], spec["name"]
@@ -217,13 +222,15 @@ def run(cfg: Config, ctx: StageContext) -> None:
         module = GridRun(mcfg, name=name, lr=spec["lr"], weight_decay=spec["weight_decay"], steps=steps,
                          warmup_frac=cfg.warmup_frac, final_lr_frac=spec["final_lr_frac"], eval_steps=evals,
                          val=val, ood=ood, rec=rec, tracker=ctx.tracker, meta={k: spec[k] for k in meta_keys},
-                         tokens_per_step=bs * T)
+                         tokens_per_step=bs * T,
+                         dense_steps=cfg.dense_steps if (spec["in_main"] or spec["in_steps"]) else 0)
         # the same seed draws the same batches for every weight decay / final LR / width (paired within a batch size)
         corpus = probe_train if spec["probe"] else train
         data = DataLoader(WindowBatches(corpus, bs, T, steps, seed=10_000 + seed), batch_size=None, shuffle=False)
         trainer = make_trainer(cfg.trainer, None, max_steps=steps)  # per-run curves: ctx.tracker, keyed by run
         trainer.fit(module, data)
         history.extend(module.history)
+        dense.extend(module.dense)
         runs.append(spec)
         states[name] = {k: v.detach().cpu() for k, v in module.model.state_dict().items()}
         if len(runs) == 1:  # Triton path vs torch reference on this run's real hidden states and W_U
@@ -235,6 +242,9 @@ def run(cfg: Config, ctx: StageContext) -> None:
                            slice=f"96 positions of run {name}'s last training batch (trained W_U)")
     torch.save(states, ctx.out / "models.pt")
     pl.DataFrame(history, infer_schema_length=None).write_csv(ctx.out / "history.csv")
+    # the dense early points (every step ≤ dense_steps that is not a regular point): ID val loss + erank only
+    pl.DataFrame(dense, schema={"run": pl.String, "step": pl.Int64, "tokens": pl.Int64, "frac": pl.Float64,
+                                "val_loss": pl.Float64, "erank": pl.Float64}).write_csv(ctx.out / "history_dense.csv")
     write_json(ctx.out / "runs.json", {"models": {str(d): m.__dict__ for d, m in models.items()},
                                        "model": model_config(cfg, cfg.widths[0]).__dict__, "seq_len": T,
                                        "tokens": cfg.tokens, "seeds": list(cfg.seeds),
@@ -242,6 +252,9 @@ def run(cfg: Config, ctx: StageContext) -> None:
                                        "weight_decays": list(cfg.weight_decays), "lrs": list(cfg.lrs),
                                        "final_lr_fracs": list(cfg.final_lr_fracs), "d_models": cfg.widths,
                                        "equal_steps": cfg.equal_steps.steps,
+                                       "equal_steps_weight_decays": list(cfg.equal_steps.weight_decays
+                                                                         or cfg.weight_decays),
+                                       "dense_steps": cfg.dense_steps,
                                        "saturation": cfg.saturation.model_dump(), "n_evals": cfg.n_evals,
                                        "runs": runs})
     rec.save(ctx.out)
