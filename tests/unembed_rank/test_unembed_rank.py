@@ -155,7 +155,7 @@ def test_smoke_pipeline_end_to_end(smoke_run):
         n = int(res.filter(pl.col("run") == r)["steps"][0])
         assert set(range(min(8, n) + 1)) <= set(steps) and steps == sorted(steps)
     an = json.loads((outs["evaluate"] / "analysis.json").read_text())
-    assert an["matched_loss"]["max_gap"] == 0.05 and "matched_loss_steps" in an
+    assert an["matched_loss"]["max_gap"] == 0.15 and "matched_loss_steps" in an
 
 
 def test_run_specs_designs_by_hand():
