@@ -1,9 +1,9 @@
 """Analyses of the grid (polars + scipy + sklearn): what drives erank, whether it predicts loss once
 the hyperparameters are controlled, and late saturation vs the erank trajectory.
 
-- ``hparam_effects``   per seed: η² of erank explained by the batch-size / weight-decay (/ lr) main
-                       effects (two-way ANOVA without interaction, OLS on one-hot levels) and the
-                       erank at the extreme levels.
+- ``hparam_effects``   per seed: the range over batch sizes / over weight decays of the level means
+                       of erank (effect sizes in erank points), η² of the main effects (context only:
+                       with one run per cell it is ~1 by construction) and the erank at the extreme levels.
 - ``spearman`` / ``partial_spearman``: raw rank correlation and partial rank correlation controlling
                        for the hyperparameters (Pearson correlation of the residuals of the ranks
                        after OLS on the ranks of the controls: the paper's partial Spearman).
@@ -12,7 +12,8 @@ the hyperparameters are controlled, and late saturation vs the erank trajectory.
                        same without the metric (the paper's incremental R², 5-fold there).
 - ``saturation``       loss rising over the last 20% of the budget; erank change over the same span.
 - ``matched_loss``     erank when each run first reaches a common in-domain loss (the worst run's final
-                       loss, so every run reaches it), linearly interpolated between logged points: batch
+                       loss, so every run reaches it), linearly interpolated between logged points (a
+                       guard makes it NaN when the bracketing points differ by > max_gap nats): batch
                        size compared at equal progress instead of equal tokens (whose step counts differ
                        by the batch-size ratio).
 """
@@ -26,11 +27,13 @@ from scipy import stats
 from sklearn.linear_model import LinearRegression
 from sklearn.model_selection import LeaveOneOut, cross_val_predict
 
-HPARAMS = ("batch_size", "weight_decay", "lr")
+HPARAMS = ("batch_size", "weight_decay", "lr", "final_lr_frac", "d_model")
+DESIGNS = ("main", "tokens", "steps", "sat")  # run flags in_<design> (train.run_specs)
+ZERO_OK = ("weight_decay", "final_lr_frac")    # controls that can be 0: log(x + 1e-3)
 
 
 def varying(frame: pl.DataFrame, cols=HPARAMS) -> list[str]:
-    return [c for c in cols if frame[c].n_unique() > 1]
+    return [c for c in cols if c in frame.columns and frame[c].n_unique() > 1]
 
 
 def one_hot(frame: pl.DataFrame, cols: list[str]) -> np.ndarray:
@@ -81,7 +84,7 @@ def partial_spearman(a: np.ndarray, b: np.ndarray, controls: np.ndarray) -> tupl
 
 def controls_of(frame: pl.DataFrame) -> np.ndarray:
     cols = varying(frame)
-    return np.stack([np.log(frame[c].to_numpy().astype(float) + (1e-3 if c == "weight_decay" else 0.0))
+    return np.stack([np.log(frame[c].to_numpy().astype(float) + (1e-3 if c in ZERO_OK else 0.0))
                      for c in cols], 1) if cols else np.zeros((frame.height, 0))
 
 
@@ -89,7 +92,8 @@ def hparam_effects(res: pl.DataFrame, metric: str = "erank") -> dict:
     """Per seed (lists in seed order): η² of metric from the hyperparameters and extreme-level means."""
     seeds = sorted(res["seed"].unique().to_list())
     bs, wd = sorted(res["batch_size"].unique().to_list()), sorted(res["weight_decay"].unique().to_list())
-    out = {"seeds": seeds, "eta2": [], "bs_min": [], "bs_max": [], "wd_min": [], "wd_max": [], "range": []}
+    out = {"seeds": seeds, "eta2": [], "bs_min": [], "bs_max": [], "wd_min": [], "wd_max": [], "range": [],
+           "bs_range": [], "wd_range": [], "min_axis_range": []}
     for s in seeds:
         f = res.filter(pl.col("seed") == s)
         out["eta2"].append(eta_squared(f, metric, varying(f)))
@@ -98,6 +102,13 @@ def hparam_effects(res: pl.DataFrame, metric: str = "erank") -> dict:
         out["wd_min"].append(float(f.filter(pl.col("weight_decay") == wd[0])[metric].mean()))
         out["wd_max"].append(float(f.filter(pl.col("weight_decay") == wd[-1])[metric].mean()))
         out["range"].append(float(f[metric].max() - f[metric].min()))
+        # effect sizes in the metric's units: range over each axis's levels of the level means (per seed);
+        # min_axis_range = the smaller of the two (both axes drive the metric by at least this much)
+        rb = _axis_range(f, "batch_size", metric)
+        rw = _axis_range(f, "weight_decay", metric)
+        out["bs_range"].append(rb)
+        out["wd_range"].append(rw)
+        out["min_axis_range"].append(float(min(rb, rw)) if len(wd) > 1 and len(bs) > 1 else float("nan"))
     return out
 
 
@@ -130,7 +141,7 @@ def strata(res: pl.DataFrame, metric: str, loss: str) -> pl.DataFrame:
     return pl.DataFrame(rows)
 
 
-def delta_r2(res: pl.DataFrame, metric: str, loss: str) -> dict:
+def delta_r2(res: pl.DataFrame, metric: str, loss: str, cv=None) -> dict:
     """Leave-one-out CV R² of loss from the hyperparameters (one-hot, + seed-free), with and without
     the metric; ΔR² = the metric's incremental out-of-sample R²."""
     y = res[loss].to_numpy().astype(float)
@@ -140,7 +151,7 @@ def delta_r2(res: pl.DataFrame, metric: str, loss: str) -> dict:
     def cv_r2(x: np.ndarray) -> float:
         if x.shape[1] == 0:
             return 0.0
-        pred = cross_val_predict(LinearRegression(), x, y, cv=LeaveOneOut())
+        pred = cross_val_predict(LinearRegression(), x, y, cv=LeaveOneOut() if cv is None else cv)
         return float(1 - ((y - pred) ** 2).sum() / ((y - y.mean()) ** 2).sum())
 
     r_base, r_full = cv_r2(base), cv_r2(full)
@@ -173,23 +184,38 @@ def saturation_counts(res: pl.DataFrame) -> dict:
     nosat_er = res.filter(~sat)["erank"]
     # undefined (NaN → the claim reads it as inconclusive) when no run saturates or every run does
     gap = float(nosat_er.mean() - sat_er.mean()) if len(sat_er) and len(nosat_er) else float("nan")
+    # the same gap within each weight-decay level (saturation and erank both move with weight decay): mean over
+    # the levels that have both saturated and unsaturated runs; NaN when no level has both (then the design
+    # cannot separate saturation from weight decay)
+    within = []
+    for lv in sorted(res["weight_decay"].unique().to_list()):
+        f = res.filter(pl.col("weight_decay") == lv)
+        if 0 < int(f["saturated"].sum()) < f.height:
+            within.append(float(f.filter(~pl.col("saturated"))["erank"].mean() - f.filter(pl.col("saturated"))["erank"].mean()))
     return {"median_erank": med, "n_runs": res.height, "n_sat": n(sat), "low_sat": n(low & sat),
+            "erank_gap_within_wd": float(np.mean(within)) if within else float("nan"),
+            "n_wd_levels_mixed": len(within),
             "low_nosat": n(low & ~sat), "high_sat": n(~low & sat), "high_nosat": n(~low & ~sat),
             "erank_gap_nosat_minus_sat": gap,
             "n_rank_drop_late": int((res["erank_change_last20"] < 0).sum())}
 
 
-def first_crossing(history: pl.DataFrame, level: float, cols=("erank", "step", "tokens")) -> pl.DataFrame:
+def first_crossing(history: pl.DataFrame, level: float, cols=("erank", "step", "tokens"),
+                   max_gap: float = math.inf) -> pl.DataFrame:
     """Per run: cols linearly interpolated at the first logged interval where the ID val loss falls to
-    `level` (NaN when the run never reaches it; the first point when it starts below)."""
+    `level` (NaN when the run never reaches it; the first point when it starts below), and ``gap``, the
+    loss difference between the two logged points that bracket the crossing. Guard: when that gap exceeds
+    max_gap nats the interpolation is not trusted (erank need not move linearly over a long interval) and
+    cols are NaN, so a claim on them reads inconclusive."""
     rows = []
     for name, h in history.sort("step").group_by("run", maintain_order=True):
         loss = h["val_loss"].to_numpy().astype(float)
         hit = np.nonzero(loss <= level)[0]
         row = {"run": name[0]}
+        gap = float("nan") if not len(hit) else (0.0 if hit[0] == 0 else float(loss[hit[0] - 1] - loss[hit[0]]))
         for c in cols:
             v = h[c].to_numpy().astype(float)
-            if not len(hit):
+            if not len(hit) or not gap <= max_gap:
                 row[c] = float("nan")
             elif hit[0] == 0:
                 row[c] = float(v[0])
@@ -197,24 +223,54 @@ def first_crossing(history: pl.DataFrame, level: float, cols=("erank", "step", "
                 i = int(hit[0])
                 w = (loss[i - 1] - level) / (loss[i - 1] - loss[i])
                 row[c] = float(v[i - 1] + w * (v[i] - v[i - 1]))
+        row["gap"] = gap
         rows.append(row)
     return pl.DataFrame(rows)
 
 
-def matched_loss(history: pl.DataFrame, res: pl.DataFrame) -> dict:
-    """erank at a common ID loss level (the largest final logged loss over all runs): per seed, the mean
-    at the extreme batch sizes / weight decays, and the optimizer steps each needed to get there."""
+def merge_dense(history: pl.DataFrame, dense: pl.DataFrame | None) -> pl.DataFrame:
+    """The regular points (run, step, tokens, frac, val_loss, erank) plus the dense early ones, one row per
+    (run, step), sorted by step."""
+    cols = ["run", "step", "tokens", "frac", "val_loss", "erank"]
+    base = history.select(cols).with_columns(pl.col("step").cast(pl.Int64), pl.col("tokens").cast(pl.Int64))
+    if dense is not None and dense.height:
+        base = pl.concat([base, dense.select(cols).with_columns(pl.col("step").cast(pl.Int64),
+                                                                 pl.col("tokens").cast(pl.Int64))])
+    return base.unique(["run", "step"], keep="first").sort("run", "step")
+
+
+def matched_loss(history: pl.DataFrame, res: pl.DataFrame, max_gap: float = math.inf) -> dict:
+    """erank at a common ID loss level (the largest final logged loss over the runs): per seed, the mean
+    at the extreme batch sizes / weight decays (NaN when a run's crossing fails the max_gap guard), the
+    range over batch sizes of the batch-size means, and the optimizer steps each needed to get there."""
     final = history.sort("step").group_by("run", maintain_order=True).last()
     level = float(final["val_loss"].max())
-    at = first_crossing(history, level).join(res.select("run", "seed", "batch_size", "weight_decay"), on="run")
+    at = first_crossing(history, level, max_gap=max_gap).join(
+        res.select("run", "seed", "batch_size", "weight_decay"), on="run")
     seeds = sorted(at["seed"].unique().to_list())
     bs, wd = sorted(at["batch_size"].unique().to_list()), sorted(at["weight_decay"].unique().to_list())
-    out: dict = {"level": level, "seeds": seeds}
+    out: dict = {"level": level, "seeds": seeds, "max_gap": max_gap,
+                 "bracket_gap_max": float(at["gap"].max()), "n_guarded": int((~(at["gap"] <= max_gap)).sum()),
+                 "n_runs": at.height}
     for key, col, lv in (("bs_min", "batch_size", bs[0]), ("bs_max", "batch_size", bs[-1]),
                          ("wd_min", "weight_decay", wd[0]), ("wd_max", "weight_decay", wd[-1])):
         f = [at.filter((pl.col("seed") == s) & (pl.col(col) == lv)) for s in seeds]
-        out[key] = [float(g["erank"].mean()) for g in f]
-        out["steps_" + key] = [float(g["step"].mean()) for g in f]
+        out[key] = [_nanmean(g["erank"]) for g in f]
+        out["steps_" + key] = [_nanmean(g["step"]) for g in f]
+    out["bs_range"] = [_axis_range(at.filter(pl.col("seed") == s), "batch_size", "erank") for s in seeds]
     out["by_batch"] = (at.group_by("batch_size").agg(pl.col("erank").mean(), pl.col("step").mean(),
-                                                      pl.col("tokens").mean()).sort("batch_size").to_dicts())
+                                                      pl.col("tokens").mean(), pl.col("gap").max())
+                       .sort("batch_size").to_dicts())
     return out
+
+
+def _nanmean(col: pl.Series) -> float:
+    """Mean that stays NaN when any value is NaN (a guarded crossing makes the cell's value unknown)."""
+    v = col.to_numpy().astype(float)
+    return float(v.mean()) if len(v) else float("nan")
+
+
+def _axis_range(f: pl.DataFrame, col: str, metric: str) -> float:
+    """Range (max − min) over the levels of col of the metric's mean at each level (NaN-propagating)."""
+    means = [_nanmean(f.filter(pl.col(col) == lv)[metric]) for lv in sorted(f[col].unique().to_list())]
+    return float(np.max(means) - np.min(means)) if len(means) > 1 else float("nan")

@@ -250,7 +250,7 @@ def run_full_train(cfg, ctx) -> None:
     m = cfg.model
     history, runs = sweep(train, val, ood, grid(cfg), tokens=cfg.tokens, seq_len=T, d_model=m.d_model,
                           n_layers=m.n_layers, n_heads=m.n_heads, vocab=len(tok), n_evals=cfg.n_evals,
-                          warmup_frac=cfg.warmup_frac, final_lr_frac=cfg.final_lr_frac, rec=rec, tok=tok,
+                          warmup_frac=cfg.warmup_frac, final_lr_frac=cfg.final_lr_fracs[0], rec=rec, tok=tok,
                           device=device)
     out = ctx.out / "hf"
     out.mkdir(parents=True, exist_ok=True)

@@ -17,7 +17,7 @@ from torch.utils.data import Dataset
 
 from kernels.fused_linear_ce import linear_cross_entropy, linear_cross_entropy_stats
 from stages.common.tiny_transformer import TinyTransformer, TinyTransformerConfig
-from stages.unembed_rank.geometry import geometry
+from stages.unembed_rank.geometry import erank_pct, geometry
 
 KERNEL = "fused_linear_ce"
 
@@ -71,7 +71,7 @@ class GridRun(L.LightningModule):
     def __init__(self, model_cfg: TinyTransformerConfig, *, name: str, lr: float, weight_decay: float,
                  steps: int, warmup_frac: float, final_lr_frac: float, eval_steps: list[int],
                  val: torch.Tensor, ood: torch.Tensor, rec: Any, tracker: Any = None,
-                 meta: dict[str, Any] | None = None, tokens_per_step: int = 0):
+                 meta: dict[str, Any] | None = None, tokens_per_step: int = 0, dense_steps: int = 0):
         super().__init__()
         self.model = TinyTransformer(model_cfg)
         self.name, self.lr, self.wd, self.steps = name, lr, weight_decay, steps
@@ -82,6 +82,8 @@ class GridRun(L.LightningModule):
         self.rec, self.tracker, self.meta = rec, tracker, meta or {}
         self.tokens_per_step = tokens_per_step
         self.history: list[dict[str, Any]] = []
+        self.dense_steps = dense_steps
+        self.dense: list[dict[str, Any]] = []   # light points (ID val loss + erank) at every step ≤ dense_steps
         self._train_sum, self._train_n = 0.0, 0
 
     def loss(self, batch: torch.Tensor) -> torch.Tensor:
@@ -104,6 +106,18 @@ class GridRun(L.LightningModule):
         step = self.global_step  # optimizer steps done
         if step in self.eval_steps:
             self.evaluate_now(step)
+        elif step <= self.dense_steps:
+            self.evaluate_light(step)
+
+    @torch.no_grad()
+    def evaluate_light(self, step: int) -> None:
+        """A dense point for the matched-loss crossing: the same val windows, W_U's erank; nothing else."""
+        was = self.model.training
+        self.model.eval()
+        val, _ = eval_loss(self.model, self.val_windows.to(self.model.unembed.device), self.rec)
+        self.dense.append({"run": self.name, "step": step, "tokens": step * self.tokens_per_step,
+                           "frac": step / self.steps, "val_loss": val, "erank": erank_pct(self.model.unembed)})
+        self.model.train(was)
 
     @torch.no_grad()
     def evaluate_now(self, step: int) -> None:

@@ -135,8 +135,77 @@ def test_smoke_pipeline_end_to_end(smoke_run):
     assert doc["kernels"]["fused_linear_ce"]["calls"] > 0
     assert doc["kernels"]["fused_linear_ce"]["parity_max_abs_err"] < 1e-3
     res = pl.read_csv(outs["evaluate"] / "results.csv")
-    assert res.height == 4 and res["erank"].is_between(0, 100).all()
+    # smoke: bs {4, 8} × wd {0, 1} × final {0.1, 0} × width {16, 8}, seed 0 = 16 equal-token runs (4 main), equal
+    # steps 8 adds bs4@8 for each wd (bs8@8 is the equal-token run), the probe 2 runs: 20 distinct runs
+    assert res.height == 20 and res["erank"].is_between(0, 100).all()
+    assert [int(res[f"in_{d}"].sum()) for d in ("main", "tokens", "steps", "sat")] == [4, 16, 4, 2]
+    assert set(res.filter(pl.col("in_steps"))["steps"].to_list()) == {8}
+    hist = pl.read_csv(outs["train"] / "history.csv")
+    assert hist["run"].n_unique() == 20 and set(hist["d_model"].unique().to_list()) == {8, 16}
     assert (outs["report"] / "figures" / "trajectories.png").exists()
+    assert (outs["report"] / "figures" / "saturation_probe.png").exists()
+    # dense early logging (smoke dense_steps 8): every step 1..8 of the main-block / equal-steps runs that is not a
+    # regular point, none for the other runs; merged, each such run has every step 0..min(8, steps)
+    dense = pl.read_csv(outs["train"] / "history_dense.csv")
+    dense_runs = set(res.filter(pl.col("in_main") | pl.col("in_steps"))["run"].to_list())
+    assert set(dense["run"].unique().to_list()) <= dense_runs and dense["step"].is_between(1, 8).all()
+    fine = A.merge_dense(hist, dense)
+    for r in dense_runs:
+        steps = fine.filter(pl.col("run") == r)["step"].to_list()
+        n = int(res.filter(pl.col("run") == r)["steps"][0])
+        assert set(range(min(8, n) + 1)) <= set(steps) and steps == sorted(steps)
+    an = json.loads((outs["evaluate"] / "analysis.json").read_text())
+    assert an["matched_loss"]["max_gap"] == 0.15 and "matched_loss_steps" in an
+
+
+def test_run_specs_designs_by_hand():
+    """Default-like grid, counted by hand: main block 3 bs × 2 wd × 2 seeds = 12; other cells (final 0 at width
+    32, both finals at width 16) 3 × 6 × 1 seed = 18; equal steps at the largest batch's step count shares the 4
+    bs-128 runs and adds 2 × 2 × 2 = 8; probe 1 × 2 × 1 = 2 → 40 distinct runs."""
+    from stages.unembed_rank.train import Config, run_specs
+
+    cfg = Config(seeds=[0, 1], extra_seeds=[5], batch_sizes=[8, 32, 128], weight_decays=[0.0, 1.0],
+                 final_lr_fracs=[0.1, 0.0], d_models=[32, 16], tokens=131072, n_evals=4,
+                 model={"d_model": 32, "n_layers": 1, "n_heads": 4, "seq_len": 64},
+                 equal_steps={"steps": 16}, saturation={"steps": 40, "batch_sizes": [8], "weight_decays": [0.0, 1.0],
+                                                        "seeds": [3], "d_model": 16, "train_bytes": 4000})
+    specs = run_specs(cfg)
+    names = [s["name"] for s in specs]
+    assert len(names) == len(set(names)) == 40
+    count = lambda flag: sum(s[f"in_{flag}"] for s in specs)  # noqa: E731
+    assert [count(d) for d in ("main", "tokens", "steps", "sat")] == [12, 30, 12, 2]
+    shared = [s for s in specs if s["in_main"] and s["in_steps"]]
+    assert len(shared) == 4 and {s["batch_size"] for s in shared} == {128} and {s["steps"] for s in shared} == {16}
+    for s in specs:
+        assert s["tokens"] == s["steps"] * s["batch_size"] * 64
+        if s["in_tokens"]:
+            assert s["tokens"] == 131072
+            assert (s["seed"] in (0, 1)) == (s["final_lr_frac"] == 0.1 and s["d_model"] == 32) == s["in_main"]
+        if s["in_steps"]:
+            assert s["steps"] == 16 and s["d_model"] == 32 and s["final_lr_frac"] == 0.1
+    assert {(s["d_model"], s["seed"], s["probe"]) for s in specs if s["in_sat"]} == {(16, 3, True)}
+    # equal steps at 64 on weight decay 0 only: bs 32 runs (64 steps at equal tokens) are shared, bs 8 / 128 added
+    cfg2 = cfg.model_copy(update={"equal_steps": cfg.equal_steps.model_copy(update={"steps": 64,
+                                                                                    "weight_decays": [0.0]})})
+    st = [s for s in run_specs(cfg2) if s["in_steps"]]
+    assert len(st) == 3 * 2 and {s["weight_decay"] for s in st} == {0.0}
+    assert {(s["batch_size"], s["in_main"]) for s in st} == {(8, False), (32, True), (128, False)}
+    assert len(run_specs(cfg2)) == 12 + 18 + 4 + 2
+
+
+def test_probe_batch_larger_than_its_slice_is_a_config_error(smoke_run, tmp_path):
+    from stages.common.config import ConfigError
+    from stages.common.runner import StageContext
+    from stages.unembed_rank import train
+
+    smoke_run("unembed_rank", stages=("prepare",))
+    cfg = train.Config(batch_sizes=[4], tokens=4 * 64 * 10, n_evals=2,
+                       saturation={"steps": 4, "train_bytes": 650, "batch_sizes": [11], "d_model": 16})
+    ctx = StageContext(slug="unembed_rank", stage="train", profile="smoke", out=tmp_path / "o", root=smoke_run.root)
+    (tmp_path / "o").mkdir()
+    with pytest.raises(ConfigError, match=r"train\.saturation\.batch_sizes: batch size 11 .*10 training windows"):
+        train.run(cfg, ctx)
+    assert not (tmp_path / "o" / "models.pt").exists()
 
 
 @pytest.mark.parametrize("override,key", [
@@ -144,6 +213,9 @@ def test_smoke_pipeline_end_to_end(smoke_run):
     ({"weight_decays": [0.1, -0.5]}, "weight_decays"),
     ({"batch_sizes": [8, 8]}, "batch_sizes"),
     ({"tokens": 1000}, "tokens"),
+    ({"equal_steps": {"steps": 3}}, "equal_steps"),
+    ({"d_models": [32, 12]}, "d_models"),
+    ({"final_lr_fracs": [0.1, 1.5]}, "final_lr_fracs"),
 ])
 def test_bad_config_names_key(override, key):
     from stages.common.config import ConfigError, validate
@@ -182,14 +254,60 @@ def test_matched_loss_interpolates_the_first_crossing_by_hand():
     assert m["level"] == 2.0                                 # b's final loss is the worst
     assert m["bs_min"] == pytest.approx([70.0]) and m["bs_max"] == pytest.approx([50.0])
     assert m["steps_bs_min"] == pytest.approx([15.0]) and m["wd_max"] == pytest.approx([50.0])
+    assert m["bs_range"] == pytest.approx([20.0]) and m["n_guarded"] == 0
+
+
+def test_first_crossing_guard_by_hand():
+    """a's crossing of 2.0 is bracketed by losses 2.5 and 1.5 (gap 1.0 nats): interpolated under a guard of 1.0,
+    non-finite under 0.6 (and then the matched-loss cell mean too); b starts below (gap 0, never guarded).
+    Adding a dense point at step 15 (loss 2.1, erank 85) narrows a's bracket to 2.1 → 1.5 (gap 0.6): the guard of
+    0.61 then passes and the value follows the dense points: 85 + (0.1/0.6)·(60 − 85) = 80.833…, step 15 + 5/6·... ."""
+    hist = pl.DataFrame({"run": ["a"] * 3 + ["b"] * 3, "step": [0, 10, 20] * 2, "tokens": [0, 100, 200] * 2,
+                         "frac": [0.0, 0.5, 1.0] * 2,
+                         "val_loss": [3.0, 2.5, 1.5, 1.8, 1.7, 2.0], "erank": [90.0, 80, 60, 50, 40, 45]})
+    at = A.first_crossing(hist, 2.0, max_gap=1.0).sort("run")
+    assert at["gap"].to_list() == pytest.approx([1.0, 0.0]) and at["erank"].to_list() == pytest.approx([70.0, 50.0])
+    at = A.first_crossing(hist, 2.0, max_gap=0.6).sort("run")
+    assert math.isnan(at["erank"][0]) and math.isnan(at["step"][0]) and at["erank"][1] == pytest.approx(50.0)
+    res = pl.DataFrame({"run": ["a", "b"], "seed": [0, 0], "batch_size": [4, 64], "weight_decay": [0.0, 0.1]})
+    m = A.matched_loss(hist, res, max_gap=0.6)
+    assert math.isnan(m["bs_min"][0]) and m["bs_max"] == pytest.approx([50.0]) and m["n_guarded"] == 1
+    assert math.isnan(m["bs_range"][0])
+    dense = pl.DataFrame({"run": ["a"], "step": [15], "tokens": [150], "frac": [0.75], "val_loss": [2.1],
+                          "erank": [85.0]})
+    fine = A.merge_dense(hist, dense)
+    assert fine.filter(pl.col("run") == "a")["step"].to_list() == [0, 10, 15, 20]
+    at = A.first_crossing(fine, 2.0, max_gap=0.61).sort("run")
+    assert at["gap"][0] == pytest.approx(0.6)
+    assert at["erank"][0] == pytest.approx(85 + (0.1 / 0.6) * (60 - 85))
+    assert at["step"][0] == pytest.approx(15 + (0.1 / 0.6) * 5)
+
+
+def test_hparam_effect_ranges_by_hand():
+    """One seed, bs {8, 32} × wd {0, 1}: erank 40, 30 (bs 8) and 80, 78 (bs 32). Batch means 35 / 79 → range 44;
+    weight-decay means 60 / 54 → range 6; min_axis_range 6. A second seed shifted by +1 has the same ranges."""
+    res = pl.DataFrame({"seed": [0] * 4 + [1] * 4, "batch_size": [8, 8, 32, 32] * 2, "weight_decay": [0.0, 1.0] * 4,
+                        "erank": [40.0, 30, 80, 78, 41, 31, 81, 79]})
+    e = A.hparam_effects(res, "erank")
+    assert e["bs_range"] == pytest.approx([44.0, 44.0]) and e["wd_range"] == pytest.approx([6.0, 6.0])
+    assert e["min_axis_range"] == pytest.approx([6.0, 6.0]) and e["bs_max"] == pytest.approx([79.0, 80.0])
+    one_wd = A.hparam_effects(res.filter(pl.col("weight_decay") == 0.0), "erank")
+    assert one_wd["bs_range"] == pytest.approx([40.0, 40.0]) and math.isnan(one_wd["min_axis_range"][0])
 
 
 def test_saturation_gap_is_undefined_without_saturated_runs():
-    res = pl.DataFrame({"erank": [10.0, 20, 30, 40], "saturated": [False] * 4,
+    res = pl.DataFrame({"erank": [10.0, 20, 30, 40], "saturated": [False] * 4, "weight_decay": [0.0, 0.0, 1.0, 1.0],
                         "erank_change_last20": [0.0, -1, 1, 0]})
     c = A.saturation_counts(res)
     assert c["n_sat"] == 0 and c["low_nosat"] == 2 and math.isnan(c["erank_gap_nosat_minus_sat"])
+    assert math.isnan(c["erank_gap_within_wd"]) and c["n_wd_levels_mixed"] == 0
     c = A.saturation_counts(res.with_columns(saturated=pl.Series([True, False, False, True])))
     assert c["erank_gap_nosat_minus_sat"] == pytest.approx(25.0 - 25.0)
+    # within wd 0: nosat 20 − sat 10 = 10; within wd 1: nosat 30 − sat 40 = −10; mean 0 over 2 mixed levels
+    assert c["erank_gap_within_wd"] == pytest.approx(0.0) and c["n_wd_levels_mixed"] == 2
+    # saturation aligned with weight decay (wd 0 all saturated, wd 1 none): pooled gap 20, within-level undefined
     c = A.saturation_counts(res.with_columns(saturated=pl.Series([True, True, False, False])))
     assert c["low_sat"] == 2 and c["erank_gap_nosat_minus_sat"] == pytest.approx(35.0 - 15.0)
+    assert math.isnan(c["erank_gap_within_wd"]) and c["n_wd_levels_mixed"] == 0
+    c = A.saturation_counts(res.with_columns(saturated=pl.Series([True, False, False, False])))
+    assert c["erank_gap_within_wd"] == pytest.approx(10.0) and c["n_wd_levels_mixed"] == 1
