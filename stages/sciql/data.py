@@ -50,14 +50,15 @@ def near_task_circle(center, radius, env: Circle2D, margin: float) -> bool:
 
 
 def generate_circle2d(n_episodes: int, max_steps: int, turn_noise_max: float, center_box: float,
-                      radius_range: tuple[float, float], task_margin: float, seed: int) -> list[dict]:
+                      radius_range: tuple[float, float], task_margin: float, seed: int,
+                      history: int = 1) -> list[dict]:
     """Official traj2d data: one circle-follower per episode — centre U(±center_box)², radius
     U(radius_range), direction ±1, constant speed U(0.5, 3), turn noise std U(0, turn_noise_max)
     (radians, on Δθ), starting on its circle heading along it. Circles whose mean distance to the task
     ring is below ``task_margin`` reward widths σ are redrawn: the dataset holds no demonstration of the task, so task return must
-    come from stitching."""
+    come from stitching. ``history``: states stacked in each observation (official traj2d: 4)."""
     rng = np.random.default_rng(seed)
-    env = Circle2D(max_steps=max_steps)
+    env = Circle2D(max_steps=max_steps, history=history)
     episodes = []
     for ep in range(n_episodes):
         while True:

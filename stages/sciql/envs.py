@@ -23,6 +23,7 @@ commanded speed of each step (circle2d only), ``x_velocity`` (T,) forward veloci
 """
 from __future__ import annotations
 
+from collections import deque
 from dataclasses import dataclass
 from typing import Callable
 
@@ -45,9 +46,13 @@ class Circle2D(gym.Env):
 
     def __init__(self, max_steps: int = 100, center=(0.0, 5.0), radius: float = 5.0,
                  sigma_reward: float = 5.0, min_speed: float = 0.5, max_speed: float = 3.0,
-                 max_delta_theta: float = np.pi, limit: float = 50.0, start_box: float = 14.0):
+                 max_delta_theta: float = np.pi, limit: float = 50.0, start_box: float = 14.0,
+                 history: int = 1):
         super().__init__()
+        if int(history) < 1:
+            raise ValueError(f"circle2d.history: must be at least 1 (got {history})")
         self.max_steps = int(max_steps)
+        self.history = int(history)
         self.center = np.asarray(center, dtype=np.float64)
         self.radius = float(radius)
         self.sigma = float(sigma_reward)
@@ -56,10 +61,12 @@ class Circle2D(gym.Env):
         self.limit = float(limit)
         self.start_box = float(start_box)
         self.action_space = spaces.Box(-1.0, 1.0, shape=(2,), dtype=np.float32)
-        # observation: [x / limit, y / limit, cos θ, sin θ]
-        self.observation_space = spaces.Box(-1.0, 1.0, shape=(4,), dtype=np.float32)
+        # observation: the last ``history`` states [x / limit, y / limit, cos θ, sin θ], newest first
+        # (official traj2d: a deque of the last `history` states, filled with the start state at reset)
+        self.observation_space = spaces.Box(-1.0, 1.0, shape=(4 * self.history,), dtype=np.float32)
         self.state = np.zeros(3)
         self.t = 0
+        self._past: deque = deque(maxlen=self.history)
 
     # dynamics shared with the dataset generator (vectorised over leading dims)
     def speed_of(self, a_speed):
@@ -72,9 +79,12 @@ class Circle2D(gym.Env):
         d = self.ring_distance(xy)
         return np.exp(-d ** 2 / (2 * self.sigma ** 2))  # r = exp(-d² / 2σ²)
 
-    def observe(self):
+    def state_features(self):
         x, y, th = self.state
         return np.array([x / self.limit, y / self.limit, np.cos(th), np.sin(th)], dtype=np.float32)
+
+    def observe(self):
+        return np.concatenate(list(reversed(self._past))).astype(np.float32)  # newest first
 
     def reset(self, *, seed=None, options=None):
         super().reset(seed=seed)
@@ -85,6 +95,8 @@ class Circle2D(gym.Env):
         theta = options.get("theta", 0.0)
         self.state = np.array([xy[0], xy[1], wrap_angle(theta)], dtype=np.float64)
         self.t = 0
+        self._past.clear()
+        self._past.extend([self.state_features()] * self.history)
         return self.observe(), {"xy": self.state[:2].copy(), "heading": float(self.state[2])}
 
     def step(self, action):
@@ -94,6 +106,7 @@ class Circle2D(gym.Env):
         xy = self.state[:2] + speed * np.array([np.cos(theta), np.sin(theta)])  # ... then move
         xy = np.clip(xy, -self.limit, self.limit)
         self.state = np.array([xy[0], xy[1], theta])
+        self._past.append(self.state_features())
         self.t += 1
         reward = float(self.task_reward(xy))
         truncated = self.t >= self.max_steps
@@ -150,11 +163,13 @@ class GaitClock(gym.ObservationWrapper):
         return np.concatenate([obs, np.sin(ph), np.cos(ph)]).astype(np.float32)
 
 
-def make_env(name: str, max_steps: int):
+def make_env(name: str, max_steps: int, history: int = 1):
     """A gymnasium env by study name; HalfCheetah-v5 comes from gymnasium[mujoco] (offline assets),
-    wrapped with a gait clock."""
+    wrapped with a gait clock. ``history``: Circle2D's number of stacked states (HalfCheetah: 1 only)."""
     if name == "circle2d":
-        return Circle2D(max_steps=max_steps)
+        return Circle2D(max_steps=max_steps, history=history)
+    if history != 1:
+        raise ValueError(f"{name}: history must be 1 (only circle2d stacks states), got {history}")
     if name == "halfcheetah":
         _quiet_mujoco()
         return GaitClock(gym.make(HALFCHEETAH_ID, max_episode_steps=max_steps))

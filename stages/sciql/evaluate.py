@@ -183,7 +183,7 @@ def run(cfg: Config, ctx) -> None:
         ref = meta["reference_return"]
         styles = meta["styles"]
         n_max = max(cfg.episodes, cfg.curve_episodes) * max(len(LABELLERS[env_name][s].promptable) for s in styles)
-        envs = [make_env(env_name, meta["max_steps"]) for _ in range(n_max)]
+        envs = [make_env(env_name, meta["max_steps"], meta.get("history", 1)) for _ in range(n_max)]
         starts = [cfg.seed + 7919 * e for e in range(cfg.episodes)]
         curve_starts = [cfg.seed + 104729 + 7919 * e for e in range(cfg.curve_episodes)]
         for style in styles:

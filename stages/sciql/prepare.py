@@ -41,6 +41,7 @@ class Circle2DData(EnvData):
     radius_min: float = Field(3.0, gt=0.0, le=10.0)          # behaviour radii ~ U(radius_min, radius_max)
     radius_max: float = Field(10.0, gt=0.0, le=10.0)         # (centre_box + radius_max < walls at 50)
     task_margin: float = Field(2.0, ge=0.0, le=10.0)         # redraw circles whose mean distance to the task ring < this·σ
+    history: int = Field(4, ge=1, le=16)                     # states stacked per observation, newest first (official yaml: 4)
 
 
 class HalfCheetahData(EnvData):
@@ -80,11 +81,12 @@ def halfcheetah_episodes(cfg: "Config", block: "HalfCheetahData") -> list[dict]:
     return D.generate_halfcheetah(block.episodes, block.max_steps, block.noise, block.gaits, cfg.seed)
 
 
-def reference_returns(env_name: str, max_steps: int, episodes: int, seed: int, best_gait=None) -> dict[str, float]:
+def reference_returns(env_name: str, max_steps: int, episodes: int, seed: int, best_gait=None,
+                      history: int = 1) -> dict[str, float]:
     """Mean return of the uniform-random policy and of a scripted task expert (circle2d: the
     circle-following controller on the task circle; halfcheetah: the dataset's fastest gait)."""
     rng = np.random.default_rng(seed)
-    env = make_env(env_name, max_steps)
+    env = make_env(env_name, max_steps, history)
     out = {}
     for kind in ("random", "expert"):
         rets = []
@@ -117,11 +119,14 @@ def run(cfg: Config, ctx) -> None:
         print(f"prepare@sciql: generating {block.episodes} {env_name} episodes of {block.max_steps} steps")
         if env_name == "circle2d":
             episodes = D.generate_circle2d(block.episodes, block.max_steps, block.turn_noise_max, block.center_box,
-                                           (block.radius_min, block.radius_max), block.task_margin, cfg.seed)
+                                           (block.radius_min, block.radius_max), block.task_margin, cfg.seed,
+                                           block.history)
             act_dim = 2
+            history = block.history
         else:
             episodes = halfcheetah_episodes(cfg, block)
             act_dim = 6
+            history = 1
         D.label_episodes(env_name, episodes, block.styles)
         table = D.to_table(episodes, block.styles)
         D.save_dataset(table, ctx.out / env_name)
@@ -132,14 +137,14 @@ def run(cfg: Config, ctx) -> None:
             labels[s] = {"num_labels": lab.num_labels, "promptable": list(lab.promptable),
                          "names": list(lab.label_names), "counts": counts.tolist()}
         best = D.gait_bank(block.gaits, cfg.seed)[-1] if env_name == "halfcheetah" else None
-        refs = reference_returns(env_name, block.max_steps, cfg.reference_episodes, cfg.seed + 100, best)
+        refs = reference_returns(env_name, block.max_steps, cfg.reference_episodes, cfg.seed + 100, best, history)
         ep_returns = [float(ep["reward"].sum()) for ep in episodes]
         extra = {}
         if env_name == "circle2d":  # share of dataset steps pinned at a wall (the official walls at ±50)
             lim = make_env("circle2d", 1).limit
             extra["wall_step_share"] = float(np.mean([np.mean(np.abs(ep["xy"][1:]).max(-1) >= lim) for ep in episodes]))
         meta = {"env": env_name, "styles": block.styles, "labels": labels, "obs_dim": int(table["obs"].shape[1]),
-                "act_dim": act_dim, "max_steps": block.max_steps, "transitions": int(len(table["reward"])),
+                "act_dim": act_dim, "max_steps": block.max_steps, "history": history, "transitions": int(len(table["reward"])),
                 "episodes": len(episodes), "obs_mean": table["obs"].mean(0).tolist(),
                 "obs_std": table["obs"].std(0).tolist(), "reference_return": refs,
                 "dataset_return": {"mean": float(np.mean(ep_returns)), "max": float(np.max(ep_returns)),

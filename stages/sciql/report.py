@@ -453,7 +453,9 @@ Red-team pass on this design (what was fixed is in the design; what remains is l
 - **Item noise.** The findings read per-seed lists over evaluation starts (each start averaged over criteria
   and commanded styles; the same starts for every method, so the shared rule pairs them per item); the
   relabelling ablation still compares per-seed means (its suite draws its own starts).
-- **Observation.** The official Circle2D uses a 4-state history; here the current state only (Deviations).
+- **Observation.** As in the official Circle2D, the observation stacks the last 4 states (issue 54: earlier runs
+  used the current state only), so the policy can read the behaviour's speed and turning from it; the state
+  encoding differs (Deviations).
 - **Thresholds** (min effects, the keep-alignment tolerance, the gate) were fixed in params before the run.
 """)
     rep.finish(claims, metrics)
@@ -465,10 +467,6 @@ DEVIATIONS = [
     ("updates", "all networks take one Adam step on the sum of their (detached-target) losses",
      "separate optimisers, sequential updates", "one optimiser step per batch; gradients are the same"),
     ("Circle2D episodes", "100 steps, 300 episodes", "1000 steps", "CPU budget"),
-    ("Circle2D observation", "(x/50, y/50, cos θ, sin θ), the current state only",
-     "history of 4 states, no start state (official yaml: `history: 4, include_start_state: False`)",
-     "not matched yet: the labels used here are functions of the current step and its window; a 4-state "
-     "history would let the policy infer the episode's circle"),
     ("no-demonstration filter", "redraw behaviour circles whose mean distance to the task ring is below "
      "2σ (σ = 5, the reward width): no dataset episode earns half the on-ring per-step reward",
      "(not stated: the official generator draws random circles)",
@@ -486,6 +484,14 @@ DEVIATIONS = [
 def deviations(metas: dict, tc: dict, ev_summary: dict) -> list[tuple]:
     """DEVIATIONS plus the rows whose numbers come from this profile's parameters."""
     rows = list(DEVIATIONS)
+    h = metas["circle2d"].get("history", 1) if "circle2d" in metas else None
+    if h is not None:
+        rows.insert(4, ("Circle2D observation", f"the last {h} state(s), newest first (start state repeated at reset), "
+                        "each encoded as (x/50, y/50, cos θ, sin θ)",
+                        "the last 4 states (x, y, θ), newest first, no start state (official yaml: `history: 4, "
+                        "include_start_state: False`)",
+                        "history matched" if h == 4 else f"history {h} instead of 4 (this profile's params)"
+                        + "; state encoding: normalised position and heading as cos/sin (no wrap-around jump)"))
     if "halfcheetah" in metas:
         hc = metas["halfcheetah"]
         rows.append(("HalfCheetah scale", f"{hc['episodes']} episodes × {hc['max_steps']} steps, criteria "

@@ -47,6 +47,40 @@ def test_circle2d_unicycle_step_and_reward():
     assert env.state[0] == pytest.approx(50.0)   # walls at ±50 clip the position
 
 
+def test_circle2d_observation_stacks_the_last_states_newest_first():
+    # official traj2d: a deque of the last `history` states, filled with the start state at reset, newest first
+    env = Circle2D(max_steps=5, history=3)
+    assert env.observation_space.shape == (12,)
+    o0, _ = env.reset(seed=0, options={"xy": (10.0, -20.0), "theta": 0.0})
+    s0 = [10.0 / 50, -20.0 / 50, 1.0, 0.0]
+    np.testing.assert_allclose(o0, s0 * 3, atol=1e-6)
+    o1, *_ = env.step(np.array([0.5, -1.0]))      # turn left π/2 (heading north), move 0.5
+    s1 = [10.0 / 50, -19.5 / 50, 0.0, 1.0]
+    np.testing.assert_allclose(o1, s1 + s0 + s0, atol=1e-6)
+    o2, *_ = env.step(np.array([0.0, 1.0]))       # straight on at speed 3
+    s2 = [10.0 / 50, -16.5 / 50, 0.0, 1.0]
+    np.testing.assert_allclose(o2, s2 + s1 + s0, atol=1e-6)
+    o3, *_ = env.step(np.array([0.0, 1.0]))
+    np.testing.assert_allclose(o3, [10.0 / 50, -13.5 / 50, 0.0, 1.0] + s2 + s1, atol=1e-6)  # s0 drops out
+    o4, _ = env.reset(seed=1, options={"xy": (0.0, 0.0), "theta": 0.0})  # reset clears the old history
+    np.testing.assert_allclose(o4, [0.0, 0.0, 1.0, 0.0] * 3, atol=1e-6)
+    assert make_env("circle2d", 5, history=4).observation_space.shape == (16,)
+    with pytest.raises(ValueError, match="history"):
+        Circle2D(history=0)
+    with pytest.raises(ValueError, match="history"):
+        make_env("halfcheetah", 5, history=2)
+
+
+def test_dataset_observations_carry_the_history_of_their_episode():
+    eps = D.generate_circle2d(2, 6, 0.1, 30.0, (3.0, 10.0), 2.0, seed=5, history=2)
+    for ep in eps:
+        obs = ep["obs"]
+        assert obs.shape == (7, 8)
+        np.testing.assert_allclose(obs[0, :4], obs[0, 4:])            # start state padded
+        np.testing.assert_allclose(obs[1:, 4:], obs[:-1, :4])         # previous newest state moves back
+        np.testing.assert_allclose(obs[:, 0] * 50, ep["xy"][:, 0], atol=1e-4)
+
+
 def test_circle2d_evaluation_starts_follow_the_official_reset():
     env = Circle2D(max_steps=5)
     starts = np.array([env.reset(seed=s)[1]["xy"] for s in range(200)])
