@@ -28,7 +28,8 @@ metric); ``bind`` fills it from params, and a number written in code is an error
 **The verdict rule** (``gap_verdict``; ``Within``/``Bound``/``Near`` use the same bounds). With per-seed
 differences d (positive supports the claim), n seeds, se the standard error of mean(d) and L/U its
 one-sided 95% t-bounds (t quantile with the design's degrees of freedom, n − 1 without item noise):
-**holds** iff L > min_effect and the claim wins (d > 0) on a strict majority of seeds; **fails** iff
+**holds** iff L > min_effect and the claim wins (d > 0; for a non-inferiority claim, min_effect < 0,
+d > min_effect) on a strict majority of seeds; **fails** iff
 U < min_effect (the reverse is supported, or the gain is surely below the smallest gain that
 matters); **inconclusive** otherwise, and always with n < 3 or a non-finite value.
 
@@ -143,8 +144,8 @@ def t_bounds(diffs: list[float], within_var: list[float] | None = None, items_df
 
 def gap_verdict(diffs: list[float], min_effect: float = 0.0, *, within_var: list[float] | None = None,
                 items_df: float | None = None, items_shared: bool = True) -> tuple[str, dict[str, float]]:
-    """(verdict, stats). diffs > 0 support the claim. holds: lower t-bound > min_effect and d > 0 on a
-    strict majority of seeds; fails: upper t-bound < min_effect; else inconclusive (always with fewer
+    """(verdict, stats). diffs > 0 support the claim. holds: lower t-bound > min_effect and d > 0 (d >
+    min_effect when min_effect < 0: non-inferiority) on a strict majority of seeds; fails: upper t-bound < min_effect; else inconclusive (always with fewer
     than 3 seeds or a non-finite value). stats: n, mean (raw, min_effect not subtracted), se (total),
     se_seeds, se_items, df, t, lower, upper, min_effect, wins, losses, detectable."""
     if (not diffs or len(diffs) < MIN_SEEDS or any(not math.isfinite(d) for d in diffs)
@@ -152,6 +153,9 @@ def gap_verdict(diffs: list[float], min_effect: float = 0.0, *, within_var: list
         return "inconclusive", {"n": len(diffs), "min_effect": min_effect}
     st = t_bounds(diffs, within_var, items_df, items_shared)
     st["min_effect"] = min_effect
+    if min_effect < 0:   # non-inferiority ("at least b − margin"): a seed wins when it is within the margin
+        st["wins"] = sum(d > min_effect for d in diffs) / len(diffs)
+        st["losses"] = 1.0 - st["wins"]
     st["detectable"] = min_effect + (st["t"] + t_quantile(POWER, st["df"])) * st["se"]
     if st["lower"] > min_effect and st["wins"] > 0.5:
         return "holds", st

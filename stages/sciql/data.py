@@ -2,8 +2,9 @@
 
 Datasets are flat transition tables (one row per step) with columns
 ``episode, t, obs, action, reward, next_obs, terminated, label_<style>`` stored with
-``datasets.Dataset.save_to_disk``. Each episode is two behaviour segments (so a future index of
-the same trajectory can carry a different style than the current one) with Gaussian action noise.
+``datasets.Dataset.save_to_disk``. A Circle2D episode is one noisy circle-follower (the official
+traj2d data); a HalfCheetah episode is two gait segments with Gaussian action noise (so a future index
+of the same trajectory can carry a different style than the current one).
 
 The ``HindsightSampler`` draws SCIQL batches: for each sampled transition t the style label z used
 by the value functions and by the actor is (ALGO: hindsight relabelling)

@@ -74,6 +74,40 @@ class AlignmentGated(Better):
         return out
 
 
+@dataclass(frozen=True)
+class ReturnWhileAligned(ReturnBetter):
+    """GAWR's return gain over SCIQL counts only with its style alignment kept (the paper: GAWR adds task return
+    *while keeping* alignment). A policy that drops the commanded style gains return by construction (the
+    return is averaged over commands, some of which oppose the task), so: fails when the return gain fails or
+    the kept-alignment test (``AlignmentGated`` with ``keep_min`` and ``gate_min``) fails; holds only when both
+    hold; inconclusive otherwise (including when SCIQL's own alignment is not above chance)."""
+    gate: str = ""
+    keep_min: float | None = None
+    gate_min: float | None = None
+    PARAMS = ("b", "min_effect", "keep_min", "gate_min")
+    REQUIRED = ("min_effect", "gate_min")
+
+    def __post_init__(self):
+        super().__post_init__()
+        _no_number_in_code(self, "gate_min")
+
+    def evaluate(self, env: Mapping[str, Any]) -> dict[str, Any]:
+        out = super().evaluate(env)
+        keep = AlignmentGated(self.name + "/alignment", "", kind=self.kind, a=f"{self.gate}.alignment_items.gawr",
+                              b=f"{self.gate}.alignment_items.sciql", gate=self.gate,   # thresholds bound here:
+                              min_effect=Param(float(self.keep_min), f"report.claims.{self.name}.keep_min"),
+                              gate_min=Param(float(self.gate_min), f"report.claims.{self.name}.gate_min")).evaluate(env)
+        ret = out["verdict"]
+        out["return_verdict"], out["alignment_verdict"] = ret, keep["verdict"]
+        joint = ("fails" if "fails" in (ret, keep["verdict"]) else
+                 "holds" if ret == keep["verdict"] == "holds" else "inconclusive")
+        out.update(verdict=joint, holds=joint == "holds")
+        out["check"] += (f"; AND GAWR's alignment at least SCIQL's {float(self.keep_min):+g} (per seed, t-bound; "
+                         f"gated on SCIQL above chance by {float(self.gate_min):g}): return {ret}, alignment "
+                         f"{keep['verdict']} (gate {keep.get('gate')})")
+        return out
+
+
 def claims_for(env: str, styles: list[str], cfg: Config) -> list:
     E = "HalfCheetah" if env == "halfcheetah" else "Circle2D"
     out = [
@@ -83,11 +117,15 @@ def claims_for(env: str, styles: list[str], cfg: Config) -> list:
                a=f"{env}.alignment_items.sciql", b=f"{env}.alignment_items.cbc",
                refuted_by="CBC's alignment above SCIQL's by more than 2 s.e. on most seeds (fails); a gap within "
                           "2 s.e. or a split of seeds (inconclusive)", kind="finding"),
-        ReturnBetter(f"gawr_adds_return_{env}",
-                     f"{E}: GAWR raises normalised task return over style-only SCIQL",
+        ReturnWhileAligned(f"gawr_adds_return_{env}",
+                     f"{E}: GAWR raises normalised task return over style-only SCIQL while keeping its style "
+                     f"alignment (at least SCIQL's minus {cfg.keep_alignment_tol:g}, per seed)",
                      a=f"{env}.norm_return_items.gawr", b=f"{env}.norm_return_items.sciql",
-                     refuted_by="GAWR's return below SCIQL's beyond 2 s.e. on most seeds (fails); inconclusive "
-                                "when within noise or when both are below the random policy", kind="finding"),
+                     keep_min=Param(-cfg.keep_alignment_tol, "report.keep_alignment_tol (negated)"), gate=env,
+                     refuted_by="GAWR's return below SCIQL's beyond 2 s.e. on most seeds, or its alignment more "
+                                f"than {cfg.keep_alignment_tol:g} below SCIQL's (a return bought by dropping the "
+                                "commanded style) (fails); inconclusive when within noise, when both returns are "
+                                "below the random policy, or when SCIQL itself is not above chance", kind="finding"),
         Better(f"sciql_above_chance_{env}",
                f"{E}: style-only SCIQL follows commanded styles above chance (1 / #promptable labels, mean over "
                "criteria): the precondition of the GAWR alignment claim",
@@ -237,6 +275,24 @@ def curve_frame(curves: pl.DataFrame) -> pl.DataFrame:
             .agg(pl.col("alignment").mean(), pl.col("norm_return").mean())
             .group_by("env", "step", "method", "seed", maintain_order=True).agg(pl.col("alignment").mean(), pl.col("norm_return").mean())
             .sort("env", "method", "seed", "step"))
+
+
+def curve_tail(curves: pl.DataFrame, env: str, methods: tuple[str, ...], k: int = 3) -> tuple[str, str]:
+    """(the last k snapshot steps, per criterion "`style` SCIQL a → b → c vs CBC ...") from the learning curves:
+    the mean alignment over seeds, commands and episodes at each of the last k snapshots."""
+    c = curves.filter(pl.col("env") == env) if len(curves) else curves
+    if not len(c):
+        return "n/a", "no learning curves recorded"
+    steps = sorted(c["step"].unique().to_list())[-k:]
+    c = c.filter(pl.col("step").is_in(steps)).group_by("style", "method", "step").agg(pl.col("alignment").mean())
+    parts = []
+    for style in sorted(c["style"].unique().to_list()):
+        seq = []
+        for m in methods:
+            v = c.filter((pl.col("style") == style) & (pl.col("method") == m)).sort("step")["alignment"].to_list()
+            seq.append(f"{LABEL[m]} " + " → ".join(f"{x:.3f}" for x in v))
+        parts.append(f"`{style}` " + " vs ".join(seq))
+    return ", ".join(str(s) for s in steps), "; ".join(parts)
 
 
 def fig_curves(cf: pl.DataFrame, envs: list[str]):
@@ -438,6 +494,8 @@ networks on 100-step episodes, so absolute numbers — and especially task retur
 circles the dataset never draws on the task — are far from converged values; the learning curves show where
 training stands. The full profile (`-S profile=full`) runs the reference scale on a GPU machine.
 """.format(steps=tc["circle2d"]["steps"], hidden=tc["hidden"]))
+    tail_steps, tail_text = curve_tail(curves, "circle2d", ("sciql", "cbc"))
+    ev_cfg_starts = read_json(ev / "summary.json")["episodes_per_style"]
     rep.section("Threats to validity", """
 Red-team pass on this design (what was fixed is in the design; what remains is listed):
 
@@ -453,13 +511,26 @@ Red-team pass on this design (what was fixed is in the design; what remains is l
   SCIQL's alignment there may sit near chance; the GAWR "keeps alignment" finding is inconclusive unless the
   check `sciql_above_chance_halfcheetah` holds.
 - **Item noise.** The findings read per-seed lists over evaluation starts (each start averaged over criteria
-  and commanded styles; the same starts for every method, so the shared rule pairs them per item); the
-  relabelling ablation still compares per-seed means (its suite draws its own starts).
+  and commanded styles; the same starts for every method, so the shared rule pairs them per item). Only
+  {n_starts} evaluation starts, the same for every seed: the verdicts generalise over seeds, not over many starts.
+  The relabelling ablation uses the same starts and batches (its CBC equals the main run's) but compares per-seed
+  means, without the per-start pairing.
+- **Budget decides the per-criterion fails.** SCIQL's alignment at the last three learning-curve snapshots
+  (steps {tail_steps}; mean over seeds, commands and the curve episodes) against CBC's: {tail_text}. A criterion
+  still rising at the last step, or never above chance, is a fail of this training length, not a measured
+  ordering at convergence.
+- **Walls.** Evaluation rollouts that follow a commanded direction reach the walls at ±50 within 100 steps; a
+  step pinned at a wall moves along it, so its direction label rarely matches. A reviewer counted 44.5% of CBC's
+  and 34.4% of SCIQL's seed-0 direction-rollout steps at a wall (the dataset's share is the one in Setup): the
+  direction metric partly rewards reaching the wall later.
+- **GAWR's return gain** counts only with kept alignment (`gawr_adds_return_*` is a joint test): with the style
+  ignored, a policy gains return by construction (the return is averaged over commands, some of which oppose
+  the task).
 - **Observation.** As in the official Circle2D, the observation stacks the last 4 states (issue 54: earlier runs
   used the current state only), so the policy can read the behaviour's speed and turning from it; the state
   encoding differs (Deviations).
 - **Thresholds** (min effects, the keep-alignment tolerance, the gate) were fixed in params before the run.
-""")
+""".format(n_starts=ev_cfg_starts, tail_steps=tail_steps, tail_text=tail_text))
     rep.finish(claims, metrics)
 
 
@@ -522,8 +593,12 @@ def _discussion(m: dict, envs: list[str]) -> str:
         text = (f"**{e}**: alignment SCIQL {mean['sciql']:.3f} vs CBC {mean['cbc']:.3f} vs BC {mean['bc']:.3f} "
                 f"(chance {v['chance']:.3f}); GAWR alignment {mean['gawr']:.3f}; normalised return GAWR "
                 f"{ret['gawr']:.3f}, SCIQL {ret['sciql']:.3f}, task-only IQL {ret['task_iql']:.3f}, BC {ret['bc']:.3f}.")
-        text += (" CBC " + ("beats" if mean["cbc"] > v["chance"] else "does **not** beat")
-                 + f" the chance alignment ({mean['cbc']:.3f} vs {v['chance']:.3f}); task-only IQL's return is "
+        cbc_seeds = [float(x) for x in v["alignment"]["cbc"]]
+        n_above = sum(x > v["chance"] for x in cbc_seeds)
+        text += (" CBC's mean alignment is " + ("above" if mean["cbc"] > v["chance"] else "**not** above")
+                 + f" chance ({mean['cbc']:.3f} vs {v['chance']:.3f}; above it on {n_above} of {len(cbc_seeds)} "
+                 "seeds" + ("" if n_above == len(cbc_seeds) else ": the baseline is not shown to be non-degenerate")
+                 + "); task-only IQL's return is "
                  + ("above" if ret["task_iql"] > 0 else "**below**") + " the uniform-random policy's.")
         per = v["per_style"]
         text += " Per criterion, SCIQL − CBC alignment: " + ", ".join(

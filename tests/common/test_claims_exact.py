@@ -81,6 +81,21 @@ def test_strict_majority_needed():
     assert gap_verdict(d2)[0] == "holds"
 
 
+def test_non_inferiority_wins_count_seeds_within_the_margin():
+    # "a at least b − 0.05": gaps −0.02, −0.01, −0.03 lose to b but are within the margin on every seed
+    d = [-0.02, -0.01, -0.03]
+    v, st = gap_verdict(d, min_effect=-0.05)
+    lower = -0.02 - T95[2] * 0.01 / math.sqrt(3)            # sd 0.01
+    assert st["lower"] == pytest.approx(lower) and lower > -0.05
+    assert (v, st["wins"], st["losses"]) == ("holds", 1.0, 0.0)
+    # one seed beyond the margin: wins 2/3, still a majority; two beyond: not a majority
+    assert gap_verdict([-0.02, -0.021, -0.06], min_effect=-0.1)[1]["wins"] == 1.0
+    st2 = gap_verdict([-0.02, -0.06, -0.07], min_effect=-0.05)[1]
+    assert st2["wins"] == pytest.approx(1 / 3)
+    # a superiority claim keeps d > 0 as the win (min effect 0 or positive)
+    assert gap_verdict(d)[1]["wins"] == 0.0 and gap_verdict(d, min_effect=0.01)[1]["wins"] == 0.0
+
+
 @pytest.mark.parametrize("diffs", [[5.0, 6.0], [1.0], [], [1.0, math.nan, 2.0], [1.0, math.inf, 2.0]])
 def test_few_seeds_or_non_finite_inconclusive(diffs):
     v, st = gap_verdict(diffs)

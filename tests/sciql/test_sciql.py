@@ -515,13 +515,26 @@ def test_report_claims_are_seed_aware():
 
     cfg = report.Config()
     gawr = next(c for c in report.claims_for("halfcheetah", ["speed"], cfg) if c.name == "gawr_adds_return_halfcheetah")
-    below = {"halfcheetah": {"norm_return_items": {"gawr": [-0.1, -0.11, -0.09], "sciql": [-0.5, -0.52, -0.48]}}}
-    above = {"halfcheetah": {"norm_return_items": {"gawr": [[0.6, 0.62], [0.61, 0.6], [0.59, 0.6]],
-                                                   "sciql": [[0.2, 0.21], [0.22, 0.2], [0.18, 0.2]]}}}
-    th = {"gawr_adds_return_*": {"min_effect": 0.05}, "random_relabel_beats_mixed_*": {"min_effect": 0.05}}
+
+    def world(ret_gawr, ret_sciql, al_sciql, al_gawr):
+        return {"halfcheetah": {"norm_return_items": {"gawr": ret_gawr, "sciql": ret_sciql}, "chance": 1 / 3,
+                                "alignment": {"sciql": al_sciql, "gawr": al_gawr},
+                                "alignment_items": {"sciql": al_sciql, "gawr": al_gawr}}}
+
+    aligned = ([0.80, 0.82, 0.79], [0.78, 0.81, 0.77])         # SCIQL far above chance, GAWR keeps it
+    below = world([-0.1, -0.11, -0.09], [-0.5, -0.52, -0.48], *aligned)
+    up = ([[0.6, 0.62], [0.61, 0.6], [0.59, 0.6]], [[0.2, 0.21], [0.22, 0.2], [0.18, 0.2]])
+    th = {"gawr_adds_return_*": {"min_effect": 0.05, "gate_min": 0.05},
+          "random_relabel_beats_mixed_*": {"min_effect": 0.05}}
     assert gawr.kind == "finding"
     assert evaluate_claims([gawr], below, th)[0]["verdict"] == "inconclusive"
-    assert evaluate_claims([gawr], above, th)[0]["verdict"] == "holds"
+    assert evaluate_claims([gawr], world(*up, *aligned), th)[0]["verdict"] == "holds"
+    # red team (issue 54): a return bought by dropping the commanded style is not GAWR's claim
+    dropped = evaluate_claims([gawr], world(*up, [0.80, 0.82, 0.79], [0.35, 0.34, 0.36]), th)[0]
+    assert (dropped["verdict"], dropped["return_verdict"], dropped["alignment_verdict"]) == ("fails", "holds", "fails")
+    # ... and with SCIQL itself near chance there is no alignment to keep: inconclusive, not holds
+    near = evaluate_claims([gawr], world(*up, [0.36, 0.43, 0.39], [0.35, 0.34, 0.36]), th)[0]
+    assert near["verdict"] == "inconclusive" and near["return_verdict"] == "holds"
     claim = report.ablation_claim("position", [0.0, 0.0, 1.0], "[0.2, 0.5, 0.3]")
 
     def verdict(main, abl):
