@@ -492,9 +492,13 @@ Red-team pass on this design (issue 48 and this revision; what could make a verd
 - **Emergence.** Decided against a smooth-learning null (exponential / linear) by AIC on the awareness curve (not the
   reward); the curve is the mean Jaccard of {rl['eval_samples']} samples with a fixed sampling seed per step, so
   sampling noise is correlated over steps; the AIC margin, noise floor and minimum rise are in params, fixed before the
-  run. A curve already at its plateau after R-SFT, or flat, counts as not abrupt (against the claim).
-- **Unlearning.** Trigger-free SFT already cuts much of the ASR of these fragile backdoors, so the finding is measured
-  against that control (per test item, paired); `unlearning_cuts_asr` (vs no unlearning) is a check only.
+  run. A curve already at its plateau after R-SFT, or flat, counts as not abrupt (against the claim). The rule does not
+  bound the transition's width: the sigmoid-preferred curves rise over {np.nanmean(rise_steps):.1f} of {rl['steps']} steps on average and
+  only {narrow:.0%} of the curves rise within a quarter of the run (Discussion), so a "holds" here means delayed-onset,
+  S-shaped learning, not a short phase transition; a width bound belongs in the rule (left for a pre-registered change).
+- **Unlearning.** Trigger-free SFT already cuts the ASR of these fragile backdoors (here to
+  {np.mean(ev['mean']['asr_after_control']):.3f}, vs {np.mean(ev['mean']['asr_after']):.3f} with the recovered trigger), so the finding is
+  measured against that control (per test item, paired); `unlearning_cuts_asr` (vs no unlearning) is a check only.
 - **Noise.** Awareness and AUROC: seed variance only. Unlearning ASR: per-item lists (seeds × {meta['n_test']} items,
   mean over attacks per item index). Sanity levels and min effects are in params, fixed before the run.
 - **Independent check (by hand, after the run).** The detector AUROC of RL's top-1 candidate was recomputed for every
