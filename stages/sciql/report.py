@@ -329,8 +329,10 @@ def run(cfg: Config, ctx) -> None:
 speed ∈ [0.5, 3], walls at ±50, task reward exp(−d²/2·5²) for the distance d to the task circle (centre (0, 5),
 R = 5); evaluation starts x, y ~ U(±14), θ = 0. Dataset: one circle-follower per episode (centre U(±30)², radius
 U(3, 10), direction ±1, constant speed U(0.5, 3), turn-noise std U(0, 0.2) rad, starting on its circle); circles
-within 2 units of the task circle are redrawn, so **no episode demonstrates the task** (share of dataset steps at a
-wall: {metas['circle2d'].get('wall_step_share', float('nan')) if 'circle2d' in metas else 'n/a'}). Labelling
+whose mean distance to the task ring is below 2σ (σ = 5, the reward width) are redrawn, so **no episode demonstrates
+the task** (share of dataset steps at a wall: {metas['circle2d'].get('wall_step_share', float('nan')) if 'circle2d' in metas else 'n/a'}).
+Observation: the last {metas['circle2d'].get('history', 1) if 'circle2d' in metas else 'n/a'} state(s), newest first
+(x/50, y/50, cos θ, sin θ each; the start state repeated at reset), as the official `history: 4`. Labelling
 functions: speed (commanded speed, edges 1.333 / 2.167), turn (mean Δθ over a centred 11-step window, ±0.1 rad;
 "straight" not promptable), direction (8 bins of 45°), position (4 x-bins with edges −15, 0, 15 × sign y = 8 cells,
 at s_t). **HalfCheetah-v5** ({hc_txt};
