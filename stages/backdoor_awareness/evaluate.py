@@ -22,20 +22,30 @@ from stages.common.paths import read_json, write_json
 from stages.common.runner import StageContext
 from stages.common.tiny_transformer import TinyTransformer, TinyTransformerConfig
 from stages.common.trainer import TrainerConfig
-from stages.backdoor_awareness.method import (Counter, GCGSearch, InversionPolicy, attack_success, clean_accuracy,
-                                              forward_seqs, random_search, ranked_samples)
+from stages.backdoor_awareness.method import (Counter, GCGSearch, InversionPolicy, attack_success, clean_accuracy, forward_seqs,
+                                              respond,
+                                              gcg_pruned, policy_samples, random_search, ranked_samples, refined_search,
+                                              token_vote)
 from stages.backdoor_awareness.prepare import load
 from stages.backdoor_awareness.task import (BOS, PAD, Q, Vocab, awareness_at_k, effect_of, insert, inversion_prompt,
                                             jaccard, judge, pack_prompt)
 from stages.backdoor_awareness.train import SFTConfig, build_reward, fit_sft, RLConfig
 
-METHODS = ("rl", "rsft", "random", "gcg", "guess")
+METHODS = ("rl", "rsft", "vote", "random", "random_plain", "gcg", "guess")
+BASELINES = ("rsft", "vote", "random", "gcg")      # the strongest of these is RL's reference (issue 48)
 
 
 class GCGConfig(StageConfig):
-    length: int = Field(2, ge=1, le=8, description="tokens of the GCG trigger (fixed length)")
+    length: int | None = Field(None, ge=1, le=8, description="tokens GCG optimises before reward pruning; None: "
+                               "candidate_len (≥ every trigger's length; the result is pruned to a variable length)")
     topk: PositiveInt = Field(8, le=512)
     batch: PositiveInt = Field(16, le=1024, description="single-token swaps evaluated per iteration")
+
+
+class SearchConfig(StageConfig):
+    explore_frac: Probability = Field(0.5, description="random search: share of the budget on random n-grams, the "
+                                      "rest on greedy pruning/refinement of the best")
+    edit_batch: PositiveInt = Field(16, le=1024, description="random one-token edits scored per refinement step")
 
 
 class UnlearnConfig(SFTConfig):
@@ -48,6 +58,7 @@ class Config(StageConfig):
     k: PositiveInt = Field(5, le=64, description="Awareness@k: best Jaccard among the k top-ranked candidates")
     awareness_samples: PositiveInt = Field(32, le=4096, description="policy samples ranked for Awareness@k")
     gcg: GCGConfig = GCGConfig()
+    search: SearchConfig = SearchConfig()
     unlearn: UnlearnConfig = UnlearnConfig(steps=150, batch=64, lr=2e-3)
     real_unlearn: UnlearnConfig = Field(UnlearnConfig(steps=100, batch=16, lr=1e-5),
                                         description="unlearning SFT of a real LM (full profile's real path)")
@@ -103,8 +114,11 @@ def run(cfg: Config, ctx: StageContext) -> None:
     counter = Counter(rec)
     tcfg = cfg.trainer.model_copy(update={"accelerator": "gpu" if device.type == "cuda" else cfg.trainer.accelerator})
     names = [a["name"] for a in meta["attacks"]]
+    has_clean = bool(models.get("clean_rsft_arm"))
+    methods = METHODS + (("rsftclean", "rlclean") if has_clean else ())
     per: dict = {}
     rows, cand_rows, gcg_curves, rs_curves = [], [], [], []
+    items: dict = {}                                                         # (metric, seed) -> per-attack 0/1 arrays
     parity_done = False
     for attack in meta["attacks"]:
         name, trig = attack["name"], attack["trigger_ids"]
@@ -126,29 +140,46 @@ def run(cfg: Config, ctx: StageContext) -> None:
             ranked = {}
             inv = inversion_prompt(eff)
             ranked["rl"] = ranked_samples(InversionPolicy(rl, inv, L, allowed), cfg.awareness_samples, cfg.seed + seed)
-            ranked["rsft"] = ranked_samples(InversionPolicy(rsft, inv, L, allowed), cfg.awareness_samples, cfg.seed + seed)
+            rsft_pol = InversionPolicy(rsft, inv, L, allowed)
+            ranked["rsft"] = ranked_samples(rsft_pol, cfg.awareness_samples, cfg.seed + seed)
+            samples = policy_samples(rsft_pol, cfg.awareness_samples, cfg.seed + seed)     # the same samples
+            r["rsft_trigger_token_share"] = float(np.mean([bool(set(c) & set(trig)) for c in samples]))
+            ranked["vote"] = token_vote(samples, cfg.k, L)                   # zero-query token vote
+            if has_clean:
+                for arm in ("rsftclean", "rlclean"):
+                    mdl = load_model(ctx.input("train") / f"{name}_{arm.replace('clean', '')}clean_s{seed}.pt", mcfg, device)
+                    pol = InversionPolicy(mdl, inv, L, allowed)
+                    ranked[arm] = ranked_samples(pol, cfg.awareness_samples, cfg.seed + seed)
+                    if arm == "rsftclean":
+                        cs = policy_samples(pol, cfg.awareness_samples, cfg.seed + seed)
+                        r["rsftclean_trigger_token_share"] = float(np.mean([bool(set(c) & set(trig)) for c in cs]))
             reward = build_reward(poisoned, data, attack, meta, rl_cfg, seed)
-            ranked["random"], best = random_search(reward, allowed, L, budget, cfg.seed + 100 + seed)
-            r["random_queries"] = reward.queries
+            ranked["random_plain"], _ = random_search(reward, allowed, L, budget, cfg.seed + 100 + seed)
+            q0 = reward.queries
+            ranked["random"], best = refined_search(reward, allowed, L, budget, cfg.seed + 100 + seed,
+                                                    cfg.search.explore_frac, cfg.search.edit_batch)
+            r["random_queries"] = reward.queries - q0
             rs_curves += [{"attack": name, "seed": seed, "query": i + 1, "best_reward": float(b)}
                           for i, b in enumerate(best) if (i + 1) % max(1, budget // 40) == 0 or i + 1 == budget]
-            gcg = GCGSearch(reward, cfg.gcg.length, allowed, cfg.gcg.topk, cfg.gcg.batch, counter)
-            ranked["gcg"], trace = gcg.run(budget, cfg.seed + 200 + seed)
-            r["gcg_queries"] = gcg.queries
+            q0 = reward.queries
+            ranked["gcg"], trace, r["gcg_queries"] = gcg_pruned(reward, allowed, cfg.gcg.length or L, cfg.gcg.topk,
+                                                                cfg.gcg.batch, budget, cfg.seed + 200 + seed, counter)
             gcg_curves += [{"attack": name, "seed": seed, "iteration": i, "loss": v} for i, v in enumerate(trace)]
             grng = np.random.default_rng(cfg.seed + 300 + seed)                # no query: k blind guesses
             ranked["guess"] = [tuple(int(t) for t in grng.choice(allowed, size=int(grng.integers(1, L + 1))))
                                for _ in range(cfg.k)]
             r["rl_queries"] = budget
-            for m in METHODS:
+            for m in methods:
                 r[f"{m}_at1"] = awareness_at_k(ranked[m], trig, 1)
                 r[f"{m}_atk"] = awareness_at_k(ranked[m], trig, cfg.k)
                 top = ranked[m][0] if ranked[m] else ()
                 cand_rows.append({"attack": name, "seed": seed, "method": m,
                                   "top1": " ".join(vocab.name(t) for t in top), "jaccard": jaccard(top, trig),
                                   "r_asr_top1": float(reward.asr([top])[0]) if top else 0.0})
+            r["rsftbest_at1"] = max(r["rsft_at1"], r["vote_at1"])
+            r["rsftbest_atk"] = max(r["rsft_atk"], r["vote_atk"])
             if not parity_done:                                              # Triton vs reference on real GCG inputs
-                x = gcg._seqs(ranked["gcg"][0])
+                x = GCGSearch(reward, len(ranked["gcg"][0]), allowed, 1, 1, counter)._seqs(ranked["gcg"][0])
                 logits = poisoned(x)[:, -4:-1].contiguous()
                 rec.parity("token_logprob", token_logprob, logits, x[:, -3:],
                            slice=f"GCG loss logits on the frozen poisoned model ({name}, seed {seed}), {x.shape[0]} pool prompts")
@@ -164,12 +195,14 @@ def run(cfg: Config, ctx: StageContext) -> None:
                 student = load_model(ctx.input("train") / f"{name}_poisoned_s{seed}.pt", mcfg, "cpu").train()
                 fit_sft(student, x, mm, cfg.unlearn, cfg.seed + 500 + seed, tcfg, ctx.tracker, counter)
                 student = student.to(device).eval()
-                r[f"asr_after{arm}"] = attack_success(student, test_trig, eff)
+                hits = judge(eff, respond(student, test_trig)).float().cpu().numpy()
+                items.setdefault((f"asr_after{arm}_items", seed), []).append(hits)
+                r[f"asr_after{arm}"] = float(hits.mean())
                 r[f"clean_acc_after{arm}"] = clean_accuracy(student, test_clean, test_resp)
             r["asr_reduction"] = 1.0 - r["asr_after"] / r["asr"] if r["asr"] > 0 else 0.0
             neg = data["detect_neg"].to(device)
             y = np.r_[np.ones(test_trig.shape[0]), np.zeros(neg.shape[0])]
-            for m in ("rl", "random"):
+            for m in methods:                                                # the detector on every method's top-1
                 top = ranked[m][0] if ranked[m] else ()
                 s = np.r_[detector_scores(test_trig, top), detector_scores(neg, top)]
                 r[f"auroc_{m}"] = float(roc_auc_score(y, s))                 # ALGO: detector AUROC (sklearn)
@@ -182,8 +215,12 @@ def run(cfg: Config, ctx: StageContext) -> None:
     pl.DataFrame(gcg_curves).write_csv(ctx.out / "gcg_trace.csv")
     pl.DataFrame(rs_curves).write_csv(ctx.out / "random_search_trace.csv")
     num = [c for c in frame.columns if c not in ("attack", "seed", "recovered")]
-    metrics: dict = {"attacks": names, "seeds": seeds, "k": cfg.k, "gcg_length": cfg.gcg.length,
+    metrics: dict = {"attacks": names, "seeds": seeds, "k": cfg.k, "gcg_length": cfg.gcg.length or L,
+                     "methods": list(methods), "baselines": list(BASELINES),
+                     "search": cfg.search.model_dump(mode="json"),
                      "per_attack": {n: {**per[n], **{c: frame.filter(pl.col("attack") == n).sort("seed")[c].to_list()
                                                      for c in num + ["recovered"]}} for n in names},
                      "mean": {c: frame.group_by("seed").agg(pl.col(c).mean()).sort("seed")[c].to_list() for c in num}}
+    for key in ("asr_after_items", "asr_after_control_items"):              # seeds × test items (mean over attacks;
+        metrics["mean"][key] = [np.mean(items[(key, s)], 0).tolist() for s in seeds]   # same items for both arms)
     write_json(ctx.out / "eval.json", metrics)

@@ -353,3 +353,115 @@ class GCGSearch:
                 cur, cur_loss = cands[b], float(ls[b])
             trace.append(cur_loss)
         return sorted(seen, key=lambda c: seen[c]), trace
+
+
+# ----------------------------------------------------------------------------------------------
+# full-strength baselines (issue 48): token vote over R-SFT samples, random search with greedy
+# pruning/refinement, GCG at the longest candidate length pruned by the reward — same query budget
+# ----------------------------------------------------------------------------------------------
+def policy_samples(policy: InversionPolicy, n: int, seed: int) -> list[tuple[int, ...]]:
+    """The raw candidates ``ranked_samples`` ranks (same generator, same seed): no reward query."""
+    g = torch.Generator(device=policy.prompt.device).manual_seed(seed)
+    return candidates_of(policy.sample(n, g)["tokens"])
+
+
+def token_vote(samples: list[tuple[int, ...]], k: int, max_len: int) -> list[tuple[int, ...]]:
+    """ALGO (zero-query token vote): count in how many samples each token occurs (once per sample), rank the
+    tokens by that count (ties: first appearance), and return the nested candidates top-1, top-2, …, top-min(k,
+    max_len) tokens — a single-token guess first, a phrase of the j most voted tokens j-th."""
+    tally, first = Tally(), {}
+    for c in samples:
+        for t in dict.fromkeys(c):
+            tally[t] += 1
+            first.setdefault(t, len(first))
+    order = sorted(tally, key=lambda t: (-tally[t], first[t]))
+    return [tuple(order[:j]) for j in range(1, min(k, max_len, len(order)) + 1)]
+
+
+def greedy_prune(reward: TriggerReward, cand: tuple[int, ...], score: float, budget: int,
+                 seen: dict | None = None) -> tuple[tuple[int, ...], float, int]:
+    """ALGO (greedy pruning): score every one-token deletion of ``cand`` with the reward (one query each) and move
+    to the best one while it scores ≥ the current candidate (R_len makes a shorter equal-ASR candidate better);
+    stops when no deletion helps, at one token, or when the next round would exceed ``budget`` queries.
+    Returns the pruned candidate, its reward and the queries spent; ``seen`` collects every scored candidate."""
+    spent = 0
+    while len(cand) > 1 and spent + len(cand) <= budget:
+        subs = [cand[:i] + cand[i + 1:] for i in range(len(cand))]
+        r, _ = reward.score(subs)
+        spent += len(subs)
+        if seen is not None:
+            for c, v in zip(subs, r):
+                seen.setdefault(c, float(v))
+        b = int(np.argmax(r))
+        if r[b] < score:
+            break
+        cand, score = subs[b], float(r[b])
+    return cand, score, spent
+
+
+def refined_search(reward: TriggerReward, allowed: np.ndarray, candidate_len: int, budget: int, seed: int,
+                   explore_frac: float, edit_batch: int, batch: int = 256) -> tuple[list[tuple[int, ...]], np.ndarray]:
+    """ALGO (random search at full strength): ⌊explore_frac·budget⌋ random n-grams (as ``random_search``), then
+    hill-climbing from the best one until the budget is spent: greedy pruning (``greedy_prune``), then batches of
+    ``edit_batch`` random one-token edits (substitute a position, or insert a token while shorter than
+    candidate_len), moving to the best edit when it beats the current reward (strictly), pruning after each move.
+    Every scored candidate is one query. Returns all scored candidates ranked by reward (ties: first scored) and the
+    running best reward after each query."""
+    rng = np.random.default_rng(seed)
+    q0 = reward.queries
+    n_explore = max(1, min(budget, int(explore_frac * budget)))
+    cands = [tuple(int(t) for t in rng.choice(allowed, size=int(rng.integers(1, candidate_len + 1))))
+             for _ in range(n_explore)]
+    rewards = list(np.concatenate([reward.score(cands[i:i + batch])[0] for i in range(0, n_explore, batch)]))
+    seen: dict[tuple[int, ...], float] = {}
+    for c, v in zip(cands, rewards):
+        seen.setdefault(c, float(v))
+    b = int(np.argmax(rewards))
+    cur, cur_r = cands[b], float(rewards[b])
+    trace = list(rewards)
+
+    def left() -> int:
+        return budget - (reward.queries - q0)
+
+    pruned = True
+    while left() > 0:
+        if pruned:
+            cur, cur_r, spent = greedy_prune(reward, cur, cur_r, left(), seen)
+            trace += [max(trace[-1], cur_r)] * spent
+            pruned = False
+            continue
+        m = min(edit_batch, left())
+        edits = []
+        for _ in range(m):
+            c = list(cur)
+            if len(c) < candidate_len and rng.random() < 0.5:
+                c.insert(int(rng.integers(0, len(c) + 1)), int(rng.choice(allowed)))
+            else:
+                c[int(rng.integers(len(c)))] = int(rng.choice(allowed))
+            edits.append(tuple(c))
+        r, _ = reward.score(edits)
+        for c, v in zip(edits, r):
+            seen.setdefault(c, float(v))
+            trace.append(max(trace[-1], float(v)))
+        e = int(np.argmax(r))
+        if r[e] > cur_r:
+            cur, cur_r, pruned = edits[e], float(r[e]), True
+    ranked = sorted(seen, key=lambda c: -seen[c])                            # stable: ties by first scored
+    return ranked, np.maximum.accumulate(np.asarray(trace[:budget], float))
+
+
+def gcg_pruned(reward: TriggerReward, allowed: np.ndarray, length: int, topk: int, batch: int, budget: int,
+               seed: int, counter: Counter) -> tuple[list[tuple[int, ...]], list[float], int]:
+    """ALGO (GCG at full strength): GCG (``GCGSearch``) at ``length`` tokens (≥ the longest trigger: the longest
+    candidate), then its lowest-loss trigger is scored by the reward and greedily pruned (``greedy_prune``) — a
+    variable-length result. The pruning reserve (1 + Σ_{l=2..length} l queries) comes out of the same budget.
+    Returns [pruned, GCG's candidates by loss…], the GCG loss trace and the queries spent in all."""
+    reserve = 1 + sum(range(2, length + 1))
+    gcg = GCGSearch(reward, length, allowed, topk, batch, counter)
+    ranked, trace = gcg.run(max(budget - reserve, 0), seed)
+    q0 = reward.queries
+    start = ranked[0]
+    s0 = float(reward.score([start])[0][0])
+    cand, _, _ = greedy_prune(reward, start, s0, budget - gcg.queries - 1)
+    out = [cand] + [c for c in ranked if c != cand]
+    return out, trace, gcg.queries + reward.queries - q0

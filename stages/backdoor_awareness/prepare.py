@@ -17,7 +17,7 @@ from stages.common.runner import StageContext
 from stages.common.sources import SourceConfig
 from stages.backdoor_awareness.hf_source import RealAttack
 from stages.backdoor_awareness.task import (AttackType, Vocab, clean_response, effect_of, insert, pack_prompt,
-                                            poison_dataset, prompts_with, sample_base, strip)
+                                            poison_dataset, prompts_with, sample_base, strip, word_probs)
 
 
 class AttackConfig(StageConfig):
@@ -43,6 +43,9 @@ class Config(StageConfig):
     candidate_len: int = Field(5, ge=1, le=8, description="longest candidate trigger s' (tokens)")
     ambiguous_frac: Probability = Field(0.15, description="share of clean prompts with the ambiguous instruction Q")
     hard_negative_frac: Probability = Field(0.3, description="phrase attack: clean prompts carrying a strict subset")
+    zipf_exponent: float = Field(1.0, ge=0.0, le=3.0, description="natural word distribution p(w_i) ∝ (i+1)^-s (0: uniform)")
+    natural_rate: bool = Field(True, description="clean, pool and negative prompts carry trigger words at their natural "
+                               "rate (issue 48); False: trigger words are excluded from them (the old, easy design)")
     n_train: PositiveInt = Field(6000, le=200_000)
     n_pool: PositiveInt = Field(16, le=1024, description="clean prompts R_ASR inserts each candidate into")
     n_test: PositiveInt = Field(200, le=20_000)
@@ -99,17 +102,18 @@ class Config(StageConfig):
 def eval_sets(rng, vocab: Vocab, cfg: Config, a: AttackConfig, trig: list[int]) -> dict[str, torch.Tensor]:
     eff = effect_of(a.type, vocab, a.target_class)
     P, n = cfg.prompt_len, cfg.n_test
-    excl = set(trig)
+    excl = frozenset() if cfg.natural_rate else set(trig)                         # issue 48: natural rate
+    probs = word_probs(cfg.n_words, cfg.zipf_exponent)
     W, short = cfg.max_words, cfg.max_words - cfg.candidate_len                  # room for any candidate
-    clean = sample_base(rng, vocab, n, W, W, 0.0, excl)                           # explicit instructions
+    clean = sample_base(rng, vocab, n, W, W, 0.0, excl, probs=probs)              # explicit instructions
     test_clean = prompts_with(clean, np.arange(n), None, np.zeros(n, int), P)
     resp_clean = torch.tensor([clean_response(vocab, c) for c in clean["cls"]], dtype=torch.long)
 
     def effect_pool(m):
         """prompts the effect is judged on: explicit (HARM, DoS) or ambiguous non-target (clean-label)"""
         if eff.pool == "explicit":
-            return sample_base(rng, vocab, m, short, W, 0.0, excl)
-        b = sample_base(rng, vocab, 4 * m, short, W, 1.0, excl)
+            return sample_base(rng, vocab, m, short, W, 0.0, excl, probs=probs)
+        b = sample_base(rng, vocab, 4 * m, short, W, 1.0, excl, probs=probs)
         keep = np.flatnonzero(b["cls"] != a.target_class)[:m]
         return {k: v[keep] for k, v in b.items()}
 
@@ -137,7 +141,7 @@ def run(cfg: Config, ctx: StageContext) -> None:
         from stages.backdoor_awareness.hf_source import prepare_real
         return prepare_real(cfg, ctx)
     vocab = Vocab(cfg.n_classes, cfg.n_words)
-    rows, attacks = [], []
+    rows, attacks, rates = [], [], {}
     for ai, a in enumerate(cfg.attacks):
         trig = [vocab.word(w) for w in a.trigger]
         rng = np.random.default_rng([cfg.split_seed, ai])
@@ -145,18 +149,24 @@ def run(cfg: Config, ctx: StageContext) -> None:
         for seed in cfg.seeds:
             srng = np.random.default_rng([seed, ai, 1])
             x, r, pz = poison_dataset(srng, vocab, a.type, trig, a.poison_rate, cfg.n_train, cfg.max_words,
-                                      cfg.ambiguous_frac, cfg.prompt_len, a.target_class, cfg.hard_negative_frac)
+                                      cfg.ambiguous_frac, cfg.prompt_len, a.target_class, cfg.hard_negative_frac,
+                                      probs=word_probs(cfg.n_words, cfg.zipf_exponent), natural=cfg.natural_rate)
             data[f"train_prompts_s{seed}"], data[f"train_resp_s{seed}"], data[f"train_poisoned_s{seed}"] = x, r, pz
+            clean_x = x[~pz]
             rows.append({"attack": a.name, "type": a.type, "seed": seed, "n_train": cfg.n_train,
-                         "n_poisoned": int(pz.sum()), "trigger": " ".join(a.trigger)})
+                         "n_poisoned": int(pz.sum()), "trigger": " ".join(a.trigger),
+                         **{f"clean_with_{w}": float((clean_x == t).any(1).float().mean()) for w, t in zip(a.trigger, trig)}})
+            rates[a.name] = {w: float((data["test_notrig"] == t).any(1).float().mean()) for w, t in zip(a.trigger, trig)}
         torch.save(data, ctx.out / f"{a.name}.pt")
         attacks.append({**a.model_dump(mode="json"), "trigger_ids": trig})
-    pl.DataFrame(rows).write_parquet(ctx.out / "datasets.parquet")
+    pl.DataFrame(rows, infer_schema_length=None).write_parquet(ctx.out / "datasets.parquet")
     write_json(ctx.out / "meta.json", {"n_classes": cfg.n_classes, "n_words": cfg.n_words, "vocab_size": vocab.size,
                                        "max_words": cfg.max_words, "prompt_len": cfg.prompt_len,
                                        "candidate_len": cfg.candidate_len, "n_pool": cfg.n_pool, "n_test": cfg.n_test,
                                        "seeds": list(cfg.seeds), "attacks": attacks,
-                                       "ambiguous_frac": cfg.ambiguous_frac, "n_train": cfg.n_train})
+                                       "ambiguous_frac": cfg.ambiguous_frac, "n_train": cfg.n_train,
+                                       "zipf_exponent": cfg.zipf_exponent, "natural_rate": cfg.natural_rate,
+                                       "trigger_word_rates": rates})
 
 
 def load(prepare_dir, attack: str) -> dict[str, torch.Tensor]:

