@@ -207,9 +207,7 @@ class TGDT(L.LightningModule):
         # ALGO: TBM — hard mismatched text for each trajectory, drawn ∝ softmax of its similarities
         # (Gumbel-max with noise drawn beforehand: an exact softmax sample, and vmappable over seeds)
         with torch.no_grad():
-            sim = scale * z_emb @ t_emb.T
-            eye = torch.eye(n, dtype=torch.bool, device=sim.device)
-            neg = (sim.masked_fill(eye, -float("inf")) + draw["gumbel"]).argmax(-1)
+            neg = gumbel_negatives(scale * z_emb @ t_emb.T, draw["gumbel"])
         # the mismatched description's token states = those of its own row (deterministic encoder)
         th, tpad = torch.cat([th_pos, th_pos[neg]]), torch.cat([tpad_pos, tpad_pos[neg]])
         fused = self.match_fuse(torch.cat([traj_tok, traj_tok]), th, memory_key_padding_mask=tpad)
@@ -283,6 +281,12 @@ CURVE_EVERY = 20
 
 def is_curve_step(batch_idx: int, max_steps: int) -> bool:
     return batch_idx % CURVE_EVERY == 0 or batch_idx == max_steps - 1
+
+
+def gumbel_negatives(sim: torch.Tensor, gumbel: torch.Tensor) -> torch.Tensor:
+    """Row i's negative j ≠ i drawn ∝ softmax_j(sim_ij) by Gumbel-max (``gumbel`` = −log(−log U))."""
+    eye = torch.eye(sim.shape[-1], dtype=torch.bool, device=sim.device)
+    return (sim.masked_fill(eye, -float("inf")) + gumbel).argmax(-1)
 
 
 def prepare_data(data: dict, device) -> dict:
