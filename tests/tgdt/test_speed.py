@@ -37,8 +37,9 @@ def fit(module, steps):
     return tr
 
 
-def solo(arm, seed, c, steps):
+def solo(arm, seed, c, steps, backend="torch"):
     m = T.build(arm, seed, META, c)
+    m.kernel_backend = backend
     m.attach(data())
     tr = fit(m, steps)
     return m, tr
@@ -107,15 +108,17 @@ def test_faster_solo_step_keeps_the_loss_curve(monkeypatch):
     same_state(new.state_dict(), old.state_dict())
 
 
-@pytest.mark.parametrize("arm", ["tgdt", "dt"])
-def test_ensemble_members_equal_solo_runs(arm, monkeypatch):
+@pytest.mark.parametrize("arm,backend", [("tgdt", "torch"), ("dt", "torch"), ("tgdt", "triton")])
+def test_ensemble_members_equal_solo_runs(arm, backend, monkeypatch):
+    """triton: the fused InfoNCE's Triton path (interpreted here) inside vmap, through its vmap rule."""
     monkeypatch.setattr(M, "CURVE_EVERY", 2)
     c = cfg()
     ens = T.EnsembleTGDT(arm, c.seeds, META, c, data())
+    ens.template.kernel_backend = backend
     fit(ens, c.steps)
     assert ens.kernel_calls == (len(c.seeds) * c.steps if arm == "tgdt" else 0)
     for k, seed in enumerate(c.seeds):
-        m, _ = solo(arm, seed, c, c.steps)
+        m, _ = solo(arm, seed, c, c.steps, backend)
         assert m.kernel_calls == (c.steps if arm == "tgdt" else 0)
         same_history(ens.history[k], m.history)
         same_state(ens.ensemble.member_state_dict(k), m.state_dict())
