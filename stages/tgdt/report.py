@@ -167,7 +167,11 @@ def run(cfg: Config, ctx) -> None:
         "episode per training task is held back as the validation set of the learning curve. Data: per training task expert "
         "(scripted controller + small noise) and medium (heavy noise) episodes, HF `datasets`. "
         f"Arms: {', '.join(LABEL[a] for a in arms)}; seeds {tcfg['seeds']}; {tcfg['steps']} AdamW steps per "
-        f"(env, arm, seed) (data sharing: + {tcfg['share_steps']} fine-tuning steps from TG-DT), "
+        f"(env, arm, seed) (data sharing: + {tcfg['share_steps']} fine-tuning steps from TG-DT)"
+        + (", the seeds of an arm trained as one vectorized ensemble (same math as seed after seed)"
+           if tcfg.get("vectorize_seeds") else "") + ", "
+        + (f"TG-DT's first seed continued to {tcfg['curve_steps']} steps for the learning curve, "
+           if tcfg.get("curve_steps", 0) > tcfg["steps"] else "") +
         f"batch {tcfg['batch_size']}, context K = {tcfg['context']}, d = {tcfg['d_model']}, "
         f"{tcfg['n_layers']}-layer DT with cross-attention. Evaluation: text (or id / vector / nothing) only, "
         "fixed target return-to-go = mean training expert return; normalised return (random = 0, scripted "

@@ -3,10 +3,14 @@
     python -m stages train tgdt [--profile smoke]
 
 For every prepared environment, every arm of ``arms`` and every seed of ``seeds``, one ``TGDT``
-LightningModule (stages/tgdt/model.py) is fitted by ``make_trainer`` for ``steps`` AdamW steps on
-the training tasks only (held-out tasks' episodes are never read here). TG-DT's InfoNCE goes
-through kernels/fused_infonce.py on every step (counted in ``kernels.json``, with Triton parity on
-a slice of real embeddings). Weights go to ``<out>/<env>/<arm>_s<seed>.pt``.
+(stages/tgdt/model.py) is fitted by ``make_trainer`` for ``steps`` AdamW steps on the training tasks
+only (held-out tasks' episodes are never read here). With ``vectorize_seeds`` the seeds of an arm train
+as one ``SeedEnsemble`` (``EnsembleTGDT``: member k = the solo run of seed k, same init, sampler
+generator and AdamW; tests/tgdt/test_speed.py); otherwise seed after seed. TG-DT's first seed is then
+trained on to ``curve_steps`` (``continue_curve``) for the learning curve that fixes ``steps``; the
+evaluated model is the one after ``steps``. TG-DT's InfoNCE goes through kernels/fused_infonce.py on
+every step (counted in ``kernels.json``, with Triton parity on a slice of real embeddings).
+Weights go to ``<out>/<env>/<arm>_s<seed>.pt``.
 """
 from __future__ import annotations
 
