@@ -151,15 +151,27 @@ class TGDT(L.LightningModule):
     def decode(self, x, mem, mem_pad, rows: slice):
         """``self.dt(x, mem, causal mask)[:, rows]``, computed as such: every layer but the last runs
         whole; the last one runs its queries, cross-attention and MLP on ``rows`` only (the outputs
-        at the other positions are never used; keys and values still span every token)."""
+        at the other positions are never used; keys and values still span every token). Arms whose
+        memory is one unpadded token (no-info, id, vector) skip the cross-attention's scores: a softmax
+        over a single key is exactly 1, so every query receives that key's projected value."""
         causal = nn.Transformer.generate_square_subsequent_mask(x.shape[1], device=x.device)
+        one_key = self.hparams.arm not in TEXT_ARMS
         *body, last = self.dt.layers
         for layer in body:
-            x = layer(x, mem, tgt_mask=causal, tgt_is_causal=True, memory_key_padding_mask=mem_pad)
-        h = last.norm1(x)                                              # norm_first layer, as in its forward
+            if not one_key:
+                x = layer(x, mem, tgt_mask=causal, tgt_is_causal=True, memory_key_padding_mask=mem_pad)
+                continue
+            h = layer.norm1(x)                                          # norm_first layer, as in its forward
+            x = x + layer.dropout1(layer.self_attn(h, h, h, attn_mask=causal, is_causal=True, need_weights=False)[0])
+            x = x + layer.dropout2(_one_key_value(layer.multihead_attn, mem))
+            x = x + layer._ff_block(layer.norm3(x))
+        h = last.norm1(x)
         y = x[:, rows] + last.dropout1(last.self_attn(h[:, rows], h, h, attn_mask=causal[rows],
                                                       need_weights=False)[0])
-        y = y + last._mha_block(last.norm2(y), mem, None, mem_pad)
+        if one_key:
+            y = y + last.dropout2(_one_key_value(last.multihead_attn, mem))
+        else:
+            y = y + last._mha_block(last.norm2(y), mem, None, mem_pad)
         return y + last._ff_block(last.norm3(y))
 
     # ------------------------------------------------------------------ training
@@ -281,6 +293,14 @@ CURVE_EVERY = 20
 
 def is_curve_step(batch_idx: int, max_steps: int) -> bool:
     return batch_idx % CURVE_EVERY == 0 or batch_idx == max_steps - 1
+
+
+def _one_key_value(attn: nn.MultiheadAttention, mem: torch.Tensor) -> torch.Tensor:
+    """Multi-head attention of any queries over the single key/value token ``mem`` (B, 1, d): the
+    softmax weight is 1, so the output is out_proj(v_proj(mem)), (B, 1, d), for every query."""
+    d = mem.shape[-1]
+    v = F.linear(mem, attn.in_proj_weight[2 * d:], attn.in_proj_bias[2 * d:])
+    return attn.out_proj(v)
 
 
 def gumbel_negatives(sim: torch.Tensor, gumbel: torch.Tensor) -> torch.Tensor:
