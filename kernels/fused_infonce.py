@@ -112,8 +112,12 @@ def _block_d(D: int) -> int:
 
 
 class _FusedInfoNCE(torch.autograd.Function):
+    """Triton forward/backward; ``setup_context`` style with a ``vmap`` rule, so that the kernel also
+    runs inside ``torch.func.vmap`` (stages/common/ensemble.py: the seeds of an arm as one ensemble):
+    each member's (a, b, scale) goes through the kernel on its own, autograd recorded per member."""
+
     @staticmethod
-    def forward(ctx, a, b, scale):
+    def forward(a, b, scale):
         N, D = a.shape
         a32, b32 = a.detach().float().contiguous(), b.detach().float().contiguous()
         s32 = scale.detach().float().reshape(1).contiguous()
@@ -125,10 +129,16 @@ class _FusedInfoNCE(torch.autograd.Function):
         _lse_pass[grid](b32, a32, s32, lse_c, max_c, N, D, BLOCK=BLOCK, BLOCK_D=_block_d(D))   # columns
         diag = s32 * (a32 * b32).sum(-1)
         loss = 0.5 * ((lse_r - diag).mean() + (lse_c - diag).mean())
-        ctx.save_for_backward(a32, b32, s32, lse_r, lse_c)
+        return loss, lse_r, lse_c, max_r, max_c, diag
+
+    @staticmethod
+    def setup_context(ctx, inputs, output):
+        a, b, scale = inputs
+        _, lse_r, lse_c, max_r, max_c, diag = output
+        ctx.save_for_backward(a.detach().float().contiguous(), b.detach().float().contiguous(),
+                              scale.detach().float().reshape(1).contiguous(), lse_r, lse_c)
         ctx.scale_shape = scale.shape
         ctx.mark_non_differentiable(lse_r, lse_c, max_r, max_c, diag)
-        return loss, lse_r, lse_c, max_r, max_c, diag
 
     @staticmethod
     def backward(ctx, g_loss, *_):
@@ -141,6 +151,17 @@ class _FusedInfoNCE(torch.autograd.Function):
         _grad_pass[grid](a32, b32, s32, lse_r, lse_c, g, da, ds, N, D, BLOCK=BLOCK, BLOCK_D=_block_d(D))
         _grad_pass[grid](b32, a32, s32, lse_c, lse_r, g, db, ds_unused, N, D, BLOCK=BLOCK, BLOCK_D=_block_d(D))
         return da, db, ds.sum().reshape(ctx.scale_shape)
+
+    @staticmethod
+    def vmap(info, in_dims, a, b, scale):
+        """Batched (a, b, scale) -> every member through the kernel on its own, outputs stacked (dim 0)."""
+        S = info.batch_size
+
+        def member(x, dim, k):
+            return x if dim is None else x.select(dim, k)
+
+        outs = [_FusedInfoNCE.apply(*(member(x, d, k) for x, d in zip((a, b, scale), in_dims))) for k in range(S)]
+        return tuple(torch.stack(col) for col in zip(*outs)), (0,) * 6
 
 
 # ----------------------------------------------------------------------------------------------

@@ -204,7 +204,8 @@ def run_stage(slug: str, stage: str, profile: str | None = None, root: Path = RO
         write_json(tmp / STAGE_INFO, {"slug": slug, "stage": stage, "profile": prof})
     if global_rank() == 0:
         write_json(runtime_file(slug, stage, root), {"slug": slug, "stage": stage, "profile": prof,
-                                                     "runtime_s": round(runtime, 3)})
+                                                     "runtime_s": round(runtime, 3),
+                                                     "cpu_s": round(time.process_time(), 3)})  # this process, imports included
     return final
 
 

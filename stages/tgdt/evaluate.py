@@ -130,7 +130,8 @@ def rollout(model: TGDT, tasks: list[E.Task], data: dict, meta: dict, episodes: 
         idx = t + 1 - K + torch.arange(K, device=device)
         pad = (idx < 0)[None].expand(n, K)
         idc = idx.clamp_min(0)
-        a = model.act(Rh[:, idc], O[:, idc], A[:, idc], idc[None].expand(n, K), pad, cond, memory=memory)[:, -1]
+        a = model.act(Rh[:, idc], O[:, idc], A[:, idc], idc[None].expand(n, K), pad, cond, memory=memory,
+                      last_only=True)[:, -1]
         A[:, t] = a
         o, r, done = env.step(a.cpu().numpy())
         r = np.where(alive, r, 0.0)

@@ -96,6 +96,8 @@ class TGDT(L.LightningModule):
         self.data = None
         self.share = None            # description-guided data sharing: (held-out task ids, (U, J) weights)
         self.history: list[dict] = []
+        self.step_offset = 0        # a resumed run (``resume``) numbers its steps from here
+        self.resume: dict | None = None   # {"optimizer": AdamW state, "gen": generator state} to resume from
 
     # ------------------------------------------------------------------ encoders
     def encode_text(self, ids: torch.Tensor):
@@ -133,37 +135,54 @@ class TGDT(L.LightningModule):
         return mem, torch.zeros(B, 1, dtype=torch.bool, device=mem.device)
 
     # ------------------------------------------------------------------ decision transformer
-    def act(self, rtg, obs, act, tsteps, pad, cond, memory=None):
-        """rtg (B, K), obs (B, K, ds), act (B, K, da), tsteps (B, K), pad (B, K) -> â (B, K, da).
+    def act(self, rtg, obs, act, tsteps, pad, cond, memory=None, last_only: bool = False):
+        """rtg (B, K), obs (B, K, ds), act (B, K, da), tsteps (B, K), pad (B, K) -> â (B, K, da), or
+        (B, 1, da) for the last timestep only with ``last_only`` (evaluation).
         ``memory``: a precomputed ``self.memory(cond)`` (evaluation reuses it across timesteps)."""
         B, K, _ = obs.shape
         te = self.embed_t(tsteps)
         tok = torch.stack([self.embed_r(rtg[..., None]) + te, self.embed_s(obs) + te, self.embed_a(act) + te], 2)
         tok = torch.where(pad[:, :, None, None], self.pad_tok, tok).reshape(B, 3 * K, -1)   # (B, 3K, d)
         mem, mem_pad = self.memory(cond) if memory is None else memory
-        causal = nn.Transformer.generate_square_subsequent_mask(3 * K, device=tok.device)
-        h = self.dt(self.ln_in(tok), mem, tgt_mask=causal, tgt_is_causal=True, memory_key_padding_mask=mem_pad)
-        return torch.tanh(self.head(h[:, 1::3]))                       # predicted from the s_t tokens
+        rows = slice(3 * K - 2, 3 * K - 1) if last_only else slice(1, None, 3)      # the s_t tokens
+        h = self.decode(self.ln_in(tok), mem, mem_pad, rows)
+        return torch.tanh(self.head(h))                                # predicted from the s_t tokens
+
+    def decode(self, x, mem, mem_pad, rows: slice):
+        """``self.dt(x, mem, causal mask)[:, rows]``, computed as such: every layer but the last runs
+        whole; the last one runs its queries, cross-attention and MLP on ``rows`` only (the outputs
+        at the other positions are never used; keys and values still span every token). Arms whose
+        memory is one unpadded token (no-info, id, vector) skip the cross-attention's scores: a softmax
+        over a single key is exactly 1, so every query receives that key's projected value."""
+        causal = nn.Transformer.generate_square_subsequent_mask(x.shape[1], device=x.device)
+        one_key = self.hparams.arm not in TEXT_ARMS
+        *body, last = self.dt.layers
+        for layer in body:
+            if not one_key:
+                x = layer(x, mem, tgt_mask=causal, tgt_is_causal=True, memory_key_padding_mask=mem_pad)
+                continue
+            h = layer.norm1(x)                                          # norm_first layer, as in its forward
+            x = x + layer.dropout1(layer.self_attn(h, h, h, attn_mask=causal, is_causal=True, need_weights=False)[0])
+            x = x + layer.dropout2(_one_key_value(layer.multihead_attn, mem))
+            x = x + layer._ff_block(layer.norm3(x))
+        h = last.norm1(x)
+        y = x[:, rows] + last.dropout1(last.self_attn(h[:, rows], h, h, attn_mask=causal[rows],
+                                                      need_weights=False)[0])
+        if one_key:
+            y = y + last.dropout2(_one_key_value(last.multihead_attn, mem))
+        else:
+            y = y + last._mha_block(last.norm2(y), mem, None, mem_pad)
+        return y + last._ff_block(last.norm3(y))
 
     # ------------------------------------------------------------------ training
     def attach(self, data: dict) -> None:
         self.data = data
 
     def on_fit_start(self):
-        dev = self.device
-        def to(x):
-            return x.to(dev) if torch.is_tensor(x) else {i: to(t) for i, t in x.items()}
-        self.data = {k: to(v) for k, v in self.data.items()}
+        self.data = prepare_data(self.data, self.device)
         self.gen = torch.Generator(device=self.device).manual_seed(int(self.hparams.seed) + 12345)
-        # per-task episode lists as padded (n_tasks, max) matrices + counts: vectorised sampling
-        for key in ("expert_eps", "task_eps"):
-            lists = [self.data[key][t] for t in range(len(self.data[key]))]
-            width = max(1, max(len(v) for v in lists))
-            mat = torch.zeros(len(lists), width, dtype=torch.long, device=dev)
-            for t, v in enumerate(lists):
-                mat[t, : len(v)] = v
-            self.data[key + "_mat"] = mat
-            self.data[key + "_cnt"] = torch.tensor([max(1, len(v)) for v in lists], device=dev)
+        if self.resume is not None:
+            self.gen.set_state(self.resume["gen"])
 
     @torch.no_grad()
     def share_with(self, top_k: int = 3) -> None:
@@ -179,45 +198,17 @@ class TGDT(L.LightningModule):
 
     def sample_windows(self, n: int):
         """n random context windows (left-padded near the episode start) from training episodes."""
-        D, K = self.data, self.hparams.context
-        N, T = D["obs"].shape[:2]
-        ep = D["train_eps"][torch.randint(len(D["train_eps"]), (n,), generator=self.gen, device=self.device)]
-        shared = None
-        if self.share is not None:              # second half: held-out description on shared data
-            held, w = self.share[0].to(self.device), self.share[1].to(self.device)
-            m = n // 2
-            u = torch.randint(len(held), (m,), generator=self.gen, device=self.device)
-            j = D["train_tasks"][torch.multinomial(w[u], 1, generator=self.gen).squeeze(1)]
-            pick = torch.randint(10**9, (m,), generator=self.gen, device=self.device)
-            ep[n - m:] = D["task_eps_mat"][j, pick % D["task_eps_cnt"][j]]
-            shared = (n - m, held[u])
-        end = torch.randint(1, T + 1, (n,), generator=self.gen, device=self.device)     # window = [end-K, end)
-        idx = end[:, None] - K + torch.arange(K, device=self.device)[None]
-        pad = idx < 0
-        idx = idx.clamp_min(0)
-        obs = D["obs"][ep[:, None], idx]
-        act = D["act"][ep[:, None], idx]
-        rtg = D["rtg"][ep[:, None], idx]
-        task = D["task"][ep]
-        tmpl = torch.randint(D["text"].shape[1], (n,), generator=self.gen, device=self.device)
-        text_task = task.clone()
-        if shared is not None:
-            text_task[shared[0]:] = shared[1]
-        cond = {"task": task, "vector": D["vector"][task], "text": D["text"][text_task, tmpl]}
-        return rtg, obs, act, idx, pad, cond
+        return sample_windows(self.data, self.hparams.context, n, self.gen, self.share)
 
-    def alignment_losses(self):
-        """TBC (InfoNCE through the fused kernel) + TBM (matching with mismatched-text negatives)."""
-        D, Lg = self.data, self.hparams.seg_len
-        tasks = D["train_tasks"]                                           # one pair per training task
-        n, T = len(tasks), D["obs"].shape[1]
-        pick = torch.randint(10**9, (n,), generator=self.gen, device=self.device)
-        ep = D["expert_eps_mat"][tasks, pick % D["expert_eps_cnt"][tasks]]
-        start = torch.randint(0, T - Lg + 1, (n,), generator=self.gen, device=self.device)
-        idx = start[:, None] + torch.arange(Lg, device=self.device)[None]
-        obs, act = D["obs"][ep[:, None], idx], D["act"][ep[:, None], idx]
-        tmpl = torch.randint(D["text"].shape[1], (n,), generator=self.gen, device=self.device)
-        text = D["text"][tasks, tmpl]
+    def draw_alignment(self) -> dict:
+        return draw_alignment(self.data, self.hparams.seg_len, self.gen)
+
+    def alignment_losses(self, draw: dict | None = None):
+        """TBC (InfoNCE through the fused kernel) + TBM (matching with mismatched-text negatives).
+        ``draw``: the step's random inputs (``draw_alignment``); drawn from ``self.gen`` when None."""
+        draw = self.draw_alignment() if draw is None else draw
+        obs, act, text = draw["obs"], draw["act"], draw["text"]
+        n = text.shape[0]
         th_pos, tpad_pos = self.encode_text(text)                          # each encoder runs once per step
         traj_tok = self.encode_traj(obs, act)
         t_emb = F.normalize(self.text_proj(th_pos[:, 0]), dim=-1)
@@ -226,17 +217,22 @@ class TGDT(L.LightningModule):
         out = fused_infonce(t_emb, z_emb, scale, backend=self.kernel_backend)  # ALGO: TBC, (CE_row + CE_col)/2
         self.kernel_calls += 1
         # ALGO: TBM — hard mismatched text for each trajectory, drawn ∝ softmax of its similarities
+        # (Gumbel-max with noise drawn beforehand: an exact softmax sample, and vmappable over seeds)
         with torch.no_grad():
-            sim = scale * z_emb @ t_emb.T
-            sim.fill_diagonal_(-float("inf"))
-            neg = torch.multinomial(sim.softmax(-1), 1, generator=self.gen).squeeze(1)
+            neg = gumbel_negatives(scale * z_emb @ t_emb.T, draw["gumbel"])
         # the mismatched description's token states = those of its own row (deterministic encoder)
         th, tpad = torch.cat([th_pos, th_pos[neg]]), torch.cat([tpad_pos, tpad_pos[neg]])
         fused = self.match_fuse(torch.cat([traj_tok, traj_tok]), th, memory_key_padding_mask=tpad)
         logit = self.match_head(fused[:, 0]).squeeze(-1)
-        label = torch.cat([torch.ones(n, device=self.device), torch.zeros(n, device=self.device)])
+        label = torch.cat([torch.ones(n, device=logit.device), torch.zeros(n, device=logit.device)])
         itm = F.binary_cross_entropy_with_logits(logit, label)
         return out[0], itm
+
+    def val_mse_tensor(self, v: dict) -> torch.Tensor:
+        """Masked action MSE on windows ``v`` (a 0-d tensor; vmappable over seeds)."""
+        pred = self.act(v["rtg"], v["obs"], v["act"], v["tsteps"], v["pad"], v["cond"])
+        keep = (~v["pad"]).float()[..., None]
+        return ((pred - v["act"]) ** 2 * keep).sum() / (keep.sum() * v["act"].shape[-1])
 
     @torch.no_grad()
     def val_mse(self) -> float:
@@ -247,27 +243,131 @@ class TGDT(L.LightningModule):
             return float("nan")
         was = self.training
         self.eval()
-        pred = self.act(v["rtg"], v["obs"], v["act"], v["tsteps"], v["pad"], v["cond"])
+        out = float(self.val_mse_tensor(v))
         self.train(was)
-        keep = (~v["pad"]).float()[..., None]
-        return float(((pred - v["act"]) ** 2 * keep).sum() / (keep.sum() * v["act"].shape[-1]))
+        return out
 
-    def training_step(self, batch, batch_idx):
+    def draw_step(self) -> dict:
+        """Every random input of one training step, drawn from ``self.gen`` (windows, then alignment)."""
         rtg, obs, act, tsteps, pad, cond = self.sample_windows(self.hparams.batch_size)
-        pred = self.act(rtg, obs, act, tsteps, pad, cond)
+        step = {"rtg": rtg, "obs": obs, "act": act, "tsteps": tsteps, "pad": pad, "cond": cond}
+        if self.hparams.arm in ALIGN_ARMS:
+            step["align"] = self.draw_alignment()
+        return step
+
+    def step_losses(self, step: dict) -> dict:
+        """The training losses of one step from its drawn inputs (a pure function of the parameters:
+        the seed ensemble vmaps it). {"loss", "mse"[, "nce", "itm"]} as 0-d tensors."""
+        rtg, obs, act, pad = step["rtg"], step["obs"], step["act"], step["pad"]
+        pred = self.act(rtg, obs, act, step["tsteps"], pad, step["cond"])
         keep = (~pad).float()[..., None]
         mse = ((pred - act) ** 2 * keep).sum() / (keep.sum() * act.shape[-1])     # ALGO: DT action MSE
-        loss = mse
-        logs = {"mse": mse.detach()}
-        if self.hparams.arm in ("tgdt", "tgdt_share"):
-            nce, itm = self.alignment_losses()
-            loss = loss + self.hparams.nce_weight * nce + self.hparams.itm_weight * itm   # 1:1:1 as officially
-            logs.update(nce=nce.detach(), itm=itm.detach())
-        self.log_dict(logs, prog_bar=True)
-        if batch_idx % 20 == 0 or batch_idx == self.trainer.max_steps - 1:       # learning curve for the report
-            self.history.append({"step": int(batch_idx), **{k: float(v) for k, v in logs.items()},
+        out = {"loss": mse, "mse": mse}
+        if "align" in step:
+            nce, itm = self.alignment_losses(step["align"])
+            out["loss"] = mse + self.hparams.nce_weight * nce + self.hparams.itm_weight * itm   # 1:1:1 officially
+            out.update(nce=nce, itm=itm)
+        return out
+
+    def training_step(self, batch, batch_idx):
+        out = self.step_losses(self.draw_step())
+        i = batch_idx + self.step_offset
+        if is_curve_step(i, self.trainer.max_steps + self.step_offset):     # learning curve for the report
+            logs = {k: v.detach() for k, v in out.items() if k != "loss"}
+            self.log_dict(logs, prog_bar=True)                           # logged at the curve's steps only
+            self.history.append({"step": int(i), **{k: float(v) for k, v in logs.items()},
                                  "val_mse": self.val_mse()})
-        return loss
+        return out["loss"]
 
     def configure_optimizers(self):
-        return torch.optim.AdamW(self.parameters(), lr=self.hparams.lr, weight_decay=self.hparams.weight_decay)
+        opt = torch.optim.AdamW(self.parameters(), lr=self.hparams.lr, weight_decay=self.hparams.weight_decay,
+                                foreach=True)
+        if self.resume is not None:
+            opt.load_state_dict(self.resume["optimizer"])
+        return opt
+
+
+ALIGN_ARMS = ("tgdt", "tgdt_share")
+CURVE_EVERY = 20
+
+
+def is_curve_step(batch_idx: int, max_steps: int) -> bool:
+    return batch_idx % CURVE_EVERY == 0 or batch_idx == max_steps - 1
+
+
+def _one_key_value(attn: nn.MultiheadAttention, mem: torch.Tensor) -> torch.Tensor:
+    """Multi-head attention of any queries over the single key/value token ``mem`` (B, 1, d): the
+    softmax weight is 1, so the output is out_proj(v_proj(mem)), (B, 1, d), for every query."""
+    d = mem.shape[-1]
+    v = F.linear(mem, attn.in_proj_weight[2 * d:], attn.in_proj_bias[2 * d:])
+    return attn.out_proj(v)
+
+
+def gumbel_negatives(sim: torch.Tensor, gumbel: torch.Tensor) -> torch.Tensor:
+    """Row i's negative j ≠ i drawn ∝ softmax_j(sim_ij) by Gumbel-max (``gumbel`` = −log(−log U))."""
+    eye = torch.eye(sim.shape[-1], dtype=torch.bool, device=sim.device)
+    return (sim.masked_fill(eye, -float("inf")) + gumbel).argmax(-1)
+
+
+def prepare_data(data: dict, device) -> dict:
+    """``data`` moved to ``device``, with the per-task episode lists as padded (n_tasks, max) matrices
+    + counts (vectorised sampling)."""
+    def to(x):
+        return x.to(device) if torch.is_tensor(x) else {i: to(t) for i, t in x.items()}
+    data = {k: to(v) for k, v in data.items()}
+    for key in ("expert_eps", "task_eps"):
+        lists = [data[key][t] for t in range(len(data[key]))]
+        width = max(1, max(len(v) for v in lists))
+        mat = torch.zeros(len(lists), width, dtype=torch.long, device=device)
+        for t, v in enumerate(lists):
+            mat[t, : len(v)] = v
+        data[key + "_mat"] = mat
+        data[key + "_cnt"] = torch.tensor([max(1, len(v)) for v in lists], device=device)
+    return data
+
+
+def sample_windows(D: dict, K: int, n: int, gen: torch.Generator, share=None):
+    """n random context windows of length K (left-padded near the episode start) from D["train_eps"],
+    drawn from ``gen``; ``share``: (held-out ids, (U, J) weights) for the data-sharing second half."""
+    dev = D["obs"].device
+    N, T = D["obs"].shape[:2]
+    ep = D["train_eps"][torch.randint(len(D["train_eps"]), (n,), generator=gen, device=dev)]
+    shared = None
+    if share is not None:                   # second half: held-out description on shared data
+        held, w = share[0].to(dev), share[1].to(dev)
+        m = n // 2
+        u = torch.randint(len(held), (m,), generator=gen, device=dev)
+        j = D["train_tasks"][torch.multinomial(w[u], 1, generator=gen).squeeze(1)]
+        pick = torch.randint(10**9, (m,), generator=gen, device=dev)
+        ep[n - m:] = D["task_eps_mat"][j, pick % D["task_eps_cnt"][j]]
+        shared = (n - m, held[u])
+    end = torch.randint(1, T + 1, (n,), generator=gen, device=dev)     # window = [end-K, end)
+    idx = end[:, None] - K + torch.arange(K, device=dev)[None]
+    pad = idx < 0
+    idx = idx.clamp_min(0)
+    obs = D["obs"][ep[:, None], idx]
+    act = D["act"][ep[:, None], idx]
+    rtg = D["rtg"][ep[:, None], idx]
+    task = D["task"][ep]
+    tmpl = torch.randint(D["text"].shape[1], (n,), generator=gen, device=dev)
+    text_task = task.clone()
+    if shared is not None:
+        text_task[shared[0]:] = shared[1]
+    cond = {"task": task, "vector": D["vector"][task], "text": D["text"][text_task, tmpl]}
+    return rtg, obs, act, idx, pad, cond
+
+
+def draw_alignment(D: dict, Lg: int, gen: torch.Generator) -> dict:
+    """One (expert segment of length Lg, description) pair per training task + the Gumbel noise of the
+    matching negatives, drawn from ``gen``."""
+    dev = D["obs"].device
+    tasks = D["train_tasks"]                                           # one pair per training task
+    n, T = len(tasks), D["obs"].shape[1]
+    pick = torch.randint(10**9, (n,), generator=gen, device=dev)
+    ep = D["expert_eps_mat"][tasks, pick % D["expert_eps_cnt"][tasks]]
+    start = torch.randint(0, T - Lg + 1, (n,), generator=gen, device=dev)
+    idx = start[:, None] + torch.arange(Lg, device=dev)[None]
+    tmpl = torch.randint(D["text"].shape[1], (n,), generator=gen, device=dev)
+    u = torch.rand((n, n), generator=gen, device=dev).clamp(1e-12, 1 - 1e-7)
+    return {"obs": D["obs"][ep[:, None], idx], "act": D["act"][ep[:, None], idx],
+            "text": D["text"][tasks, tmpl], "gumbel": -torch.log(-torch.log(u))}

@@ -3,10 +3,14 @@
     python -m stages train tgdt [--profile smoke]
 
 For every prepared environment, every arm of ``arms`` and every seed of ``seeds``, one ``TGDT``
-LightningModule (stages/tgdt/model.py) is fitted by ``make_trainer`` for ``steps`` AdamW steps on
-the training tasks only (held-out tasks' episodes are never read here). TG-DT's InfoNCE goes
-through kernels/fused_infonce.py on every step (counted in ``kernels.json``, with Triton parity on
-a slice of real embeddings). Weights go to ``<out>/<env>/<arm>_s<seed>.pt``.
+(stages/tgdt/model.py) is fitted by ``make_trainer`` for ``steps`` AdamW steps on the training tasks
+only (held-out tasks' episodes are never read here). With ``vectorize_seeds`` the seeds of an arm train
+as one ``SeedEnsemble`` (``EnsembleTGDT``: member k = the solo run of seed k, same init, sampler
+generator and AdamW; tests/tgdt/test_speed.py); otherwise seed after seed. TG-DT's first seed is then
+trained on to ``curve_steps`` (``continue_curve``) for the learning curve that fixes ``steps``; the
+evaluated model is the one after ``steps``. TG-DT's InfoNCE goes through kernels/fused_infonce.py on
+every step (counted in ``kernels.json``, with Triton parity on a slice of real embeddings).
+Weights go to ``<out>/<env>/<arm>_s<seed>.pt``.
 """
 from __future__ import annotations
 
@@ -20,10 +24,12 @@ from pydantic import Field, field_validator, model_validator
 from kernels.fused_infonce import fused_infonce
 from kernels.record import KernelRecord
 from stages.common.config import Seeds, StageConfig, unique_items
+from stages.common.ensemble import EnsembleModule
 from stages.common.device import DeviceName, pick_device
 from stages.common.paths import read_json, write_json
 from stages.common.trainer import TrainerConfig, make_trainer
 from stages.tgdt import envs as E
+from stages.tgdt import model as M
 from stages.tgdt.model import ARMS, TGDT
 
 from typing import Literal
@@ -50,6 +56,9 @@ class Config(StageConfig):
     itm_weight: float = Field(1.0, ge=0, le=100.0)   # λ of L_TBM
     share_steps: int = Field(50, ge=1, le=200_000)   # tgdt_share: fine-tuning steps from TG-DT with data sharing
     share_top_k: int = Field(3, ge=1, le=100)        # tgdt_share: training tasks shared per held-out description
+    vectorize_seeds: bool = True     # train the seeds of an arm as one SeedEnsemble (vmap); False: seed after seed
+    curve_steps: int = Field(0, ge=0, le=400_000)   # > steps: the first seed of tgdt trains on to this many steps
+                                                    # (learning curve only; the evaluated model stops at `steps`)
     trainer: TrainerConfig = TrainerConfig(log_every_n_steps=50)
 
     @field_validator("seeds")
@@ -142,6 +151,97 @@ def build(arm: str, seed: int, meta: dict, cfg: Config) -> TGDT:
                 itm_weight=cfg.itm_weight, seed=seed)
 
 
+def _stack(items: list):
+    """Per-seed pytrees (dicts/tuples of tensors) -> one pytree of (S, ...) tensors."""
+    first = items[0]
+    if torch.is_tensor(first):
+        return torch.stack(items)
+    if isinstance(first, dict):
+        return {k: _stack([it[k] for it in items]) for k in first}
+    return type(first)(_stack(list(col)) for col in zip(*items))
+
+
+class EnsembleTGDT(EnsembleModule):
+    """The seeds of one arm as one vectorized ensemble (stages/common/ensemble.py). Member k is the
+    solo ``TGDT`` of seed k: same init (``build``), same per-seed generator (seed + 12345) drawing the
+    same windows / alignment pairs / Gumbel noise in the same order, same AdamW; its step losses are
+    ``TGDT.step_losses`` under vmap. ``history[k]`` is member k's learning curve (solo format)."""
+
+    def __init__(self, arm: str, seeds: list[int], meta: dict, cfg: "Config", data: dict):
+        super().__init__(lambda s: build(arm, s, meta, cfg), seeds,
+                         optimizer=lambda p: torch.optim.AdamW(p, lr=cfg.lr, weight_decay=cfg.weight_decay,
+                                                               foreach=True))
+        self.arm, self.batch_size, self.context, self.seg_len = arm, cfg.batch_size, cfg.context, cfg.seg_len
+        self.data = data
+        self.history: list[list[dict]] = [[] for _ in seeds]
+        self.kernel_calls = 0
+
+    @property
+    def template(self) -> TGDT:
+        return self.ensemble._bound[0].model
+
+    def on_fit_start(self):
+        self.data = M.prepare_data(self.data, self.device)
+        self.gens = [torch.Generator(device=self.device).manual_seed(int(s) + 12345) for s in self.ensemble.seeds]
+
+    def draw(self, gen) -> dict:
+        rtg, obs, act, tsteps, pad, cond = M.sample_windows(self.data, self.context, self.batch_size, gen)
+        step = {"rtg": rtg, "obs": obs, "act": act, "tsteps": tsteps, "pad": pad, "cond": cond}
+        if self.arm in M.ALIGN_ARMS:
+            step["align"] = M.draw_alignment(self.data, self.seg_len, gen)
+        return step
+
+    def training_step(self, batch, batch_idx):
+        step = _stack([self.draw(g) for g in self.gens])
+        out = self.ensemble.vmap(lambda m, st: m.step_losses(st), step)          # {name: (S,)}
+        if "nce" in out:
+            self.kernel_calls += len(self.ensemble)
+        self.last_losses = out["loss"].detach()
+        if M.is_curve_step(batch_idx, self.trainer.max_steps):
+            logs = {k: v.detach() for k, v in out.items() if k != "loss"}
+            self.log_dict({f"{k}_mean": v.mean() for k, v in logs.items()}, prog_bar=True)
+            val = self.val_mse()
+            for k in range(len(self.ensemble)):
+                self.history[k].append({"step": int(batch_idx), **{n: float(v[k]) for n, v in logs.items()},
+                                        "val_mse": val[k]})
+        return out["loss"].sum()          # the sum: member k's gradient is its solo gradient
+
+    @torch.no_grad()
+    def val_mse(self) -> list[float]:
+        v = self.data.get("val")
+        if v is None:
+            return [float("nan")] * len(self.ensemble)
+        return self.ensemble.vmap(lambda m, w: m.val_mse_tensor(w), v, shared=True).tolist()
+
+
+def member_optimizer_state(opt: torch.optim.Optimizer, k: int | None) -> dict:
+    """The AdamW state of ensemble member k as a solo model's optimizer state dict (parameters in the
+    model's own order); k None: a solo optimizer's state as is."""
+    sd = opt.state_dict()
+    if k is None:
+        return sd
+    state = {i: {n: (v.clone() if n == "step" else v[k].clone()) for n, v in st.items()} for i, st in sd["state"].items()}
+    return {"state": state, "param_groups": sd["param_groups"]}
+
+
+def continue_curve(arm: str, seed: int, meta: dict, cfg: "Config", data: dict, state: dict, opt_state: dict,
+                   gen_state: torch.Tensor, tcfg, tracker, backend: str) -> list[dict]:
+    """Learning curve only: the trained model of ``seed`` (weights, AdamW state, sampler generator)
+    trained on from step ``steps`` to ``curve_steps``, as one uninterrupted solo run would
+    (tests/tgdt/test_speed.py); returns the curve points after ``steps``. The model kept for
+    evaluation is the one after ``steps``."""
+    model = build(arm, seed, meta, cfg)
+    model.kernel_backend = backend
+    model.attach(data)
+    model.load_state_dict(state)
+    model.resume = {"optimizer": opt_state, "gen": gen_state}
+    model.step_offset = cfg.steps
+    extra = cfg.curve_steps - cfg.steps
+    trainer = make_trainer(tcfg, tracker, max_steps=extra)
+    trainer.fit(model, torch.utils.data.DataLoader(range(extra), batch_size=None))
+    return model.history
+
+
 def kernel_parity(rec: KernelRecord, model: TGDT, data: dict, env: str, seed: int) -> None:
     """Triton vs torch InfoNCE on the trained model's real embeddings: every training task's first
     expert segment against its first-template description."""
@@ -161,7 +261,7 @@ def run(cfg: Config, ctx) -> None:
     device = pick_device(cfg.device)
     rec = KernelRecord(device)
     prep = ctx.input("prepare")
-    summary, nce_pairs = {}, {}
+    summary, nce_pairs, curves = {}, {}, {}
     for env in read_json(prep / "summary.json")["envs"]:
         data, meta = load_env(prep / env, cfg.text_len, cfg.context)
         T = meta["max_steps"]
@@ -170,34 +270,64 @@ def run(cfg: Config, ctx) -> None:
         nce_pairs[env] = len(data["train_tasks"])       # InfoNCE pairs per step: one per training task
         (ctx.out / env).mkdir(parents=True)
         order = [a for a in cfg.arms if a != "tgdt_share"] + [a for a in cfg.arms if a == "tgdt_share"]
+        tcfg = cfg.trainer.model_copy(update={"accelerator": "gpu" if device.type == "cuda" else "cpu",
+                                               "devices": 1, "enable_progress_bar": False})
         for arm in order:
-            for seed in cfg.seeds:
-                model = build(arm, seed, meta, cfg)
-                model.kernel_backend = rec.backend
-                # oracle_id: the one-hot DT trained on every task's episodes (held-out tasks included)
-                model.attach({**data, "train_eps": data["all_eps"]} if arm == "oracle_id" else data)
-                steps = cfg.steps
-                if arm == "tgdt_share":       # start from the trained TG-DT of this seed, then share data
+            # oracle_id: the one-hot DT trained on every task's episodes (held-out tasks included)
+            arm_data = {**data, "train_eps": data["all_eps"]} if arm == "oracle_id" else data
+            if arm == "tgdt_share":       # solo, from the trained TG-DT of each seed, then share data
+                models = []
+                for seed in cfg.seeds:
+                    model = build(arm, seed, meta, cfg)
+                    model.kernel_backend = rec.backend
+                    model.attach(arm_data)
                     ck = torch.load(ctx.out / env / f"tgdt_s{seed}.pt", weights_only=False)
                     model.load_state_dict(ck["state_dict"])
                     model.share_with(cfg.share_top_k)
-                    steps = cfg.share_steps
-                tcfg = cfg.trainer.model_copy(update={"accelerator": "gpu" if device.type == "cuda" else "cpu",
-                                                       "devices": 1, "enable_progress_bar": False})
-                trainer = make_trainer(tcfg, ctx.tracker, max_steps=steps)
-                loader = torch.utils.data.DataLoader(range(steps), batch_size=None)
-                trainer.fit(model, loader)
-                rec.count("fused_infonce", model.kernel_calls) if model.kernel_calls else None
+                    trainer = make_trainer(tcfg, ctx.tracker, max_steps=cfg.share_steps)
+                    trainer.fit(model, torch.utils.data.DataLoader(range(cfg.share_steps), batch_size=None))
+                    models.append((seed, model, model.history, model.kernel_calls))
+                steps = cfg.share_steps
+            elif cfg.vectorize_seeds:     # every seed of the arm as one vectorized ensemble
+                ens = EnsembleTGDT(arm, list(cfg.seeds), meta, cfg, arm_data)
+                ens.template.kernel_backend = rec.backend
+                trainer = make_trainer(tcfg, ctx.tracker, max_steps=cfg.steps)
+                trainer.fit(ens, torch.utils.data.DataLoader(range(cfg.steps), batch_size=None))
+                models = [(seed, ens.ensemble.member(k), ens.history[k], ens.kernel_calls // len(cfg.seeds))
+                          for k, seed in enumerate(cfg.seeds)]
+                if arm == "tgdt" and cfg.curve_steps > cfg.steps:
+                    curves[f"{env}/{arm}/s{cfg.seeds[0]}"] = ens.history[0] + continue_curve(
+                        arm, cfg.seeds[0], meta, cfg, arm_data, ens.ensemble.member_state_dict(0),
+                        member_optimizer_state(trainer.optimizers[0], 0), ens.gens[0].get_state(), tcfg,
+                        ctx.tracker, rec.backend)
+                steps = cfg.steps
+            else:                         # seed after seed
+                models = []
+                for seed in cfg.seeds:
+                    model = build(arm, seed, meta, cfg)
+                    model.kernel_backend = rec.backend
+                    model.attach(arm_data)
+                    trainer = make_trainer(tcfg, ctx.tracker, max_steps=cfg.steps)
+                    trainer.fit(model, torch.utils.data.DataLoader(range(cfg.steps), batch_size=None))
+                    models.append((seed, model, model.history, model.kernel_calls))
+                    if arm == "tgdt" and seed == cfg.seeds[0] and cfg.curve_steps > cfg.steps:
+                        curves[f"{env}/{arm}/s{seed}"] = model.history + continue_curve(
+                            arm, seed, meta, cfg, arm_data, model.state_dict(),
+                            member_optimizer_state(trainer.optimizers[0], None), model.gen.get_state(), tcfg,
+                            ctx.tracker, rec.backend)
+                steps = cfg.steps
+            for seed, model, history, calls in models:
+                rec.count("fused_infonce", calls) if calls else None
                 if arm == "tgdt" and seed == cfg.seeds[0]:
                     kernel_parity(rec, model, data, env, seed)
-                last = model.history[-1] if model.history else {}
+                last = history[-1] if history else {}
                 print(f"train@tgdt: {env} {arm} seed {seed}: {steps} steps; {last}")
                 torch.save({"arm": arm, "seed": seed, "hparams": dict(model.hparams),
-                            "state_dict": model.state_dict(), "history": model.history},
+                            "state_dict": model.state_dict(), "history": history},
                            ctx.out / env / f"{arm}_s{seed}.pt")
-                summary[f"{env}/{arm}/s{seed}"] = {**last, "history": model.history}
+                summary[f"{env}/{arm}/s{seed}"] = {**last, "history": history}
     rec.save(ctx.out)
     write_json(ctx.out / "train_summary.json", {"config": cfg.model_dump(mode="json"), "runs": summary,
-                                                "nce_pairs": nce_pairs})
+                                                "nce_pairs": nce_pairs, "long_curves": curves})
     print(f"train@tgdt: CPU time {time.process_time():.1f} s")
 

@@ -79,3 +79,33 @@ def test_bad_shapes_are_named():
         fused_infonce(a, b[:3], s)
     with pytest.raises(ValueError, match="scale"):
         fused_infonce(a, b, torch.ones(2))
+
+
+@pytest.mark.parametrize("shared_scale", [False, True])
+def test_vmap_over_members_equals_each_member(shared_scale):
+    """The Triton path under torch.func.vmap (seed ensembles): member k's loss, by-products and
+    gradients equal the torch reference on member k alone."""
+    S, n, d = 3, 9, 6
+    g = torch.Generator().manual_seed(21)
+    a = F.normalize(torch.randn(S, n, d, generator=g), dim=-1).requires_grad_()
+    b = F.normalize(torch.randn(S, n, d, generator=g), dim=-1).requires_grad_()
+    s = (torch.tensor(6.1) if shared_scale else torch.tensor([3.0, 6.1, 11.5])).requires_grad_()
+    dims = (0, 0, None if shared_scale else 0)
+    out = torch.func.vmap(lambda x, y, z: fused_infonce(x, y, z, backend="triton"), in_dims=dims)(a, b, s)
+    (out[0] * torch.tensor([1.0, 2.0, 0.5])).sum().backward()
+    for k in range(S):
+        ak, bk = a.detach()[k].clone().requires_grad_(), b.detach()[k].clone().requires_grad_()
+        sk = (s.detach() if shared_scale else s.detach()[k]).clone().requires_grad_()
+        ref = fused_infonce_reference(ak, bk, sk)
+        for x, y, what in zip(out, ref, ("loss", "lse_row", "lse_col", "max_row", "max_col", "diag")):
+            assert_close(x[k], y, 1e-4, 1e-5, f"member {k} {what}")
+        (ref[0] * [1.0, 2.0, 0.5][k]).backward()
+        assert_close(a.grad[k], ak.grad, 1e-4, 1e-5, f"member {k} da")
+        assert_close(b.grad[k], bk.grad, 1e-4, 1e-5, f"member {k} db")
+        if not shared_scale:
+            assert_close(s.grad[k], sk.grad, 1e-4, 1e-5, f"member {k} ds")
+    if shared_scale:   # a shared scale's gradient sums the members' (weighted) gradients
+        sk = s.detach().clone().requires_grad_()
+        sum(w * fused_infonce_reference(a.detach()[k], b.detach()[k], sk)[0]
+            for k, w in enumerate([1.0, 2.0, 0.5])).backward()
+        assert_close(s.grad, sk.grad, 1e-4, 1e-5, "shared ds")

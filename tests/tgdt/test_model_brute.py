@@ -399,6 +399,7 @@ def test_alignment_losses_rebuilt_by_hand():
     ep = [D["expert_eps"][t][int(p) % len(D["expert_eps"][t])] for t, p in zip((0, 1, 2), pick)]
     start = torch.randint(0, T - Lg + 1, (n,), generator=g)
     tmpl = torch.randint(3, (n,), generator=g)
+    u = torch.rand((n, n), generator=g)                             # Gumbel-max noise of the negatives
     with torch.no_grad():
         obs = torch.stack([D["obs"][e, s:s + Lg] for e, s in zip(ep, start)])
         act = torch.stack([D["act"][e, s:s + Lg] for e, s in zip(ep, start)])
@@ -407,8 +408,8 @@ def test_alignment_losses_rebuilt_by_hand():
         zemb = m.traj_embedding(obs, act)
         assert float(nce) == pytest.approx(infonce_ref(temb, zemb, 4.5), rel=1e-5)
         sim = 4.5 * zemb @ temb.T
-        sim.fill_diagonal_(-float("inf"))
-        neg = torch.multinomial(sim.softmax(-1), 1, generator=g).squeeze(1)
+        neg = [max((j for j in range(n) if j != i), key=lambda j: float(sim[i, j]) - math.log(-math.log(float(u[i, j]))))
+               for i in range(n)]
         assert all(int(neg[i]) != i for i in range(n))
         th, tpad = m.encode_text(text)
         traj = m.encode_traj(obs, act)

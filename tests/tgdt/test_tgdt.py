@@ -166,3 +166,12 @@ def test_smoke_pipeline(smoke_run):
     assert (outs["report"] / "figures" / "similarity_pointmass.png").exists()
     assert (outs["report"] / "figures" / "similarity_halfcheetah.png").exists()
     assert (outs["report"] / "figures" / "training_curves.png").exists()
+    # the learning curve continued past `steps` (smoke: 2 -> 4) and the CPU/wall table of every stage
+    tsum = json.loads((outs["train"] / "train_summary.json").read_text())
+    assert [h["step"] for h in tsum["long_curves"]["pointmass/tgdt/s0"]] == [0, 1, 3]
+    assert [h["step"] for h in tsum["runs"]["pointmass/tgdt/s0"]["history"]] == [0, 1]
+    assert (outs["report"] / "figures" / "learning_curve_long.png").exists()
+    md = (outs["report"] / "report.md").read_text()
+    table = md.split("## CPU and wall time per stage (this run)")[1].split("\n\n")[1].splitlines()[2:]
+    assert [row.split("|")[1].strip() for row in table] == ["prepare", "train", "evaluate", "report", "total"]
+    assert all(float(row.split("|")[2]) > 0 for row in table)          # cpu_s recorded by the runner
