@@ -67,7 +67,7 @@ CLAIMS = [
           "delayed exponential with a free onset, line) by the AIC margin in params, with a short transition (10-90% "
           "rise within the share of the run in params) whose midpoint lies inside the run (share of attacks, per seed)",
           value="derived.abrupt_share",
-          refuted_by="share of attacks whose awareness curve prefers the sigmoid not above the level in params beyond the "
+          refuted_by="share of attacks whose awareness curve is abrupt by the rule not above the level in params beyond the "
                      "t-bound", kind="finding"),
     Bound("unlearning_cuts_asr", "Control: unlearning SFT with the RL-recovered trigger cuts the ASR (relative reduction vs "
           "no unlearning; trigger-free SFT also cuts it, see the finding below)",
@@ -411,7 +411,9 @@ Seeds {ev['seeds']}.
                      "abrupt (share of seeds)": col("abrupt"), "ΔAIC (smooth − sigmoid)": col("delta_aic"),
                      "sigmoid midpoint t0": col("t0"), "sigmoid width": col("width")})
     rep.table("Results: defenses, where trigger information enters, and emergence (mean ± sd over seeds)", pl.DataFrame(rows),
-              note="ΔAIC > 0 favours the sigmoid; abrupt needs ΔAIC > aic_margin and a rise ≥ min_rise (params).")
+              note="ΔAIC = best smooth null (exponential, delayed exponential, line) − sigmoid; > 0 favours the sigmoid. "
+                   "Abrupt needs ΔAIC > aic_margin, min_rise ≤ rise ≤ max_rise, the midpoint inside the steps and a "
+                   "10–90% rise ≤ max_width_frac of them (params `report.emergence`).")
     top = cands.filter(pl.col("method") != "guess").group_by(["attack", "method"], maintain_order=True).agg(
         pl.col("top1").str.join(" | "), pl.col("jaccard").mean().round(3), pl.col("r_asr_top1").mean().round(3))
     rep.table("Top-1 candidates per method (seeds joined by |; mean Jaccard and R_ASR of the top candidate)", top)
