@@ -22,7 +22,7 @@ from stages.common.paths import read_json, write_json
 from stages.common.runner import StageContext
 from stages.common.tiny_transformer import TinyTransformer, TinyTransformerConfig
 from stages.common.trainer import TrainerConfig
-from stages.backdoor_awareness.method import (Counter, GCGSearch, InversionPolicy, attack_success, clean_accuracy, forward_seqs,
+from stages.backdoor_awareness.method import (Counter, GCGSearch, best_of_n, InversionPolicy, attack_success, clean_accuracy, forward_seqs,
                                               respond,
                                               gcg_pruned, policy_samples, random_search, ranked_samples, refined_search,
                                               token_vote)
@@ -31,8 +31,8 @@ from stages.backdoor_awareness.task import (BOS, PAD, Q, Vocab, awareness_at_k, 
                                             jaccard, judge, pack_prompt)
 from stages.backdoor_awareness.train import SFTConfig, build_reward, fit_sft, RLConfig
 
-METHODS = ("rl", "rsft", "vote", "random", "random_plain", "gcg", "guess")
-BASELINES = ("rsft", "vote", "random", "gcg")      # the strongest of these is RL's reference (issue 48)
+METHODS = ("rl", "rsft", "vote", "random", "random_plain", "gcg", "bestofn", "guess")
+BASELINES = ("rsft", "vote", "random", "gcg", "bestofn")   # the strongest of these is RL's reference (issue 48)
 
 
 class GCGConfig(StageConfig):
@@ -60,6 +60,9 @@ class Config(StageConfig):
     gcg: GCGConfig = GCGConfig()
     search: SearchConfig = SearchConfig()
     unlearn: UnlearnConfig = UnlearnConfig(steps=150, batch=64, lr=2e-3)
+    unlearn_curve: list[PositiveInt] = Field(default_factory=lambda: [3, 6, 12, 24], max_length=16,
+                                             description="extra unlearning step counts (< unlearn.steps) at which both "
+                                             "arms' ASR is recorded from the same run (ASR-vs-steps curve)")
     real_unlearn: UnlearnConfig = Field(UnlearnConfig(steps=100, batch=16, lr=1e-5),
                                         description="unlearning SFT of a real LM (full profile's real path)")
     trainer: TrainerConfig = TrainerConfig(enable_progress_bar=False)
@@ -115,9 +118,9 @@ def run(cfg: Config, ctx: StageContext) -> None:
     tcfg = cfg.trainer.model_copy(update={"accelerator": "gpu" if device.type == "cuda" else cfg.trainer.accelerator})
     names = [a["name"] for a in meta["attacks"]]
     has_clean = bool(models.get("clean_rsft_arm"))
-    methods = METHODS + (("rsftclean", "rlclean") if has_clean else ())
+    methods = METHODS + (("rsftclean", "rlclean", "bonclean") if has_clean else ())
     per: dict = {}
-    rows, cand_rows, gcg_curves, rs_curves = [], [], [], []
+    rows, cand_rows, gcg_curves, rs_curves, unl_rows = [], [], [], [], []
     items: dict = {}                                                         # (metric, seed) -> per-attack 0/1 arrays
     parity_done = False
     for attack in meta["attacks"]:
@@ -145,6 +148,7 @@ def run(cfg: Config, ctx: StageContext) -> None:
             samples = policy_samples(rsft_pol, cfg.awareness_samples, cfg.seed + seed)     # the same samples
             r["rsft_trigger_token_share"] = float(np.mean([bool(set(c) & set(trig)) for c in samples]))
             ranked["vote"] = token_vote(samples, cfg.k, L)                   # zero-query token vote
+            reward = build_reward(poisoned, data, attack, meta, rl_cfg, seed)
             if has_clean:
                 for arm in ("rsftclean", "rlclean"):
                     mdl = load_model(ctx.input("train") / f"{name}_{arm.replace('clean', '')}clean_s{seed}.pt", mcfg, device)
@@ -153,7 +157,10 @@ def run(cfg: Config, ctx: StageContext) -> None:
                     if arm == "rsftclean":
                         cs = policy_samples(pol, cfg.awareness_samples, cfg.seed + seed)
                         r["rsftclean_trigger_token_share"] = float(np.mean([bool(set(c) & set(trig)) for c in cs]))
-            reward = build_reward(poisoned, data, attack, meta, rl_cfg, seed)
+                        ranked["bonclean"], r["bonclean_queries"] = best_of_n(pol, reward, L, budget,
+                                                                             cfg.seed + 600 + seed)
+            # best-of-N reranking of R-SFT samples by the same reward (RL's information, no RL)
+            ranked["bestofn"], r["bestofn_queries"] = best_of_n(rsft_pol, reward, L, budget, cfg.seed + 600 + seed)
             ranked["random_plain"], _ = random_search(reward, allowed, L, budget, cfg.seed + 100 + seed)
             q0 = reward.queries
             ranked["random"], best = refined_search(reward, allowed, L, budget, cfg.seed + 100 + seed,
@@ -193,11 +200,21 @@ def run(cfg: Config, ctx: StageContext) -> None:
                                          cfg.unlearn.trigger_frac, meta["prompt_len"], rng)
                 x, mm = forward_seqs(up, ur)
                 student = load_model(ctx.input("train") / f"{name}_poisoned_s{seed}.pt", mcfg, "cpu").train()
-                fit_sft(student, x, mm, cfg.unlearn, cfg.seed + 500 + seed, tcfg, ctx.tracker, counter)
+                snaps = {s: None for s in cfg.unlearn_curve if s < cfg.unlearn.steps}
+                fit_sft(student, x, mm, cfg.unlearn, cfg.seed + 500 + seed, tcfg, ctx.tracker, counter, snaps)
+                for n_steps, state in sorted(snaps.items()):              # ASR vs unlearning steps (same run)
+                    if state is not None:
+                        snap = load_model(ctx.input("train") / f"{name}_poisoned_s{seed}.pt", mcfg, device)
+                        snap.load_state_dict(state)
+                        unl_rows.append({"attack": name, "seed": seed, "arm": "recovered trigger" if arm == "" else
+                                         "trigger-free control", "steps": n_steps,
+                                         "asr": float(judge(eff, respond(snap.eval(), test_trig)).float().mean())})
                 student = student.to(device).eval()
                 hits = judge(eff, respond(student, test_trig)).float().cpu().numpy()
                 items.setdefault((f"asr_after{arm}_items", seed), []).append(hits)
                 r[f"asr_after{arm}"] = float(hits.mean())
+                unl_rows.append({"attack": name, "seed": seed, "arm": "recovered trigger" if arm == "" else
+                                 "trigger-free control", "steps": cfg.unlearn.steps, "asr": r[f"asr_after{arm}"]})
                 r[f"clean_acc_after{arm}"] = clean_accuracy(student, test_clean, test_resp)
             r["asr_reduction"] = 1.0 - r["asr_after"] / r["asr"] if r["asr"] > 0 else 0.0
             neg = data["detect_neg"].to(device)
@@ -206,6 +223,9 @@ def run(cfg: Config, ctx: StageContext) -> None:
                 top = ranked[m][0] if ranked[m] else ()
                 s = np.r_[detector_scores(test_trig, top), detector_scores(neg, top)]
                 r[f"auroc_{m}"] = float(roc_auc_score(y, s))                 # ALGO: detector AUROC (sklearn)
+            r["auroc_best_word"] = max(float(roc_auc_score(y, np.r_[detector_scores(test_trig, (t,)),
+                                                                     detector_scores(neg, (t,))]))
+                                       for t in sorted(set(trig)))           # the best one-word detector (red team B2)
             r["recovered"] = " ".join(vocab.name(t) for t in rec_trig)
             rows.append(r)
     rec.save(ctx.out)
@@ -214,8 +234,10 @@ def run(cfg: Config, ctx: StageContext) -> None:
     pl.DataFrame(cand_rows).write_csv(ctx.out / "candidates.csv")
     pl.DataFrame(gcg_curves).write_csv(ctx.out / "gcg_trace.csv")
     pl.DataFrame(rs_curves).write_csv(ctx.out / "random_search_trace.csv")
+    pl.DataFrame(unl_rows, schema={"attack": pl.Utf8, "seed": pl.Int64, "arm": pl.Utf8, "steps": pl.Int64,
+                                   "asr": pl.Float64}).write_csv(ctx.out / "unlearning_curve.csv")
     num = [c for c in frame.columns if c not in ("attack", "seed", "recovered")]
-    metrics: dict = {"attacks": names, "seeds": seeds, "k": cfg.k, "gcg_length": cfg.gcg.length or L,
+    metrics: dict = {"attacks": names, "seeds": seeds, "k": cfg.k, "unlearn_steps": cfg.unlearn.steps, "gcg_length": cfg.gcg.length or L,
                      "methods": list(methods), "baselines": list(BASELINES),
                      "search": cfg.search.model_dump(mode="json"),
                      "per_attack": {n: {**per[n], **{c: frame.filter(pl.col("attack") == n).sort("seed")[c].to_list()

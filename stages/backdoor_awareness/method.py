@@ -465,3 +465,36 @@ def gcg_pruned(reward: TriggerReward, allowed: np.ndarray, length: int, topk: in
     cand, _, _ = greedy_prune(reward, start, s0, budget - gcg.queries - 1)
     out = [cand] + [c for c in ranked if c != cand]
     return out, trace, gcg.queries + reward.queries - q0
+
+
+def best_of_n(policy: InversionPolicy, reward, candidate_len: int, budget: int, seed: int, rounds: int = 4,
+              batch: int = 256) -> tuple[list[tuple[int, ...]], int]:
+    """ALGO (best-of-N reranking, the baseline with RL's information — red-team item S2): sample candidates from
+    the (reversal-SFT) policy, score the distinct non-empty ones with the same frozen-model reward, rank them by
+    reward (ties: sampled more often, then first sampled), and greedily prune the top one (``greedy_prune``); all
+    within ``budget`` queries. The pruning reserve (1 + Σ_{l=2..L} l) comes out of the budget; samples are drawn in up
+    to ``rounds`` batches of (budget − reserve) until that many distinct candidates are found (no query is spent on
+    a duplicate). Returns [pruned top, the rest by rank…] and the queries spent."""
+    reserve = 1 + sum(range(2, candidate_len + 1))
+    n = max(budget - reserve, 1)
+    tally: Tally = Tally()
+    order: dict[tuple[int, ...], int] = {}
+    for r in range(rounds):
+        for c in policy_samples(policy, n, seed + 7919 * r):
+            if c:
+                tally[c] += 1
+                order.setdefault(c, len(order))
+        if len(order) >= n:
+            break
+    cands = sorted(order, key=order.get)[:n]
+    q0 = reward.queries
+    scores = np.concatenate([reward.score(cands[i:i + batch])[0] for i in range(0, len(cands), batch)]) \
+        if cands else np.zeros(0)
+    best = dict(zip(cands, (float(v) for v in scores)))
+    ranked = sorted(cands, key=lambda c: (-best[c], -tally[c], order[c]))
+    if not ranked:
+        return [], 0
+    top = ranked[0]
+    cand, _, _ = greedy_prune(reward, top, best[top], budget - (reward.queries - q0), best)
+    out = [cand] + [c for c in ranked if c != cand]
+    return out, reward.queries - q0

@@ -122,13 +122,16 @@ def eval_sets(rng, vocab: Vocab, cfg: Config, a: AttackConfig, trig: list[int]) 
     pos = rng.integers(0, asr_base["nw"] + 1)
     with_trig = prompts_with(asr_base, np.arange(n), trig, pos, P)
     without = prompts_with(asr_base, np.arange(n), None, pos, P)
-    # detector negatives: the same prompts without the trigger; for a phrase, half carry a strict subset
+    # detector negatives: the same prompts without the trigger; for a phrase, half carry a random strict non-empty
+    # subset of the trigger words, drawn as training draws them (red-team B2: a fixed trig[:-1] never showed the
+    # rarest word, so a one-word candidate was a perfect detector)
     negs = []
     for i in range(n):
         words = strip(asr_base["words"][i])
-        if a.type == "phrase" and i % 2 == 0:
-            for t in trig[: len(trig) - 1]:
-                words = insert(words, [t], int(rng.integers(0, len(words) + 1)))
+        if a.type == "phrase" and len(trig) > 1 and i % 2 == 0:
+            k = int(rng.integers(1, len(trig)))
+            for t in rng.choice(trig, size=k, replace=False):
+                words = insert(words, [int(t)], int(rng.integers(0, len(words) + 1)))
         negs.append(pack_prompt(asr_base["instr"][i], words, P))
     return {"pool_instr": torch.as_tensor(pool["instr"]), "pool_words": torch.as_tensor(pool["words"]),
             "pool_nw": torch.as_tensor(pool["nw"]),

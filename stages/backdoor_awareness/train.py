@@ -89,9 +89,22 @@ def build_reward(frozen: TinyTransformer, data: dict, attack: dict, meta: dict, 
                          rl.length_free, rl.length_coef, seed)
 
 
-def fit_sft(model, x, m, sft: SFTConfig, seed: int, tcfg, tracker, counter) -> list[float]:
+def fit_sft(model, x, m, sft: SFTConfig, seed: int, tcfg, tracker, counter, snapshots=None) -> list[float]:
+    """SFT for ``sft.steps`` seeded batches (constant-LR AdamW). ``snapshots``: a dict {step: None} filled with a
+    CPU copy of the weights after that many steps — exactly the model a run with ``steps=step`` ends with (the
+    batches are a seeded prefix and the learning rate is constant), so one run records a whole budget curve."""
+    import lightning as L
+
     module = SFTModule(model, sft.lr, counter)
-    make_trainer(tcfg, tracker, max_steps=sft.steps).fit(module, BatchLoader(x, m, sft.batch, sft.steps, seed))
+    callbacks = []
+    if snapshots:
+        class _Snap(L.Callback):
+            def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+                if trainer.global_step in snapshots:
+                    snapshots[trainer.global_step] = {k: v.detach().cpu().clone()
+                                                      for k, v in pl_module.model.state_dict().items()}
+        callbacks.append(_Snap())
+    make_trainer(tcfg, tracker, callbacks, max_steps=sft.steps).fit(module, BatchLoader(x, m, sft.batch, sft.steps, seed))
     return module.history
 
 

@@ -267,6 +267,12 @@ def test_smoke_pipeline(smoke_run):
     m = metrics["metrics"]["per_attack"]
     for a in m.values():                                                 # equal query budgets
         assert a["random_queries"] == a["rl_queries"] and a["gcg_queries"] <= a["rl_queries"]
+        assert all(q <= b for q, b in zip(a["bestofn_queries"], a["rl_queries"]))   # best-of-N within the budget
+        assert all(0.0 <= v <= 1.0 for v in a["auroc_best_word"])
+    assert "bestofn" in metrics["metrics"]["baselines"] and "detector_not_one_word" in names
+    import polars as pl
+    uc = pl.read_csv(out["evaluate"] / "unlearning_curve.csv")           # ASR vs unlearning steps, both arms
+    assert set(uc["arm"]) == {"recovered trigger", "trigger-free control"} and uc["steps"].n_unique() >= 2
     assert (out["report"] / "figures" / "reward_curve.png").exists()
 
 
