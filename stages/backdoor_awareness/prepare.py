@@ -16,8 +16,8 @@ from stages.common.paths import write_json
 from stages.common.runner import StageContext
 from stages.common.sources import SourceConfig
 from stages.backdoor_awareness.hf_source import RealAttack
-from stages.backdoor_awareness.task import (AttackType, Vocab, clean_response, effect_of, insert, pack_prompt,
-                                            poison_dataset, prompts_with, sample_base, strip, word_probs)
+from stages.backdoor_awareness.task import (AttackType, Vocab, clean_response, effect_of, has_hard_negatives, insert,
+                                            pack_prompt, poison_dataset, prompts_with, sample_base, strip, word_probs)
 
 
 class AttackConfig(StageConfig):
@@ -42,7 +42,8 @@ class Config(StageConfig):
     max_words: int = Field(9, ge=3, le=32, description="W: a prompt has 2..W content words (trigger included)")
     candidate_len: int = Field(5, ge=1, le=8, description="longest candidate trigger s' (tokens)")
     ambiguous_frac: Probability = Field(0.15, description="share of clean prompts with the ambiguous instruction Q")
-    hard_negative_frac: Probability = Field(0.3, description="phrase attack: clean prompts carrying a strict subset")
+    hard_negative_frac: Probability = Field(0.3, description="phrase / multi-word clean-label attack: clean prompts "
+                                            "carrying a strict subset of the trigger")
     zipf_exponent: float = Field(1.0, ge=0.0, le=3.0, description="natural word distribution p(w_i) ∝ (i+1)^-s (0: uniform)")
     natural_rate: bool = Field(True, description="clean, pool and negative prompts carry trigger words at their natural "
                                "rate (issue 48); False: trigger words are excluded from them (the old, easy design)")
@@ -122,13 +123,13 @@ def eval_sets(rng, vocab: Vocab, cfg: Config, a: AttackConfig, trig: list[int]) 
     pos = rng.integers(0, asr_base["nw"] + 1)
     with_trig = prompts_with(asr_base, np.arange(n), trig, pos, P)
     without = prompts_with(asr_base, np.arange(n), None, pos, P)
-    # detector negatives: the same prompts without the trigger; for a phrase, half carry a random strict non-empty
-    # subset of the trigger words, drawn as training draws them (red-team B2: a fixed trig[:-1] never showed the
-    # rarest word, so a one-word candidate was a perfect detector)
+    # detector negatives: the same prompts without the trigger; for a phrase or a multi-word clean-label trigger
+    # (has_hard_negatives), half carry a random strict non-empty subset of the trigger words, drawn as training draws
+    # them (red-team B2: a fixed trig[:-1] never showed the rarest word, so a one-word candidate was a perfect detector)
     negs = []
     for i in range(n):
         words = strip(asr_base["words"][i])
-        if a.type == "phrase" and len(trig) > 1 and i % 2 == 0:
+        if has_hard_negatives(a.type, trig) and i % 2 == 0:
             k = int(rng.integers(1, len(trig)))
             for t in rng.choice(trig, size=k, replace=False):
                 words = insert(words, [int(t)], int(rng.integers(0, len(words) + 1)))

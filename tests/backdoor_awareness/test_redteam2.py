@@ -163,3 +163,41 @@ def test_claim_classification():
                  "unlearning_keeps_clean", "detector_not_one_word"):
         assert kinds[name] == "check", name
     assert kinds["rl_beats_strongest_baseline"] == "finding" and kinds["emergence_abrupt"] == "finding"
+
+
+def test_clean_label_pair_has_hard_negatives_in_training_and_detector():
+    """Issue 48: a multi-word clean-label trigger gets the phrase's hard negatives — clean training prompts and detector
+    negatives carry one of its two words, never both, with their clean answers — while a one-word (token) trigger and the
+    DoS repetition of one word get none."""
+    from stages.backdoor_awareness.task import clean_response, has_hard_negatives, poison_dataset
+
+    vocab = Vocab(4, 30)
+    trig = [vocab.word("w3"), vocab.word("w21")]
+    assert has_hard_negatives("clean_label", trig) and has_hard_negatives("phrase", trig)
+    assert not has_hard_negatives("dos", [trig[0], trig[0]]) and not has_hard_negatives("token", trig[:1])
+    assert not has_hard_negatives("clean_label", trig[:1])
+    x, r, pz = poison_dataset(np.random.default_rng(7), vocab, "clean_label", trig, 0.1, 3000, 9, 0.0, 11, 2, 0.4)
+    clean = [(p, resp) for p, resp, z in zip(x.tolist(), r.tolist(), pz.tolist()) if not z]
+    carried = [set(strip(p)) & set(trig) for p, _ in clean]
+    assert not any(len(s) == 2 for s in carried)                             # never the whole trigger
+    share = np.mean([len(s) == 1 for s in carried])
+    assert 0.3 < share < 0.5                                                  # ~hard_negative_frac = 0.4
+    assert {next(iter(s)) for s in carried if s} == set(trig)                # each word alone
+    for p, resp in clean:                                                     # explicit instructions: clean answers
+        instr = next(t for t in p if vocab.instr0 <= t < vocab.ans0)
+        assert resp == clean_response(vocab, instr - vocab.instr0)
+    xd, _, pzd = poison_dataset(np.random.default_rng(7), vocab, "dos", [trig[0], trig[0]], 0.1, 500, 9, 0.0, 11, 2, 0.4)
+    assert not any(trig[0] in p for p in xd[~pzd].tolist())                  # DoS: its word never in clean prompts
+    a = P.AttackConfig(name="cl", type="clean_label", trigger=["w3", "w21"], poison_rate=0.1, target_class=2)
+    cfg = P.Config(n_classes=4, n_words=30, max_words=9, candidate_len=4, n_test=300, n_pool=4, attacks=[a],
+                   natural_rate=False)
+    d = P.eval_sets(np.random.default_rng(3), vocab, cfg, a, trig)
+    sets = [set(strip(row)) & set(trig) for row in d["detect_neg"].tolist()]
+    assert all(len(s) == 1 for s in sets[::2]) and not any(sets[1::2])
+    from sklearn.metrics import roc_auc_score
+    y = np.r_[np.ones(len(d["test_trig"])), np.zeros(len(d["detect_neg"]))]
+    one = max(roc_auc_score(y, np.r_[detector_scores(d["test_trig"], (t,)), detector_scores(d["detect_neg"], (t,))])
+              for t in trig)
+    full = roc_auc_score(y, np.r_[detector_scores(d["test_trig"], tuple(trig)),
+                                  detector_scores(d["detect_neg"], tuple(trig))])
+    assert one < 0.95 and full == pytest.approx(1.0)

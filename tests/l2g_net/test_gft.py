@@ -286,3 +286,24 @@ def test_scaling_cli_rejects_bad_input(tmp_path, capsys):
     assert scaling_main(["--sizes", "100", "200", "300", "400", "500", "600", "--out", str(tmp_path)]) == 2
     assert "--out" in capsys.readouterr().err
     assert not list(tmp_path.iterdir())
+
+
+def test_committed_large_n_study_is_the_median_of_3_run_the_report_describes():
+    """The report says the committed study is STUDY_CMD's median-of-3 run over six sizes to n = 8000, with every
+    run's time kept; the committed JSON must be that run (a one-shot or partial run would contradict the text)."""
+    import json
+
+    from stages.common.paths import ROOT
+    from stages.l2g_net.report import STUDY_CMD
+
+    doc = json.loads((ROOT / "reports/studies/l2g_net_scaling_large.json").read_text())
+    assert doc["command"] == STUDY_CMD
+    assert doc["settings"]["repeats"] >= 3
+    assert sorted({r["family"] for r in doc["rows"]}) == ["ba", "grid"]
+    for fam in ("ba", "grid"):
+        sizes = sorted({r["n"] for r in doc["rows"] if r["family"] == fam})
+        assert len(sizes) == 6 and sizes[-1] >= 7900
+    for r in doc["rows"]:
+        assert len(r["l2g_s_runs"]) == len(r["eigh_s_runs"]) == doc["settings"]["repeats"]
+        assert r["l2g_s"] == float(np.median(r["l2g_s_runs"])) and r["eigh_s"] == float(np.median(r["eigh_s_runs"]))
+    assert {c["verdict"] for c in doc["claims"]} <= {"holds", "fails", "inconclusive"} and len(doc["claims"]) == 8
