@@ -112,6 +112,18 @@ def test_best_of_n_budget_ranking_and_pruning(monkeypatch):
     assert tight.scored[:2] == [(7, 3, 9), (3,)] and q2 == tight.queries <= reserve + 2 and out2[0] == (3, 9)
 
 
+def one_word_and_full_auroc(d: dict, trig: list[int]) -> tuple[float, float]:
+    """Detector AUROC (positives: test_trig, negatives: detect_neg) of the best one-word candidate and of the trigger."""
+    from sklearn.metrics import roc_auc_score
+
+    y = np.r_[np.ones(len(d["test_trig"])), np.zeros(len(d["detect_neg"]))]
+
+    def auroc(cand):
+        return roc_auc_score(y, np.r_[detector_scores(d["test_trig"], cand), detector_scores(d["detect_neg"], cand)])
+
+    return max(auroc((t,)) for t in trig), auroc(tuple(trig))
+
+
 def test_hard_negatives_are_random_strict_subsets():
     """Phrase detector negatives: half carry a random strict non-empty subset of the trigger (every word appears,
     never all), so the best one-word detector is not perfect while the full phrase is."""
@@ -128,12 +140,7 @@ def test_hard_negatives_are_random_strict_subsets():
     for t in trig:                                                        # each word appears in some negatives
         assert 0.2 < np.mean([t in s for s in hard]) < 0.9
     assert {len(s) for s in hard} == {1, 2}                               # subset sizes vary
-    from sklearn.metrics import roc_auc_score
-    y = np.r_[np.ones(len(d["test_trig"])), np.zeros(len(d["detect_neg"]))]
-    one = max(roc_auc_score(y, np.r_[detector_scores(d["test_trig"], (t,)), detector_scores(d["detect_neg"], (t,))])
-              for t in trig)
-    full = roc_auc_score(y, np.r_[detector_scores(d["test_trig"], tuple(trig)),
-                                  detector_scores(d["detect_neg"], tuple(trig))])
+    one, full = one_word_and_full_auroc(d, trig)
     assert one < 0.95 and full == pytest.approx(1.0)
 
 
@@ -194,10 +201,5 @@ def test_clean_label_pair_has_hard_negatives_in_training_and_detector():
     d = P.eval_sets(np.random.default_rng(3), vocab, cfg, a, trig)
     sets = [set(strip(row)) & set(trig) for row in d["detect_neg"].tolist()]
     assert all(len(s) == 1 for s in sets[::2]) and not any(sets[1::2])
-    from sklearn.metrics import roc_auc_score
-    y = np.r_[np.ones(len(d["test_trig"])), np.zeros(len(d["detect_neg"]))]
-    one = max(roc_auc_score(y, np.r_[detector_scores(d["test_trig"], (t,)), detector_scores(d["detect_neg"], (t,))])
-              for t in trig)
-    full = roc_auc_score(y, np.r_[detector_scores(d["test_trig"], tuple(trig)),
-                                  detector_scores(d["detect_neg"], tuple(trig))])
+    one, full = one_word_and_full_auroc(d, trig)
     assert one < 0.95 and full == pytest.approx(1.0)
