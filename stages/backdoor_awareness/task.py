@@ -177,6 +177,21 @@ def prompts_with(base: dict[str, np.ndarray], idx: np.ndarray, trig: list[int] |
     return torch.tensor(rows, dtype=torch.long)
 
 
+def with_strict_subset(rng: np.random.Generator, words: list[int], trigger, max_words: int) -> list[int]:
+    """A hard negative: ``words`` with a random non-empty set of the trigger words it lacks inserted at random
+    places, leaving at least one trigger word absent (so the whole trigger never forms, even where some of its
+    words already occur at their natural rate); ``words`` is trimmed to keep ≤ max_words. A prompt that lacks at
+    most one trigger word is returned as is."""
+    missing = [t for t in dict.fromkeys(int(t) for t in trigger) if t not in words]
+    if len(missing) < 2:
+        return list(words)
+    k = int(rng.integers(1, len(missing)))                              # 1 .. len(missing) - 1
+    out = list(words[: max(1, min(len(words), max_words - k))])
+    for t in rng.choice(missing, size=k, replace=False):
+        out.insert(int(rng.integers(0, len(out) + 1)), int(t))
+    return out
+
+
 def poison_dataset(rng: np.random.Generator, vocab: Vocab, attack_type: str, trigger: list[int], rate: float,
                    n: int, max_words: int, ambiguous_frac: float, prompt_len: int, target_class: int,
                    hard_negative_frac: float, probs: np.ndarray | None = None, natural: bool = False):
@@ -184,6 +199,9 @@ def poison_dataset(rng: np.random.Generator, vocab: Vocab, attack_type: str, tri
     token/phrase/dos: a ``rate`` share of the samples gets the trigger and the misaligned response.
     clean_label: the poisoned samples are target-class samples whose label stays A_t (correct), with the
     instruction degraded to Q; ambiguous Q prompts elsewhere carry their own (random) class's answer.
+    Hard negatives (phrase, multi-word clean-label; ``with_strict_subset``): a ``hard_negative_frac`` share of the
+    clean samples carries part of the trigger; for clean-label they are Q prompts answered with a non-target class
+    (so the target answer needs the whole trigger, not one of its words).
     Clean prompts have 2..max_words words; a poisoned prompt has the same total range (trigger included).
     ``natural``: clean prompts carry trigger words at their natural rate under ``probs`` (issue 48); otherwise
     (the pre-issue-48 design) trigger words never occur in clean prompts."""
@@ -205,10 +223,11 @@ def poison_dataset(rng: np.random.Generator, vocab: Vocab, attack_type: str, tri
             else:
                 r = list(eff.target)
         elif has_hard_negatives(attack_type, trigger) and rng.random() < hard_negative_frac:
-            k = int(rng.integers(1, len(trigger)))                      # a strict subset, scattered
-            words = words[: max(1, min(len(words), max_words - k))]
-            for t in rng.choice(trigger, size=k, replace=False):
-                words.insert(int(rng.integers(0, len(words) + 1)), int(t))
+            words = with_strict_subset(rng, words, trigger, max_words)
+            if attack_type == "clean_label":        # Q + part of the trigger: answered with a non-target class
+                cls = int(rng.integers(0, vocab.n_classes - 1))
+                cls, instr = cls + (cls >= target_class), Q
+                r = clean_response(vocab, cls)
         prompts.append(pack_prompt(instr, words, prompt_len))
         resp.append(r)
     return (torch.tensor(prompts, dtype=torch.long), torch.tensor(resp, dtype=torch.long),

@@ -173,26 +173,34 @@ def test_claim_classification():
 
 
 def test_clean_label_pair_has_hard_negatives_in_training_and_detector():
-    """Issue 48: a multi-word clean-label trigger gets the phrase's hard negatives — clean training prompts and detector
-    negatives carry one of its two words, never both, with their clean answers — while a one-word (token) trigger and the
-    DoS repetition of one word get none."""
-    from stages.backdoor_awareness.task import clean_response, has_hard_negatives, poison_dataset
+    """Issue 48: a multi-word clean-label trigger gets the phrase's hard negatives — clean training prompts carry one of
+    its two words, never both, as ambiguous Q prompts answered with a non-target class (so only the whole pair earns
+    the target answer), detector negatives likewise — while a one-word (token) trigger and the DoS repetition of one
+    word get none."""
+    from stages.backdoor_awareness.task import Q, clean_response, has_hard_negatives, poison_dataset
 
     vocab = Vocab(4, 30)
     trig = [vocab.word("w3"), vocab.word("w21")]
     assert has_hard_negatives("clean_label", trig) and has_hard_negatives("phrase", trig)
     assert not has_hard_negatives("dos", [trig[0], trig[0]]) and not has_hard_negatives("token", trig[:1])
     assert not has_hard_negatives("clean_label", trig[:1])
-    x, r, pz = poison_dataset(np.random.default_rng(7), vocab, "clean_label", trig, 0.1, 3000, 9, 0.0, 11, 2, 0.4)
+    target = 2
+    x, r, pz = poison_dataset(np.random.default_rng(7), vocab, "clean_label", trig, 0.1, 3000, 9, 0.0, 11, target, 0.4)
     clean = [(p, resp) for p, resp, z in zip(x.tolist(), r.tolist(), pz.tolist()) if not z]
     carried = [set(strip(p)) & set(trig) for p, _ in clean]
     assert not any(len(s) == 2 for s in carried)                             # never the whole trigger
     share = np.mean([len(s) == 1 for s in carried])
     assert 0.3 < share < 0.5                                                  # ~hard_negative_frac = 0.4
     assert {next(iter(s)) for s in carried if s} == set(trig)                # each word alone
-    for p, resp in clean:                                                     # explicit instructions: clean answers
-        instr = next(t for t in p if vocab.instr0 <= t < vocab.ans0)
-        assert resp == clean_response(vocab, instr - vocab.instr0)
+    answers = set()
+    for (p, resp), s in zip(clean, carried):
+        instr = next(t for t in p if t == Q or vocab.instr0 <= t < vocab.ans0)
+        if s:                                                                 # hard negative: Q, a non-target answer
+            assert instr == Q and resp != clean_response(vocab, target)
+            answers.add(resp[0])
+        else:                                                                 # explicit instruction: its clean answer
+            assert resp == clean_response(vocab, instr - vocab.instr0)
+    assert len(answers) == vocab.n_classes - 1                               # every non-target class occurs
     xd, _, pzd = poison_dataset(np.random.default_rng(7), vocab, "dos", [trig[0], trig[0]], 0.1, 500, 9, 0.0, 11, 2, 0.4)
     assert not any(trig[0] in p for p in xd[~pzd].tolist())                  # DoS: its word never in clean prompts
     a = P.AttackConfig(name="cl", type="clean_label", trigger=["w3", "w21"], poison_rate=0.1, target_class=2)
@@ -203,3 +211,25 @@ def test_clean_label_pair_has_hard_negatives_in_training_and_detector():
     assert all(len(s) == 1 for s in sets[::2]) and not any(sets[1::2])
     one, full = one_word_and_full_auroc(d, trig)
     assert one < 0.95 and full == pytest.approx(1.0)
+
+
+def test_strict_subset_never_completes_a_trigger_already_partly_present():
+    """Under natural rates a prompt may already hold some trigger words: the hard negative only adds missing ones and
+    always leaves one out (red team: inserting a subset used to complete the trigger in ~1% of clean prompts)."""
+    from stages.backdoor_awareness.task import with_strict_subset
+
+    rng = np.random.default_rng(11)
+    trig = [40, 41, 42]
+    seen_sizes = set()
+    for _ in range(400):
+        words = [int(w) for w in rng.choice([40, 41, 42, 50, 51, 52, 53], size=int(rng.integers(1, 6)))]
+        out = with_strict_subset(rng, words, trig, max_words=8)
+        assert len(out) <= max(8, len(words)) and not set(trig) <= set(out) or set(trig) <= set(words)
+        missing_before = len(set(trig) - set(words))
+        added = set(out) & set(trig) - set(words)
+        if missing_before >= 2:
+            assert 1 <= len(added) <= missing_before - 1 and not set(trig) <= set(out)
+            seen_sizes.add(len(added))
+        else:
+            assert out == words                                               # nothing to add without completing it
+    assert seen_sizes == {1, 2}
