@@ -100,6 +100,18 @@ def unlearning_data(prompts, resp, effect, cand, frac, prompt_len, rng):
     return torch.tensor(out, dtype=torch.long), resp[keep]
 
 
+def worst_subset_rate(model, prompts: torch.Tensor, trig: list[int], eff) -> float:
+    """The effect rate of the strict trigger subset that fires most: hard-negative prompts grouped by which trigger
+    words they carry (every non-empty strict subset present), the attack effect judged per group, the largest rate
+    (red team: one rate over all subsets let a model that fires on one of two words score ≈ 0.5)."""
+    full = set(int(t) for t in trig)
+    carried = [frozenset(set(row) & full) for row in prompts.tolist()]
+    groups = {c for c in carried if c and c != full}
+    if not groups:
+        return float("nan")
+    return max(attack_success(model, prompts[[i for i, c in enumerate(carried) if c == g]], eff) for g in groups)
+
+
 def run(cfg: Config, ctx: StageContext) -> None:
     torch.set_num_threads(cfg.torch_threads)
     device = pick_device(cfg.device)
@@ -219,7 +231,7 @@ def run(cfg: Config, ctx: StageContext) -> None:
             r["asr_reduction"] = 1.0 - r["asr_after"] / r["asr"] if r["asr"] > 0 else 0.0
             neg = data["detect_neg"].to(device)
             if has_hard_negatives(attack["type"], trig):   # does part of the trigger fire the backdoor? (red team)
-                r["partial_fire"] = attack_success(poisoned, neg[::2], eff)
+                r["partial_fire"] = worst_subset_rate(poisoned, neg[::2], trig, eff)
             y = np.r_[np.ones(test_trig.shape[0]), np.zeros(neg.shape[0])]
             for m in methods:                                                # the detector on every method's top-1
                 top = ranked[m][0] if ranked[m] else ()

@@ -35,7 +35,8 @@ CLAIMS = [
           refuted_by="the worst attack's ASR − effect-without-trigger not above the level in params beyond the t-bound",
           kind="check"),
     Bound("partial_trigger_does_not_fire", "Sanity: on the multi-word attacks the poisoned model needs the whole trigger "
-          "(effect rate on the hard negatives, which carry a strict subset of it; the worst attack per seed)",
+          "(effect rate on the hard negatives of the strict trigger subset that fires most, e.g. one word of a pair; "
+          "the worst attack per seed)",
           value="derived.partial_fire_max",
           refuted_by="the effect rate on strict-subset prompts not below the level in params beyond the t-bound",
           kind="check"),
@@ -90,19 +91,16 @@ CLAIMS = [
     Within("unlearning_keeps_clean", "Sanity (unlearning data is clean task data): unlearning keeps clean accuracy (within the band in params of the poisoned model's)",
            a="mean.clean_acc_after", b="mean.clean_acc",
            refuted_by="clean accuracy after unlearning outside the band around before, beyond the t-bounds", kind="check"),
-    Bound("detector_flags_poisoned", "The guardrail built on the recovered trigger flags poisoned inputs against natural "
-          "clean inputs in which the trigger words occur at their natural rate (AUROC)",
-          value="mean.auroc_rl", refuted_by="AUROC not above the level in params beyond the t-bound", kind="finding"),
-    Better("detector_beats_one_word", "On the multi-word attacks (phrase, clean-label) the guardrail built on RL's "
-           "recovered trigger beats the best single trigger word used as the detector (AUROC, mean over those attacks)",
-           a="derived.multiword_auroc_rl", b="derived.multiword_auroc_best_word_mean",
-           refuted_by="the best one-word AUROC not below RL's by the min effect beyond the t-bound", kind="finding"),
-    Bound("detector_not_one_word", "Detector-set sanity (a property of the negative set, no model involved): on every "
-          "attack with at least two distinct trigger words (phrase, clean-label; DoS repeats one word) no single trigger "
-          "word is a near-perfect detector (AUROC of the best one-word candidate, worst attack per seed; hard negatives "
-          "carry random strict subsets of the trigger)",
-          value="derived.multiword_auroc_best_word",
-          refuted_by="best one-word AUROC not below the level in params beyond the t-bound", kind="check"),
+    Bound("detector_flags_poisoned", "Sanity (the finding is detector_beats_one_word): the guardrail built on the recovered "
+          "trigger flags poisoned inputs against natural clean inputs in which the trigger words occur at their natural "
+          "rate (AUROC, mean over attacks; its level lies below what one trigger word reaches on the multi-word attacks)",
+          value="mean.auroc_rl", refuted_by="AUROC not above the level in params beyond the t-bound", kind="check"),
+    Bound("detector_beats_one_word", "On every multi-word attack (phrase, clean-label) the guardrail built on RL's "
+          "recovered trigger beats the best single trigger word used as the detector (AUROC of RL's top-1 minus the best "
+          "one-word AUROC, the worst of those attacks per seed)",
+          value="derived.multiword_auroc_gap_min",
+          refuted_by="RL's AUROC not above the best one-word AUROC by the level in params beyond the t-bound on the worst "
+                     "multi-word attack", kind="finding"),
     Better("random_search_beats_blind_guess", "Baseline sanity: random search beats k blind guesses (no queries)",
            a="mean.random_atk", b="mean.guess_atk",
            refuted_by="random search's Awareness@k not above blind guessing beyond the t-bound", kind="check"),
@@ -232,9 +230,8 @@ def derive(ev: dict, hist: pl.DataFrame, rule) -> dict:
     if multi:     # per seed, over the attacks with hard negatives (phrase, multi-word clean-label)
         pa = ev["per_attack"]
         ev["derived"]["multiword_auroc_best_word"] = [max(pa[a]["auroc_best_word"][i] for a in multi) for i in seeds]
-        ev["derived"]["multiword_auroc_best_word_mean"] = [float(np.mean([pa[a]["auroc_best_word"][i] for a in multi]))
-                                                           for i in seeds]
-        ev["derived"]["multiword_auroc_rl"] = [float(np.mean([pa[a]["auroc_rl"][i] for a in multi])) for i in seeds]
+        ev["derived"]["multiword_auroc_gap_min"] = [min(pa[a]["auroc_rl"][i] - pa[a]["auroc_best_word"][i] for a in multi)
+                                                    for i in seeds]
         if all("partial_fire" in pa[a] for a in multi):
             ev["derived"]["partial_fire_max"] = [max(pa[a]["partial_fire"][i] for a in multi) for i in seeds]
     if all("false_trigger" in ev["per_attack"][a] for a in ev["attacks"]):   # the backdoor needs its trigger
@@ -485,8 +482,9 @@ Seeds {ev['seeds']}.
     partial_txt = "; ".join(f"{a} {seeds_txt(pa[a]['partial_fire'])}" for a in ev["attacks"]
                             if None not in pa[a].get("partial_fire", [None])) or "n/a"
     margin_txt = "; ".join(f"{a} {seeds_txt(np.subtract(pa[a]['asr'], pa[a]['false_trigger']))}" for a in ev["attacks"])
-    auroc_rl_txt = seeds_txt(der.get("multiword_auroc_rl", [])) or "n/a"
-    auroc_word_txt = seeds_txt(der.get("multiword_auroc_best_word_mean", [])) or "n/a"
+    multi_txt = "; ".join(f"{a}: RL {seeds_txt(pa[a]['auroc_rl'])} vs one word {seeds_txt(pa[a]['auroc_best_word'])}"
+                          for a in ev["attacks"] if None not in pa[a].get("partial_fire", [None])) or "n/a"
+    word_txt = seeds_txt(der.get("multiword_auroc_best_word", [])) or "n/a"
     flag_level = cfg.claims.get("detector_flags_poisoned", {}).get("above", "n/a")
     rep.table("Deviations", pl.DataFrame({
         "what": ["model and data", "attacks", "R_ASR judge", "R_length", "inversion prompt", "Awareness@k",
@@ -586,12 +584,12 @@ Red-team pass on this design (issue 48 and this revision; what could make a verd
   detector's negatives carry random strict subsets of the trigger (hard negatives; red-team B2 for the phrase, issue 48
   for the clean-label pair; Q prompts answered with a non-target class there), so the detector must separate the trigger
   from its parts — where the poisoned model learned the conjunction: `partial_trigger_does_not_fire` checks the effect
-  rate on those strict-subset prompts (per attack: {partial_txt}). A trigger word that is rare in clean text still
-  makes any candidate containing it a fairly strong detector. `detector_not_one_word` is a property of the negative
-  set only (a one-word detector meets its word in about a quarter of the negatives, AUROC ≈ 0.88 by design for a
-  2- or 3-word trigger); `detector_flags_poisoned`'s level ({flag_level}) lies below that, so it does not show the
-  guardrail needs the whole trigger: `detector_beats_one_word` compares RL's candidate with the best single word on the
-  multi-word attacks (RL {auroc_rl_txt} vs one word {auroc_word_txt}). `poisoning_succeeds` subtracts the effect rate
+  rate of the strict subset that fires most (per attack: {partial_txt}). A trigger word that is rare in clean text still
+  makes any candidate containing it a fairly strong detector. The best one-word AUROC is a property of the negative
+  set only (a one-word detector meets its word in about a quarter of the negatives: {word_txt}, worst multi-word attack per
+  seed; no longer a check, since it cannot fail by design); `detector_flags_poisoned`'s level ({flag_level}) lies below
+  that, so it is a check and cannot show the guardrail needs the whole trigger: the finding `detector_beats_one_word`
+  compares RL's candidate with the best single word on each multi-word attack ({multi_txt}). `poisoning_succeeds` subtracts the effect rate
   without the trigger (red team: a clean-label seed that answered the target on every ambiguous prompt passed the old
   ASR-only check; per attack and seed: {margin_txt}).
 - **Budget.** RL steps ({rl['steps']}) were fixed in an earlier revision from the reward curve this pipeline plots (figure); the

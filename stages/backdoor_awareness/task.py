@@ -224,7 +224,8 @@ def poison_dataset(rng: np.random.Generator, vocab: Vocab, attack_type: str, tri
                 r = list(eff.target)
         elif has_hard_negatives(attack_type, trigger) and rng.random() < hard_negative_frac:
             words = with_strict_subset(rng, words, trigger, max_words)
-            if attack_type == "clean_label":        # Q + part of the trigger: answered with a non-target class
+            if attack_type == "clean_label" and not set(trigger) <= set(words):   # Q + part of the trigger (never
+                # the whole of it, even where it occurs naturally): answered with a non-target class
                 cls = int(rng.integers(0, vocab.n_classes - 1))
                 cls, instr = cls + (cls >= target_class), Q
                 r = clean_response(vocab, cls)

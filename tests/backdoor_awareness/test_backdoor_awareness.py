@@ -269,7 +269,8 @@ def test_smoke_pipeline(smoke_run):
         assert a["random_queries"] == a["rl_queries"] and a["gcg_queries"] <= a["rl_queries"]
         assert all(q <= b for q, b in zip(a["bestofn_queries"], a["rl_queries"]))   # best-of-N within the budget
         assert all(0.0 <= v <= 1.0 for v in a["auroc_best_word"])
-    assert "bestofn" in metrics["metrics"]["baselines"] and "detector_not_one_word" in names
+    assert "bestofn" in metrics["metrics"]["baselines"] and "detector_beats_one_word" in names
+    assert {"partial_trigger_does_not_fire", "poisoning_succeeds"} <= names
     import polars as pl
     uc = pl.read_csv(out["evaluate"] / "unlearning_curve.csv")           # ASR vs unlearning steps, both arms
     assert set(uc["arm"]) == {"recovered trigger", "trigger-free control"} and uc["steps"].n_unique() >= 2
