@@ -98,7 +98,9 @@ def test_reversal_facts_on_hf_llama(fixture):
     assert rec.to_dict()["fused_linear_ce"]["calls"] > 100
     # eval_pairs: fewer in-distribution pairs scored; the held-out measures are unchanged
     sub = measures(model, tok, facts, rec, 64, eval_pairs=2)
-    assert sub["reverse_acc"] == m["reverse_acc"] and sub["heldout_asymmetry"] == m["heldout_asymmetry"]
+    # (the held-out rows are scored in batches of another composition: equal up to float summation order)
+    assert sub["reverse_acc"] == m["reverse_acc"] and sub["heldout_asymmetry"] == pytest.approx(m["heldout_asymmetry"],
+                                                                                             rel=1e-6, abs=1e-9)
     assert sub["indist_reverse_acc"] == 1.0 == fin["indist_reverse_acc"]          # a subset of memorised facts
 
 
