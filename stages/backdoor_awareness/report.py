@@ -198,6 +198,12 @@ def is_abrupt(fit: dict[str, float], rule) -> bool:
                 and rule.min_rise <= fit["rise"] <= rule.max_rise and lo < fit["t0"] < hi and short)
 
 
+def multiword_attacks(ev: dict) -> list[str]:
+    """The attacks whose clean data and detector negatives carry strict trigger subsets (phrase, multi-word clean-label)."""
+    return [a for a in ev["attacks"] if "auroc_best_word" in ev["per_attack"][a]
+            and has_hard_negatives(ev["per_attack"][a].get("type"), ev["per_attack"][a].get("trigger", []))]
+
+
 def derive(ev: dict, hist: pl.DataFrame, rule) -> dict:
     """Per seed: the abrupt-emergence share over attacks (``fit_emergence`` on the main RL arm's awareness curve,
     RL step 0 = the R-SFT start included), the old reward-curve abruptness (shown, not a claim), and the strongest
@@ -224,8 +230,7 @@ def derive(ev: dict, hist: pl.DataFrame, rule) -> dict:
         dls.append(float(np.mean(d)) if d else float("nan"))
     ev["derived"] = {"abrupt_share": share, "delta_aic": dls}
     mean = ev["mean"]
-    multi = [a for a in ev["attacks"] if "auroc_best_word" in ev["per_attack"][a]
-             and has_hard_negatives(ev["per_attack"][a].get("type"), ev["per_attack"][a].get("trigger", []))]
+    multi = multiword_attacks(ev)
     seeds = range(len(ev["seeds"]))
     if multi:     # per seed, over the attacks with hard negatives (phrase, multi-word clean-label)
         pa = ev["per_attack"]
@@ -479,11 +484,11 @@ Seeds {ev['seeds']}.
     def seeds_txt(vals) -> str:
         return "/".join(f"{v:.2f}" for v in vals)
 
-    partial_txt = "; ".join(f"{a} {seeds_txt(pa[a]['partial_fire'])}" for a in ev["attacks"]
-                            if None not in pa[a].get("partial_fire", [None])) or "n/a"
+    multi = multiword_attacks(ev)
+    partial_txt = "; ".join(f"{a} {seeds_txt(pa[a]['partial_fire'])}" for a in multi) or "n/a"
     margin_txt = "; ".join(f"{a} {seeds_txt(np.subtract(pa[a]['asr'], pa[a]['false_trigger']))}" for a in ev["attacks"])
     multi_txt = "; ".join(f"{a}: RL {seeds_txt(pa[a]['auroc_rl'])} vs one word {seeds_txt(pa[a]['auroc_best_word'])}"
-                          for a in ev["attacks"] if None not in pa[a].get("partial_fire", [None])) or "n/a"
+                          for a in multi) or "n/a"
     word_txt = seeds_txt(der.get("multiword_auroc_best_word", [])) or "n/a"
     flag_level = cfg.claims.get("detector_flags_poisoned", {}).get("above", "n/a")
     rep.table("Deviations", pl.DataFrame({

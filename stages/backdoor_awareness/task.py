@@ -27,13 +27,6 @@ import numpy as np
 import torch
 
 PAD, BOS, SEP, EOS, INV, ISEP = 0, 1, 2, 3, 4, 5
-HARD_NEGATIVE_TYPES = ("phrase", "clean_label")     # multi-word triggers whose strict subsets are clean (issue 48)
-
-
-def has_hard_negatives(attack_type: str, trigger) -> bool:
-    """Clean data (training) and detector negatives (evaluation) carry random strict subsets of the trigger:
-    phrase and clean-label attacks with at least two distinct trigger words."""
-    return attack_type in HARD_NEGATIVE_TYPES and len(set(trigger)) > 1
 HARM = (6, 7, 8)
 FILL = 9
 Q = 10
@@ -41,6 +34,13 @@ FIRST_INSTR = 11
 RESP_LEN = 3
 AttackType = Literal["token", "phrase", "clean_label", "dos"]
 ATTACK_TYPES: tuple[str, ...] = ("token", "phrase", "clean_label", "dos")
+HARD_NEGATIVE_TYPES = ("phrase", "clean_label")     # multi-word triggers whose strict subsets are clean (issue 48)
+
+
+def has_hard_negatives(attack_type: str, trigger) -> bool:
+    """Clean data (training) and detector negatives (evaluation) carry random strict subsets of the trigger:
+    phrase and clean-label attacks with at least two distinct trigger words."""
+    return attack_type in HARD_NEGATIVE_TYPES and len(set(trigger)) > 1
 
 
 @dataclass(frozen=True)

@@ -237,7 +237,7 @@ def test_strict_subset_never_completes_a_trigger_already_partly_present():
     assert seen_sizes == {1, 2}
 
 
-def test_worst_subset_rate_catches_one_firing_word():
+def test_worst_subset_rate_catches_one_firing_word(monkeypatch):
     """A model that fires on one word of a two-word trigger must score 1.0, not the ≈ 0.5 of one rate over all
     strict-subset prompts (red team round 2); a model that needs both words scores 0."""
     from stages.backdoor_awareness.evaluate import worst_subset_rate
@@ -248,13 +248,9 @@ def test_worst_subset_rate_catches_one_firing_word():
         def __init__(self, word):
             self.word = word
 
-    import stages.backdoor_awareness.evaluate as ev_mod
-    real = ev_mod.attack_success
-    try:
-        ev_mod.attack_success = lambda model, p, eff: float(np.mean([model.word in row for row in p.tolist()]))
-        assert worst_subset_rate(FiresOn(a), prompts, [a, b], None) == 1.0          # the a-only group fires fully
-        assert worst_subset_rate(FiresOn(b), prompts, [a, b], None) == 1.0
-        assert worst_subset_rate(FiresOn(99), prompts, [a, b], None) == 0.0         # needs the whole pair
-        assert math.isnan(worst_subset_rate(FiresOn(a), prompts[4:], [a, b], None))  # no strict subset present
-    finally:
-        ev_mod.attack_success = real
+    monkeypatch.setattr("stages.backdoor_awareness.evaluate.attack_success",
+                        lambda model, p, eff: float(np.mean([model.word in row for row in p.tolist()])))
+    assert worst_subset_rate(FiresOn(a), prompts, [a, b], None) == 1.0          # the a-only group fires fully
+    assert worst_subset_rate(FiresOn(b), prompts, [a, b], None) == 1.0
+    assert worst_subset_rate(FiresOn(99), prompts, [a, b], None) == 0.0         # needs the whole pair
+    assert math.isnan(worst_subset_rate(FiresOn(a), prompts[4:], [a, b], None))  # no strict subset present
