@@ -27,16 +27,19 @@ $(STAMP): requirements.lock pyproject.toml
 
 install: $(STAMP)
 
-## Run every registered paper's pipeline at the default profile (DVC skips what is cached). One paper's
-## failure does not stop the others (--keep-going); the run ends listing the papers that failed and why,
-## then logs every paper's committed report to W&B once (offline by default).
+## Run every registered paper's pipeline at the default profile (DVC skips what is cached), REPRO_JOBS
+## papers at a time (flows/parallel_repro.py: DVC decides what is stale and records every stage; then
+## `dvc repro --keep-going`; REPRO_JOBS=1 is that alone). One paper's failure does not stop the others;
+## the run ends listing the papers that failed and why, then logs every paper's committed report to W&B
+## once (offline by default).
+REPRO_JOBS ?= 2
 repro: $(STAMP)
 	$(PY) -m stages.common.system_deps install --required
 	test -d .dvc || $(BIN)/dvc init -q
 	@mkdir -p .dvc/tmp
 	@# without a DVC remote, DVC's closing "Use `dvc push` ..." hint is noise: drop it
 	@set -o pipefail; export PATH=$(abspath $(BIN)):$$PATH; \
-	$(BIN)/dvc repro --keep-going 2>&1 | sed -u '/^Use `dvc push`/d' | tee .dvc/tmp/repro.log; status=$$?; \
+	$(BIN)/python -m flows.parallel_repro --jobs $(REPRO_JOBS) 2>&1 | tee .dvc/tmp/repro.log; status=$$?; \
 	$(BIN)/python -m stages repro-failures .dvc/tmp/repro.log; \
 	$(BIN)/python -m stages readme || status=1; \
 	$(BIN)/python -m stages claims || status=1; \
