@@ -13,7 +13,8 @@ commands run at once (the papers' pipelines share no files; each reads its own `
 2. For each stage of its paper, in pipeline order, a worker asks DVC, under a lock held by this driver
    only, whether the stage is stale (``Repo.status`` of that stage, as ``dvc status <stage>``), and if
    so removes its outputs (``Stage.remove_outs``, what ``dvc repro`` does first), then runs the stage's
-   own ``cmd`` from dvc.yaml with DVC's environment (``DVC_ROOT``, ``DVC_STAGE``) and no lock held,
+   own ``cmd`` from dvc.yaml with DVC's environment (``DVC_ROOT``, ``DVC_STAGE``; ``OMP_NUM_THREADS`` =
+   cores // jobs unless set: the committed runs used one thread per stage) and no lock held,
    then records it (``Repo.commit(stage, force=True)``: hash the outputs, store them in the cache,
    write the stage's dvc.lock entry, what ``dvc repro`` does after the command). A stage that is
    current is skipped, so an unchanged upstream output leaves its downstream stages alone, as in DVC.
@@ -158,8 +159,9 @@ class Commands:
 
 
 def run_paper(slug: str, root: Path, recorder: DvcRecorder, printer: Printer, commands: Commands,
-              stages: Sequence[str] = PIPELINE) -> str | None:
-    """Reproduce one paper's stale stages in order; returns None, or the failed stage's error line."""
+              stages: Sequence[str] = PIPELINE, threads: int = 1) -> str | None:
+    """Reproduce one paper's stale stages in order; returns None, or the failed stage's error line.
+    Stage commands get ``OMP_NUM_THREADS=threads`` (torch's intra-op threads) unless it is set already."""
     for stage in stages:
         if commands.stopped.is_set():
             return "error: interrupted"
@@ -173,6 +175,7 @@ def run_paper(slug: str, root: Path, recorder: DvcRecorder, printer: Printer, co
             continue
         printer.lines(f"[{slug}] Running stage '{target}':", f"[{slug}] > {cmd}")
         env = tool_env({"DVC_ROOT": str(root), "DVC_STAGE": target})   # what DVC gives a stage command
+        env.setdefault("OMP_NUM_THREADS", str(threads))   # the cores shared out among the lanes
         start = time.perf_counter()
         code, tail = commands.run(cmd, root, env, printer, slug)
         if code != 0:
@@ -201,7 +204,8 @@ def registered_papers(root: Path) -> list[str]:
 
 def parallel_repro(root: Path, jobs: int, papers: Sequence[str] | None = None, printer: Printer | None = None,
                    final: bool = True) -> int:
-    """Run the lanes, then ``dvc repro --keep-going`` over what did not fail; returns an exit status."""
+    """Run the lanes, then ``dvc repro --keep-going`` over what did not fail; returns an exit status.
+    Each lane's stage commands get (cores // jobs) intra-op threads unless OMP_NUM_THREADS is set."""
     printer = printer or Printer()
     cwd = os.getcwd()
     os.chdir(root)   # DVC resolves stage targets and paths against the working directory
@@ -219,7 +223,8 @@ def _parallel_repro(root: Path, jobs: int, papers: Sequence[str] | None, printer
         printer.lines(f"parallel repro: {len(order)} papers, {jobs} at a time, longest first: {', '.join(order)}")
         recorder, commands = DvcRecorder(root), Commands()
         pool = ThreadPoolExecutor(max_workers=jobs, thread_name_prefix="lane")
-        futures = [pool.submit(run_paper, s, root, recorder, printer, commands) for s in order]
+        threads = max(1, (os.cpu_count() or 1) // jobs)
+        futures = [pool.submit(run_paper, s, root, recorder, printer, commands, PIPELINE, threads) for s in order]
         try:
             results = {s: f.result() for s, f in zip(order, futures)}
         except BaseException:   # Ctrl-C / SIGTERM: stop the running stage commands, start no other
