@@ -11,12 +11,12 @@ commands run at once (the papers' pipelines share no files; each reads its own `
 1. ``jobs`` worker threads take papers longest first (the committed ``runtime_s`` in
    ``reports/<slug>/metrics.json``; greedy longest-processing-time, so the lanes end close together).
 2. For each stage of its paper, in pipeline order, a worker asks DVC, under a lock held by this driver
-   only, whether the stage is stale (``Repo.status`` of that stage, as ``dvc status <stage>``), and if
+   only, whether the stage changed (``Stage.changed``: what ``dvc repro`` and ``dvc status`` test), and if
    so removes its outputs (``Stage.remove_outs``, what ``dvc repro`` does first), then runs the stage's
    own ``cmd`` from dvc.yaml with DVC's environment (``DVC_ROOT``, ``DVC_STAGE``; ``OMP_NUM_THREADS`` =
    cores // jobs unless set: the committed runs used one thread per stage) and no lock held,
-   then records it (``Repo.commit(stage, force=True)``: hash the outputs, store them in the cache,
-   write the stage's dvc.lock entry, what ``dvc repro`` does after the command). A stage that is
+   then records it (hash the outputs, store them in the cache with a run-cache entry, write the stage's
+   dvc.lock entry: what ``dvc repro`` does after the command). A stage that is
    current is skipped, so an unchanged upstream output leaves its downstream stages alone, as in DVC.
 3. A failing stage stops its paper (its later stages stay stale); its one-line error is printed in
    ``dvc repro``'s words (``failed to reproduce '<stage>@<slug>'``) for ``python -m stages
@@ -25,9 +25,9 @@ commands run at once (the papers' pipelines share no files; each reads its own `
    failed): DVC finds the recorded stages current and runs only what is left. A failed paper is not
    retried (its error is already in the log).
 
-Differences from ``dvc repro``: stages recorded this way get no run-cache entry (``dvc commit`` does
-not write one; the run-cache does not travel between machines here anyway, README "DVC"); and two
-papers' stage times are measured while they share the two cores.
+Each step calls the DVC method ``dvc repro`` calls for it (``Stage.changed``, ``Stage.remove_outs``,
+``Stage.save`` with its run-cache entry, ``Stage.commit``, ``Stage.dump``). The difference: two papers'
+stage times are measured while they share the cores.
 """
 from __future__ import annotations
 
@@ -90,32 +90,62 @@ class _Tagged(logging.Logger):
 
 
 class DvcRecorder:
-    """DVC's view of the checkout, one caller at a time (the workers' commands run outside this lock)."""
+    """DVC's view of the checkout, one caller at a time (the workers' commands run outside this lock).
+
+    The pipeline is collected once (DVC's index: dvc.yaml with its foreach over params, ~2 s here);
+    each stage object holds its dvc.lock entry as read then. Only this driver writes dvc.lock, and a
+    stage's own entry only after that stage ran, so each check sees what ``dvc repro`` would see.
+    """
 
     def __init__(self, root: Path):
         self.root = root
         self._lock = threading.Lock()
+        self._repo = None
+        self._stages: dict = {}
 
-    def _repo(self):
-        from dvc.repo import Repo
+    def _stage(self, target: str):
+        from dvc.repo import Repo, lock_repo
 
-        return Repo(str(self.root))
+        if self._repo is None:
+            self._repo = Repo(str(self.root))
+            with lock_repo(self._repo):
+                self._stages = {stage.addressing: stage for stage in self._repo.index.stages}
+        if target not in self._stages:
+            raise KeyError(f"{target}: no such stage in dvc.yaml")
+        return self._stages[target]
 
     def prepare(self, target: str) -> str | None:
-        """The stage's command when DVC says the stage is stale (its outputs then removed), else None."""
+        """The stage's command when DVC says the stage changed (its outputs then removed), else None:
+        ``Stage.changed`` (cmd/params, deps, outs against the stage's dvc.lock entry) and
+        ``Stage.remove_outs``, what ``dvc repro`` does before it runs a stage."""
         from dvc.repo import lock_repo
 
-        with self._lock, self._repo() as repo:
-            if not repo.status(targets=[target]):
-                return None
-            with lock_repo(repo):
-                (stage,) = repo.stage.collect(target)
+        with self._lock:
+            stage = self._stage(target)
+            with lock_repo(self._repo):
+                if not stage.changed():
+                    return None
                 stage.remove_outs(ignore_remove=False, force=False)
             return stage.cmd
 
     def commit(self, target: str) -> None:
-        with self._lock, self._repo() as repo:
-            repo.commit(target, force=True)
+        """What ``dvc repro`` does after a stage's command: hash and cache the outputs (with a run-cache
+        entry unless an output is uncached), then write the stage's dvc.lock entry."""
+        from dvc.repo import lock_repo
+
+        with self._lock:
+            stage = self._stage(target)
+            with lock_repo(self._repo):
+                uncached = any(not out.use_cache for out in stage.outs if not (out.is_metric or out.is_plot))
+                stage.save(run_cache=not uncached)
+                stage.commit()
+                stage.dump(update_pipeline=False)
+
+    def close(self) -> None:
+        with self._lock:
+            if self._repo is not None:
+                self._repo.close()
+                self._repo = None
 
 
 class Commands:
@@ -233,6 +263,7 @@ def _parallel_repro(root: Path, jobs: int, papers: Sequence[str] | None, printer
             pool.shutdown(wait=True, cancel_futures=True)
             raise
         pool.shutdown()
+        recorder.close()   # the final dvc repro opens the repository itself
         failed = {s: why for s, why in results.items() if why is not None}
     if not final:
         return 1 if failed else 0

@@ -102,6 +102,8 @@ def test_two_lanes_record_every_stage_and_dvc_repro_finds_them_current(tmp_path,
                                                    "prepare:7;train:7;evaluate:7;report:7;")
     lock = yaml.safe_load((root / "dvc.lock").read_text())["stages"]
     assert {"train@alpha", "report@beta", "summary"} <= set(lock)
+    # each recorded stage got its run-cache entry, as under dvc repro (one per stage: 8 + the summary)
+    assert len([p for p in (root / ".dvc" / "cache" / "runs").rglob("*") if p.is_file()]) == 9
     # a second run runs nothing
     log2 = StringIO()
     assert parallel_repro(root, jobs=2, printer=Printer(log2)) == 0
