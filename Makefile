@@ -28,10 +28,11 @@ $(STAMP): requirements.lock pyproject.toml
 install: $(STAMP)
 
 ## Run every registered paper's pipeline at the default profile (DVC skips what is cached), REPRO_JOBS
-## papers at a time (flows/parallel_repro.py: DVC decides what is stale and records every stage; then
-## `dvc repro --keep-going`; REPRO_JOBS=1 is that alone). One paper's failure does not stop the others;
-## the run ends listing the papers that failed and why, then logs every paper's committed report to W&B
-## once (offline by default).
+## papers at a time (flows/parallel_repro.py: one `dvc --wait-for-lock repro report@<slug>` per paper,
+## then `dvc repro --keep-going` for the summary; REPRO_JOBS=1 is that alone). One paper's failure does
+## not stop the others; the run ends listing the papers that failed and why, then logs every paper's
+## committed report to W&B once (offline by default). `tee -i`: Ctrl-C reaches the driver, which stops
+## the running stages, while the log keeps its last lines.
 REPRO_JOBS ?= 2
 repro: $(STAMP)
 	$(PY) -m stages.common.system_deps install --required
@@ -39,7 +40,7 @@ repro: $(STAMP)
 	@mkdir -p .dvc/tmp
 	@# without a DVC remote, DVC's closing "Use `dvc push` ..." hint is noise: drop it
 	@set -o pipefail; export PATH=$(abspath $(BIN)):$$PATH; \
-	$(BIN)/python -m flows.parallel_repro --jobs $(REPRO_JOBS) 2>&1 | tee .dvc/tmp/repro.log; status=$$?; \
+	$(BIN)/python -m flows.parallel_repro --jobs $(REPRO_JOBS) 2>&1 | tee -i .dvc/tmp/repro.log; status=$$?; \
 	$(BIN)/python -m stages repro-failures .dvc/tmp/repro.log; \
 	$(BIN)/python -m stages readme || status=1; \
 	$(BIN)/python -m stages claims || status=1; \

@@ -1,6 +1,7 @@
-"""flows/parallel_repro.py on a toy DVC project: papers run two at a time, DVC records them, the
-final `dvc repro` finds them current, a failing paper is reported in dvc repro's words and stops
-only itself, and an unchanged upstream output leaves its downstream stages alone."""
+"""flows/parallel_repro.py on a toy DVC project: papers' `dvc repro` run two at a time in one checkout,
+DVC records every stage (dvc.lock, run-cache), the final `dvc repro` finds them current, a deleted
+output comes back from the cache, a failing paper is reported in dvc repro's words and stops only
+itself, an unchanged upstream output leaves its downstream stages alone, SIGTERM stops the lanes."""
 from __future__ import annotations
 
 import json
@@ -85,7 +86,7 @@ def test_two_lanes_record_every_stage_and_dvc_repro_finds_them_current(tmp_path,
     import os
 
     monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
-    root = make_project(tmp_path / "p", {"alpha": paper(1.5, value=5), "beta": paper(1.5, value=7)})
+    root = make_project(tmp_path / "p", {"alpha": paper(5, value=5), "beta": paper(5, value=7)})
     log = StringIO()
     assert parallel_repro(root, jobs=2, printer=Printer(log)) == 0
     text = log.getvalue()
@@ -107,7 +108,15 @@ def test_two_lanes_record_every_stage_and_dvc_repro_finds_them_current(tmp_path,
     # a second run runs nothing
     log2 = StringIO()
     assert parallel_repro(root, jobs=2, printer=Printer(log2)) == 0
-    assert "ran and was recorded" not in log2.getvalue() and len(runs(root, "alpha", "train")) == 1
+    assert "Running stage" not in log2.getvalue() and "didn't change, skipping" in log2.getvalue()
+    assert len(runs(root, "alpha", "train")) == 1
+    # an output deleted from the workspace comes back from DVC's cache, not from a re-run
+    import shutil
+
+    shutil.rmtree(root / "data" / "alpha" / "train")
+    assert parallel_repro(root, jobs=2, printer=Printer(StringIO())) == 0
+    assert (root / "data" / "alpha" / "train" / "out.txt").read_text() == "prepare:5;train:5;"
+    assert len(runs(root, "alpha", "train")) == 1 and dvc_status(root) == {}
 
 
 def test_failing_paper_stops_only_itself_and_is_reported_like_dvc(tmp_path, in_path):
@@ -148,7 +157,8 @@ def test_longest_first_reads_committed_runtimes(tmp_path):
 
 
 @pytest.mark.parametrize("argv, needle", [(["--jobs", "0"], "--jobs: expected a positive"),
-                                          (["--papers", "nope"], "unknown paper 'nope'")])
+                                          (["--papers", "nope"], "unknown paper 'nope'"),
+                                          (["--papers"], "--papers: name at least one paper")])
 def test_cli_rejects_bad_arguments_in_one_line(tmp_path, capsys, argv, needle):
     root = make_project(tmp_path / "p", {"alpha": paper()})
     assert main([*argv, "--root", str(root)]) == 2
