@@ -62,7 +62,9 @@ def test_make_targets_and_ci_share_the_step():
     make = (ROOT / "Makefile").read_text()
     repro = re.search(r"^repro:.*?(?=^\S)", make, re.S | re.M).group(0)
     test = re.search(r"^test:.*?(?=^\S|\Z)", make, re.S | re.M).group(0)
-    assert "stages.common.system_deps install --required" in repro and "--keep-going" in repro
+    assert "stages.common.system_deps install --required" in repro and "flows.parallel_repro" in repro
+    driver = (ROOT / "flows" / "parallel_repro.py").read_text()   # one paper's failure does not stop the others
+    assert driver.count('"--keep-going"') == 2   # each paper's dvc repro and the closing one
     assert "stages.common.system_deps install" in test
     ci = (ROOT / ".ci" / "run").read_text()
     assert "make test" in ci and "apt-get" not in ci  # no second copy of the install step
