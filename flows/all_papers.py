@@ -3,9 +3,11 @@
     python -m flows.all_papers                  # in this checkout, one paper after another
     python -m flows.all_papers --remote /mnt/dvc
 
-Papers run one after another as subflows: one checkout has one DVC lock. To run papers in
-parallel, submit one ``paper`` deployment run per paper to a work pool (see flows/pools.py):
-each worker runs in its own checkout and they share results through the DVC remote.
+Papers run one after another as subflows, each stage a ``dvc repro`` in this checkout. To run papers
+in parallel, submit one ``paper`` deployment run per paper to a work pool (see flows/pools.py):
+each worker runs in its own checkout and they share results through the DVC remote. Without
+Prefect, ``make repro`` runs two papers' ``dvc --wait-for-lock repro`` at once in one checkout
+(flows/parallel_repro.py).
 A paper that fails does not stop the others; the flow fails at the end, naming them.
 """
 from __future__ import annotations
