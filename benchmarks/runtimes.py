@@ -17,7 +17,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-STAGES = ("prepare", "train", "evaluate", "report")
+from stages.common.config import STAGES, read_params, registered_papers
+
 ROOT = Path(__file__).resolve().parents[1]
 
 
@@ -64,9 +65,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--after", default=None, help="git revision (default: the working tree)")
     parser.add_argument("--top", type=int, default=8, help="the slowest this many papers (before)")
     args = parser.parse_args(argv)
-    import yaml
-
-    slugs = list(yaml.safe_load((ROOT / "params.yaml").read_text())["papers"])
+    slugs = registered_papers(read_params(ROOT / "params.yaml"))
     for rev in filter(None, (args.before, args.after)):
         if subprocess.run(["git", "rev-parse", "--verify", "-q", f"{rev}^{{commit}}"], cwd=ROOT,
                           capture_output=True).returncode != 0:

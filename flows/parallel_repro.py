@@ -37,12 +37,12 @@ import subprocess
 import sys
 import threading
 import time
-from collections import deque
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Callable, Iterable, Sequence
 
-from flows.proc import ROOT, CommandFailed, ProgressThrottle, dvc, run_streaming, tool_env
+from flows.proc import ROOT, CommandFailed, dvc, run_streaming, tool_env
+from stages.common.config import ConfigError, read_params, registered_papers
 
 def expected_runtime(root: Path, slug: str) -> float:
     """Seconds the paper's committed run took (sum of its stages); 0 when unknown."""
@@ -96,29 +96,27 @@ class Commands:
 
     def run(self, cmd: Sequence[str], root: Path, env: dict[str, str], printer: Printer, tag: str,
             hold: Callable[[str], bool] = lambda line: False) -> tuple[int, str]:
-        """Run ``cmd`` in ``root``, each output line to ``printer`` after ``[tag] `` (not the ``hold`` ones:
-        only in the tail); returns (exit code, output tail)."""
-        with self._lock:
-            if self.stopped.is_set():
-                return -15, "error: interrupted"
-            proc = subprocess.Popen(list(cmd), cwd=str(root), env=env, stdout=subprocess.PIPE,
-                                    stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, text=True,
-                                    errors="replace", start_new_session=True)
-            self.running.add(proc)
-        tail: deque[str] = deque(maxlen=200)
-        throttle = ProgressThrottle()
+        """Run ``cmd`` in ``root`` (``run_streaming``), each output line to ``printer`` after ``[tag] `` (not
+        the ``hold`` ones: only in the tail); returns (exit code, output tail)."""
+        if self.stopped.is_set():
+            return -15, "error: interrupted"
+        started: list[subprocess.Popen] = []
+
+        def register(proc: subprocess.Popen) -> None:
+            with self._lock:
+                self.running.add(proc)
+                started.append(proc)
+                if self.stopped.is_set():   # stop() ran while this one was starting
+                    os.killpg(proc.pid, signal.SIGTERM)
+
         try:
-            assert proc.stdout is not None
-            for line in proc.stdout:   # universal newlines: progress bars' '\r' splits lines too
-                line = line.rstrip()
-                if line:
-                    tail.append(line)
-                    if not hold(line) and throttle.keep(line):
-                        printer.lines(f"[{tag}] {line}")
-            return proc.wait(), "\n".join(tail)
+            return 0, run_streaming(cmd, root, _Tagged(tag, printer), env=env, what=" ".join(cmd[2:]),
+                                    drop=hold, on_start=register)
+        except CommandFailed as err:
+            return err.returncode, err.tail
         finally:
             with self._lock:
-                self.running.discard(proc)
+                self.running.difference_update(started)
 
     def stop(self) -> None:
         """SIGTERM to every running command's process group (stages remove their temporary outputs),
@@ -166,18 +164,12 @@ def run_paper(slug: str, root: Path, printer: Printer, commands: Commands, threa
     return error
 
 
-def registered_papers(root: Path) -> list[str]:
-    import yaml
-
-    return list((yaml.safe_load((root / "params.yaml").read_text()) or {}).get("papers") or {})
-
-
 def parallel_repro(root: Path, jobs: int, papers: Sequence[str] | None = None, printer: Printer | None = None,
                    final: bool = True) -> int:
     """Run the lanes, then ``dvc repro --keep-going`` over what did not fail; returns an exit status.
     Each lane's stage commands get (cores // jobs) intra-op threads unless OMP_NUM_THREADS is set."""
     printer = printer or Printer()
-    slugs = list(papers) if papers is not None else registered_papers(root)
+    slugs = list(papers) if papers is not None else registered_papers(read_params(root / "params.yaml"))
     failed: dict[str, str] = {}
     if jobs > 1 and slugs:
         order = longest_first(slugs, lambda s: expected_runtime(root, s))
@@ -229,7 +221,11 @@ def main(argv: list[str] | None = None) -> int:
     if args.papers is not None and not args.papers:
         print("error: --papers: name at least one paper (or leave --papers out for all)", file=sys.stderr)
         return 2
-    known = registered_papers(root)
+    try:
+        known = registered_papers(read_params(root / "params.yaml"))
+    except ConfigError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
     unknown = sorted(set(args.papers or []) - set(known))
     if unknown:
         print(f"error: --papers: unknown paper {unknown[0]!r} (registered: {', '.join(known)})", file=sys.stderr)

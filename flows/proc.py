@@ -45,11 +45,13 @@ def dvc(*args: str) -> list[str]:
 
 def run_streaming(cmd: Sequence[str], cwd: Path, logger: logging.Logger | logging.LoggerAdapter | None = None,
                   timeout: float | None = None, env: dict[str, str] | None = None,
-                  what: str | None = None, keep: int = 200, drop=None) -> str:
+                  what: str | None = None, keep: int = 200, drop=None, on_start=None) -> str:
     """Run ``cmd`` in ``cwd``, sending each output line to ``logger`` as it comes.
 
     Returns the output tail; raises CommandFailed on a non-zero exit or when ``timeout`` passes
-    (the process group is then killed). Progress bars' carriage returns become lines.
+    (the process group is then killed). Progress bars' carriage returns become lines. ``drop(line)``:
+    kept in the tail, not logged. ``on_start(proc)``: called with the started process (e.g. to register
+    it with something that may stop it).
     """
     what = what or " ".join(cmd[2:4] if cmd[:2] == [sys.executable, "-m"] else cmd[:2])
     tail: deque[str] = deque(maxlen=keep)
@@ -74,6 +76,8 @@ def run_streaming(cmd: Sequence[str], cwd: Path, logger: logging.Logger | loggin
     reader = threading.Thread(target=pump, daemon=True)
     reader.start()
     try:
+        if on_start is not None:
+            on_start(proc)
         returncode = proc.wait(timeout=timeout)
     except BaseException:  # timeout, KeyboardInterrupt, Prefect cancellation: no orphans left behind
         _kill_group(proc)
