@@ -22,7 +22,7 @@ import torch.nn as nn
 from kernels.record import KernelCounter as Counter  # token_logprob calls
 from kernels.token_logprob import token_logprob
 from stages.common.tiny_transformer import TinyTransformer, TinyTransformerConfig
-from stages.justgrpo.task import EOS, MASK, PROMPT_LEN, answers, correct
+from stages.justgrpo.task import EOS, MASK, PROMPT_LEN, answers, correct, trace_valid
 
 NEG = -1.0e4   # logit of the MASK token at decoding (never sampled); finite so 0·z stays 0
 
@@ -188,15 +188,38 @@ def reward_fn(prompts, roll) -> torch.Tensor:
 
 
 @torch.no_grad()
-def greedy_accuracy(model: TinyTransformer, prompts: torch.Tensor, gen_len: int, block_len: int,
-                    tokens_per_step: int, counter: Counter | None = None, batch: int = 512) -> float:
-    hits = 0
+def greedy_items(model: TinyTransformer, prompts: torch.Tensor, gen_len: int, block_len: int,
+                 tokens_per_step: int, counter: Counter | None = None, batch: int = 512) -> dict[str, list[int]]:
+    """Greedy (T = 0) decoding of every prompt: per-prompt 0/1 answer-level and trace-level correctness."""
+    ans, trace = [], []
     for i in range(0, prompts.shape[0], batch):
         p = prompts[i:i + batch]
         gen, _ = decode(model, p, gen_len, block_len, tokens_per_step, 0.0, None, counter)
-        hits += int(correct(gen, answers(p)).sum())
-    return hits / max(1, prompts.shape[0])
+        ans += correct(gen, answers(p)).int().tolist()
+        trace += trace_valid(gen, p).int().tolist()
+    return {"answer": ans, "trace": trace}
+
+
+def greedy_accuracy(model: TinyTransformer, prompts: torch.Tensor, gen_len: int, block_len: int,
+                    tokens_per_step: int, counter: Counter | None = None, batch: int = 512) -> float:
+    """Answer-level greedy accuracy (share of prompts whose number after '#' is right)."""
+    items = greedy_items(model, prompts, gen_len, block_len, tokens_per_step, counter, batch)["answer"]
+    return sum(items) / max(1, len(items))
+
+
+@torch.no_grad()
+def policy_drift(model: TinyTransformer, base: TinyTransformer, prompts: torch.Tensor, gen_len: int,
+                 generator: torch.Generator, counter: Counter | None = None) -> dict[str, float]:
+    """On AR-order samples (block 1, T = 1) of ``model``: mean per-token predictive entropy, sampled
+    trace-level pass@1, and the Monte-Carlo KL(model ‖ base) of the AR sampling distribution,
+    E_y~model[Σ_t log p_model(y_t | ·) − log p_base(y_t | ·)] (both log-probs in the rollout's own masked
+    contexts, ``ar_logprobs``)."""
+    gen, info = decode(model, prompts, gen_len, 1, 1, 1.0, generator, counter)
+    lp = ar_logprobs(model, prompts, gen, counter).sum(1)
+    lb = ar_logprobs(base, prompts, gen, counter).sum(1)
+    return {"entropy": float(info["entropy"].mean()), "kl_to_base": float((lp - lb).mean()),
+            "sample_trace_pass1": float(trace_valid(gen, prompts).float().mean())}
 
 
 __all__ = ["EOS", "MaskedDiffusionLM", "decode", "ar_logprobs", "onestep_logprobs", "DLLMPolicy",
-           "reward_fn", "greedy_accuracy", "Counter"]
+           "reward_fn", "greedy_accuracy", "greedy_items", "policy_drift", "Counter"]

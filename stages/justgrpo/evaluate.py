@@ -1,7 +1,8 @@
-"""evaluate: (1) the flexibility trap on each seed's pretrained dLLM — pass@k (unbiased estimator,
-k up to n_samples = 64, T = 1) under AR order vs low-confidence arbitrary order, and the predictive
-entropy of fork tokens at the moment each sampler decodes them; (2) greedy accuracy of the base
-model and both RL arms with semi-AR parallel decoding at 1, 2 and 4 tokens per step.
+"""evaluate: (1) the flexibility trap on the pretrained base dLLM (one sampling stream per seed) —
+trace-level and answer-level pass@k (unbiased estimator, k up to n_samples, T = 1) under AR order vs
+low-confidence arbitrary order, per test prompt, and the predictive entropy of fork tokens at the
+moment each sampler decodes them; (2) greedy answer- and trace-level correctness, per test prompt, of
+the base model and both RL arms of every seed with semi-AR parallel decoding at 1, 2 and 4 tokens per step.
 Sampler confidences and token log-probs go through ``kernels/token_logprob``.
 
     python -m stages evaluate justgrpo [--profile smoke]
@@ -20,9 +21,9 @@ from stages.common.device import DeviceName, generator, pick_device
 from stages.common.paths import read_json, write_json
 from stages.common.runner import StageContext
 from stages.common.tiny_transformer import TinyTransformer, TinyTransformerConfig
-from stages.justgrpo.dllm import Counter, decode, greedy_accuracy
+from stages.justgrpo.dllm import Counter, decode, greedy_items
 from stages.justgrpo.prepare import load_prompts
-from stages.justgrpo.task import MASK, PROMPT_LEN, answers, correct, is_fork
+from stages.justgrpo.task import MASK, PROMPT_LEN, answers, correct, is_fork, trace_valid
 
 SAMPLERS = {"ar": (1, 1), "arbitrary": (None, 1)}   # name -> (block_len (None = whole generation), tokens/step)
 
@@ -32,10 +33,11 @@ class Config(StageConfig):
     torch_threads: int = Field(1, ge=1, le=64)
     n_samples: PositiveInt = Field(64, le=1024, description="samples per prompt for pass@k (T = 1)")
     ks: list[PositiveInt] = Field(default_factory=lambda: [1, 2, 4, 8, 16, 32, 64], min_length=1, max_length=16)
-    passk_prompts: PositiveInt = Field(48, le=500, description="test prompts for pass@k and fork entropy")
-    eval_prompts: PositiveInt = Field(100, le=500, description="test prompts for greedy accuracy")
+    claim_k: PositiveInt = Field(16, le=1024, description="the k at which the coverage claim reads pass@k (fixed before the run)")
+    passk_prompts: PositiveInt = Field(100, le=10_000, description="test prompts for pass@k and fork entropy")
+    eval_prompts: PositiveInt = Field(500, le=10_000, description="test prompts for greedy accuracy")
     tokens_per_step: list[PositiveInt] = Field(default_factory=lambda: [1, 2, 4], min_length=1, max_length=8)
-    eval_block: PositiveInt = Field(7, le=32, description="semi-AR block length of the greedy evaluation")
+    eval_block: PositiveInt = Field(5, le=32, description="semi-AR block length of the greedy evaluation")
     sample_batch: PositiveInt = Field(1024, le=65536)
     seed: int = Field(0, ge=0, lt=2**32, description="sampling seed (per model: seed + run seed)")
 
@@ -49,6 +51,8 @@ class Config(StageConfig):
         if max(self.ks) > self.n_samples:
             raise ValueError(f"ks: k = {max(self.ks)} is larger than n_samples = {self.n_samples} "
                              "(the unbiased pass@k estimator needs n ≥ k)")
+        if self.claim_k not in self.ks:
+            raise ValueError(f"claim_k: {self.claim_k} is not one of ks {self.ks}")
         if max(self.tokens_per_step) > self.eval_block:
             raise ValueError(f"tokens_per_step: {max(self.tokens_per_step)} exceeds eval_block {self.eval_block}")
         return self
@@ -71,23 +75,27 @@ def load_model(path, mcfg: dict, device) -> TinyTransformer:
 
 @torch.no_grad()
 def sample_stats(model, prompts, gen_len: int, sampler: str, n: int, batch: int, g, counter) -> dict:
-    """n samples per prompt: per-prompt correct counts, fork-position entropy and decode step."""
+    """n samples per prompt: per-prompt answer- and trace-level correct counts, fork-position entropy and
+    decode step."""
     block, tps = SAMPLERS[sampler]
     block = gen_len if block is None else block
     rows = prompts.repeat_interleave(n, 0)
-    ok, ent0, step0 = [], [], []
+    ok, tr, ent0, step0 = [], [], [], []
     for i in range(0, rows.shape[0], batch):
         p = rows[i:i + batch]
         gen, info = decode(model, p, gen_len, block, tps, 1.0, g, counter)
         ok.append(correct(gen, answers(p)))
+        tr.append(trace_valid(gen, p))
         ent0.append(info["entropy"][:, 0])
         step0.append(info["step"][:, 0].float() / (info["n_steps"] - 1))
     ok = torch.cat(ok).view(-1, n)
+    tr = torch.cat(tr).view(-1, n)
     fork = is_fork(prompts)
     ent0 = torch.cat(ent0).view(-1, n)
     step0 = torch.cat(step0).view(-1, n)
-    return {"c": ok.sum(1).cpu().numpy(), "fork_entropy": float(ent0[fork].mean()),
-            "nonfork_entropy": float(ent0[~fork].mean()), "fork_decode_step": float(step0[fork].mean())}
+    return {"c_answer": ok.sum(1).cpu().numpy(), "c_trace": tr.sum(1).cpu().numpy(),
+            "fork_entropy": float(ent0[fork].mean()), "nonfork_entropy": float(ent0[~fork].mean()),
+            "fork_decode_step": float(step0[fork].mean())}
 
 
 def run(cfg: Config, ctx: StageContext) -> None:
@@ -101,25 +109,38 @@ def run(cfg: Config, ctx: StageContext) -> None:
     if cfg.eval_block > gen_len:
         raise ValueError(f"eval_block: {cfg.eval_block} exceeds gen_len {gen_len}")
     test = load_prompts(ctx.input("prepare"), "test").to(device)
+    for name, n in (("passk_prompts", cfg.passk_prompts), ("eval_prompts", cfg.eval_prompts)):
+        if n > len(test):
+            raise ValueError(f"{name}: {n} is more than the {len(test)} test prompts")
     pk_prompts, acc_prompts = test[: cfg.passk_prompts], test[: cfg.eval_prompts]
+    guess = read_json(ctx.input("prepare") / "meta.json").get("guess_rate")
     rec = KernelRecord(device)
     counter = Counter(rec)
     passk_rows, acc_rows = [], []
-    metrics: dict = {"seeds": seeds, "ks": cfg.ks, "n_samples": cfg.n_samples, "passk": {}, "fork": {}, "acc": {},
+    metrics: dict = {"seeds": seeds, "ks": cfg.ks, "claim_k": cfg.claim_k, "n_samples": cfg.n_samples,
+                     "passk": {}, "passk_items": {}, "fork": {}, "acc": {}, "trace_acc": {}, "guess_rate": guess,
                      "n_fork_prompts": int(is_fork(pk_prompts).sum()), "passk_prompts": int(len(pk_prompts)),
                      "eval_prompts": int(len(acc_prompts))}
+    base = load_model(ctx.input("train") / "base.pt", mcfg, device)
+    greedy_base: dict[int, dict] = {}
     for seed in seeds:
-        base = load_model(ctx.input("train") / f"base_s{seed}.pt", mcfg, device)
-        # --- 1. flexibility trap on the pretrained dLLM
+        # --- 1. flexibility trap on the pretrained dLLM (this seed's sampling stream)
         for sampler in SAMPLERS:
             g = generator(device, cfg.seed + seed)
             st = sample_stats(base, pk_prompts, gen_len, sampler, cfg.n_samples, cfg.sample_batch, g, counter)
-            curve = {k: float(pass_at_k(cfg.n_samples, st["c"], k).mean()) for k in cfg.ks}
-            for k, v in curve.items():
-                passk_rows.append({"seed": seed, "sampler": sampler, "k": k, "pass_at_k": v})
-            pk = metrics["passk"].setdefault(sampler, {})
-            for k, v in curve.items():
-                pk.setdefault(f"pass{k}", []).append(v)
+            for level in ("trace", "answer"):
+                per_k = {k: pass_at_k(cfg.n_samples, st[f"c_{level}"], k) for k in cfg.ks}
+                pk = metrics["passk"].setdefault(sampler, {}).setdefault(level, {})
+                for k, v in per_k.items():
+                    se = float(v.std(ddof=1) / np.sqrt(len(v))) if len(v) > 1 else float("nan")
+                    passk_rows.append({"seed": seed, "sampler": sampler, "level": level, "k": k,
+                                       "pass_at_k": float(v.mean()), "item_se": se})
+                    pk.setdefault(f"pass{k}", []).append(float(v.mean()))
+                # per-prompt lists at the claim's k and at k = 1: the verdicts' paired item noise
+                items = metrics["passk_items"].setdefault(sampler, {})
+                items.setdefault(f"{level}_at_claim_k", []).append([float(x) for x in per_k[cfg.claim_k]])
+                if 1 in per_k:
+                    items.setdefault(f"{level}_pass1", []).append([float(x) for x in per_k[1]])
             fk = metrics["fork"].setdefault(sampler, {})
             for key in ("fork_entropy", "nonfork_entropy", "fork_decode_step"):
                 fk.setdefault(key, []).append(st[key])
@@ -127,17 +148,24 @@ def run(cfg: Config, ctx: StageContext) -> None:
         for name in ["base"] + arms:
             model = base if name == "base" else load_model(ctx.input("train") / f"{name}_s{seed}.pt", mcfg, device)
             for tps in cfg.tokens_per_step:
-                acc = greedy_accuracy(model, acc_prompts, gen_len, cfg.eval_block, tps, counter)
-                acc_rows.append({"seed": seed, "model": name, "tokens_per_step": tps, "acc": acc})
-                metrics["acc"].setdefault(name, {}).setdefault(f"tps{tps}", []).append(acc)
-        # Triton path vs torch reference on real sampler inputs (this seed's base model)
+                if name == "base" and tps in greedy_base:            # greedy decoding of the one base: deterministic
+                    items = greedy_base[tps]
+                else:
+                    items = greedy_items(model, acc_prompts, gen_len, cfg.eval_block, tps, counter)
+                    if name == "base":
+                        greedy_base[tps] = items
+                acc_rows.append({"seed": seed, "model": name, "tokens_per_step": tps,
+                                 "acc": float(np.mean(items["answer"])), "trace_acc": float(np.mean(items["trace"]))})
+                metrics["acc"].setdefault(name, {}).setdefault(f"tps{tps}", []).append(items["answer"])
+                metrics["trace_acc"].setdefault(name, {}).setdefault(f"tps{tps}", []).append(items["trace"])
+        # Triton path vs torch reference on real sampler inputs (the base model)
         if seed == seeds[0]:
             with torch.no_grad():
                 x = torch.cat([pk_prompts[:24], torch.full((min(24, len(pk_prompts)), gen_len), MASK, device=device)], 1)
                 logits = base(x)[:, PROMPT_LEN:].float()
                 rec.parity("token_logprob", lambda l, t, backend: token_logprob(l, t, with_entropy=True, backend=backend),
                            logits.contiguous(), logits.argmax(-1),
-                           slice=f"seed-{seed} base dLLM: first-step logits of 24 test prompts (logp and entropy)")
+                           slice="base dLLM: first-step logits of 24 test prompts (logp and entropy)")
     rec.save(ctx.out)
     pl.DataFrame(passk_rows).write_csv(ctx.out / "passk.csv")
     pl.DataFrame(acc_rows).write_csv(ctx.out / "accuracy.csv")

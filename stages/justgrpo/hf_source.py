@@ -477,7 +477,7 @@ def evaluate_real(cfg, ctx, info: dict) -> None:
                 raise SourceError(f"evaluate@justgrpo: train output {arm}_s{seed} is missing; re-run train")
     rec = KernelRecord(device)
     counter = Counter(rec)
-    metrics: dict = {"kind": "hf", "seeds": seeds, "ks": cfg.ks, "n_samples": cfg.n_samples, "passk": {}, "fork": {},
+    metrics: dict = {"kind": "hf", "seeds": seeds, "ks": cfg.ks, "claim_k": cfg.claim_k, "n_samples": cfg.n_samples, "passk": {}, "fork": {},
                      "acc": {}, "acc_items": {}, "n_fork_prompts": 0, "passk_prompts": n_pk, "eval_prompts": n_acc}
     passk_rows, acc_rows = [], []
     blocks = {"ar": 1, "arbitrary": gen_len}

@@ -1,13 +1,16 @@
-"""train: per seed, (1) masked-diffusion pretraining of the shared tiny transformer in bidirectional
-mode, stopped at a fixed step count (base accuracy moderate), then (2) two GRPO arms from that base,
+"""train: (1) masked-diffusion pretraining of one base dLLM (the shared tiny transformer in bidirectional
+mode), stopped by a rule fixed in params: the first dev-slice check at which its AR-order sampled
+(T = 1) trace-level pass@1 reaches ``pretrain.target_trace_pass1`` (or ``pretrain.steps``), the curve
+recorded; then (2) per seed, two GRPO arms from that same base (the shared prefix is computed once),
 both through the shared trainer ``stages.common.grpo`` (group advantages, clipped surrogate, no KL):
 
 - ``justgrpo``:  AR-order rollouts (block 1, T = 1) scored by the exact AR likelihood under the dLLM;
 - ``arbitrary``: low-confidence arbitrary-order rollouts (T = 1) scored by the d1-style one-step
   masked surrogate (the baseline that keeps the dLLM's flexibility during RL).
 
-Greedy accuracy (1 token/step, semi-AR blocks) on a fixed test subset is logged every ``eval_every``
-RL steps (accuracy vs RL step). Token log-probs go through ``kernels/token_logprob``.
+Every ``rl.eval_every`` RL steps, on the dev slice (never the test prompts): greedy answer- and
+trace-level accuracy (1 token/step, semi-AR blocks) and, on AR samples, entropy, sampled trace pass@1
+and KL to the base; every step: reward mean and std. Token log-probs go through ``kernels/token_logprob``.
 
     python -m stages train justgrpo [--profile smoke]
 """
@@ -15,6 +18,8 @@ from __future__ import annotations
 
 import copy
 from typing import Literal
+
+import lightning as L
 
 import numpy as np
 import polars as pl
@@ -32,9 +37,9 @@ from stages.common.sources import SourceConfig
 from stages.common.tiny_transformer import TinyTransformerConfig
 from stages.common.trainer import TrainerConfig, make_trainer
 from stages.justgrpo.hf_source import DLLMConfig
-from stages.justgrpo.dllm import Counter, DLLMPolicy, MaskedDiffusionLM, greedy_accuracy, reward_fn
+from stages.justgrpo.dllm import Counter, DLLMPolicy, MaskedDiffusionLM, decode, greedy_items, policy_drift, reward_fn
 from stages.justgrpo.prepare import load_prompts
-from stages.justgrpo.task import PROMPT_LEN, VOCAB_SIZE, solution, valid_orders
+from stages.justgrpo.task import MASK, ORDERS, PROMPT_LEN, VOCAB_SIZE, operands, solution, trace_valid
 
 Arm = Literal["justgrpo", "arbitrary"]
 
@@ -43,10 +48,22 @@ ModelConfig = TransformerShape
 
 
 class PretrainConfig(StageConfig):
-    steps: PositiveInt = Field(500, le=100_000, description="masked-diffusion steps (stop where base accuracy is moderate)")
-    batch: PositiveInt = Field(64, le=4096)
+    steps: PositiveInt = Field(4000, le=100_000, description="most masked-diffusion steps (the stop rule may end earlier)")
+    batch: PositiveInt = Field(128, le=4096)
     lr: float = Field(3e-3, gt=0, le=1.0)
     weight_decay: float = Field(0.0, ge=0, le=10.0)
+    seed: int = Field(0, ge=0, lt=2**32, description="seed of the one base dLLM every RL seed starts from")
+    eval_every: PositiveInt = Field(250, le=100_000, description="steps between dev-slice checks of the stop rule")
+    eval_prompts: PositiveInt = Field(200, le=10_000, description="dev prompts of the stop rule (one AR sample each)")
+    target_trace_pass1: float | None = Field(0.3, gt=0, lt=1, description=(
+        "stop at the first check whose AR-order (T = 1) trace-level pass@1 on the dev slice reaches this; "
+        "null: always run `steps`"))
+
+    @model_validator(mode="after")
+    def _eval(self):
+        if self.eval_every > self.steps:
+            raise ValueError(f"pretrain.eval_every: {self.eval_every} is more than pretrain.steps ({self.steps})")
+        return self
 
 
 class RLConfig(StageConfig):
@@ -56,8 +73,9 @@ class RLConfig(StageConfig):
     grpo: GRPOConfig = GRPOConfig(group_size=8, clip_eps=0.2, kl_coef=0.0, loss_norm="active_samples",
                                   ppo_epochs=1, grad_clip=1.0)
     eval_every: PositiveInt = Field(20, le=10_000)
-    eval_prompts: PositiveInt = Field(100, le=500, description="test prompts for the accuracy-vs-step curve")
-    eval_block: PositiveInt = Field(7, le=32, description="semi-AR block length of the greedy evaluation")
+    eval_prompts: PositiveInt = Field(200, le=10_000, description="dev prompts for the greedy accuracy-vs-step curve")
+    drift_prompts: PositiveInt = Field(64, le=10_000, description="dev prompts sampled (T = 1) for entropy and KL to base")
+    eval_block: PositiveInt = Field(5, le=32, description="semi-AR block length of the greedy evaluation")
     arms: list[Arm] = Field(default_factory=lambda: ["justgrpo", "arbitrary"], min_length=1, max_length=2)
 
     @field_validator("arms")
@@ -84,7 +102,7 @@ class Config(StageConfig):
 
 
 class SolutionLoader:
-    """``steps`` batches of [prompt, solution] rows; each row's valid order (fork) drawn at random."""
+    """``steps`` batches of [prompt, solution] rows; each row's order (the fork) drawn at random."""
 
     def __init__(self, prompts: torch.Tensor, gen_len: int, batch: int, steps: int, seed: int):
         self.prompts, self.gen_len, self.batch, self.steps, self.seed = prompts, gen_len, batch, steps, seed
@@ -94,20 +112,65 @@ class SolutionLoader:
 
     def __iter__(self):
         rng = np.random.default_rng(self.seed)
-        rows = self.prompts.tolist()
+        rows, ops = self.prompts.tolist(), operands(self.prompts).tolist()
         for _ in range(self.steps):
-            out = []
-            for i in rng.integers(0, len(rows), self.batch):
-                p = rows[i]
-                orders = valid_orders(p[1], p[3])
-                out.append(p + solution(*p, orders[rng.integers(len(orders))], self.gen_len))
+            out = [rows[i] + solution(*ops[i], ORDERS[rng.integers(len(ORDERS))], self.gen_len)
+                   for i in rng.integers(0, len(rows), self.batch)]
             yield torch.tensor(out, dtype=torch.long)
+
+
+class StopAtTarget(L.Callback):
+    """The pretraining stop rule: every ``every`` steps, one AR-order (block 1, T = 1) sample per dev
+    prompt; record trace-level pass@1 and stop training once it reaches ``target`` (None: never stop)."""
+
+    def __init__(self, prompts: torch.Tensor, gen_len: int, every: int, target: float | None, seed: int,
+                 counter: Counter):
+        self.prompts, self.gen_len, self.every, self.target, self.seed = prompts, gen_len, every, target, seed
+        self.counter = counter
+        self.curve: list[dict[str, float]] = []
+
+    def on_train_batch_end(self, trainer, module, outputs, batch, batch_idx):
+        step = trainer.global_step
+        if step % self.every:
+            return
+        model = module.model
+        model.eval()
+        g = torch.Generator(device=module.device).manual_seed(self.seed + step)
+        gen, _ = decode(model, self.prompts.to(module.device), self.gen_len, 1, 1, 1.0, g, self.counter)
+        model.train()
+        p1 = float(trace_valid(gen, self.prompts).float().mean())
+        self.curve.append({"step": step, "dev_trace_pass1": p1})
+        if self.target is not None and p1 >= self.target:
+            trainer.should_stop = True
+
+
+class RewardLog:
+    """The reward function, recording each RL step's reward mean and std (the trainer logs only the mean)."""
+
+    def __init__(self):
+        self.rows: list[dict[str, float]] = []
+
+    def __call__(self, prompts, roll):
+        r = reward_fn(prompts, roll)
+        self.rows.append({"reward_mean": float(r.mean()), "reward_std": float(r.std())})
+        return r
 
 
 def model_config(cfg: Config, gen_len: int) -> TinyTransformerConfig:
     m = cfg.model
     return TinyTransformerConfig(vocab_size=VOCAB_SIZE, d_model=m.d_model, n_layers=m.n_layers, n_heads=m.n_heads,
                                  max_seq_len=PROMPT_LEN + gen_len, causal=False)
+
+
+def pretrain(cfg: Config, tcfg: TrainerConfig, ctx: StageContext, mcfg, train_p, dev_p, gen_len, counter, device):
+    """One base dLLM with the stop rule; returns (model, loss history, stop-rule curve, steps run)."""
+    pc = cfg.pretrain
+    torch.manual_seed(pc.seed)
+    mdlm = MaskedDiffusionLM(mcfg, pc.lr, pc.weight_decay, pc.seed, counter)
+    stop = StopAtTarget(dev_p[: pc.eval_prompts], gen_len, pc.eval_every, pc.target_trace_pass1, pc.seed, counter)
+    trainer = make_trainer(tcfg, ctx.tracker, max_steps=pc.steps, callbacks=[stop])
+    trainer.fit(mdlm, SolutionLoader(train_p, gen_len, pc.batch, pc.steps, pc.seed))
+    return mdlm.model.to(device).eval(), mdlm.history, stop.curve, int(trainer.global_step)
 
 
 def run(cfg: Config, ctx: StageContext) -> None:
@@ -121,49 +184,69 @@ def run(cfg: Config, ctx: StageContext) -> None:
     if cfg.rl.eval_block > gen_len:
         raise ValueError(f"rl.eval_block: {cfg.rl.eval_block} exceeds gen_len {gen_len}")
     train_p = load_prompts(ctx.input("prepare"), "train")
-    test_p = load_prompts(ctx.input("prepare"), "test")[: cfg.rl.eval_prompts].to(device)
+    dev_p = load_prompts(ctx.input("prepare"), "dev").to(device)
+    for name, n in (("pretrain.eval_prompts", cfg.pretrain.eval_prompts), ("rl.eval_prompts", cfg.rl.eval_prompts),
+                    ("rl.drift_prompts", cfg.rl.drift_prompts)):
+        if n > len(dev_p):
+            raise ValueError(f"{name}: {n} is more than the {len(dev_p)} dev prompts (prepare.dev_frac)")
     rec = KernelRecord(device)
     counter = Counter(rec)
     mcfg = model_config(cfg, gen_len)
     tcfg = cfg.trainer.model_copy(update={"accelerator": "gpu" if device.type == "cuda" else cfg.trainer.accelerator})
-    history, pre_hist = [], []
+
+    # --- 1. one masked-diffusion pretraining, shared by every seed and arm
+    base, pre_hist, pre_curve, pre_steps = pretrain(cfg, tcfg, ctx, mcfg, train_p, dev_p, gen_len, counter, device)
+    torch.save(base.state_dict(), ctx.out / "base.pt")
+    for p in base.parameters():
+        p.requires_grad_(False)
+    acc_dev, drift_dev = dev_p[: cfg.rl.eval_prompts], dev_p[: cfg.rl.drift_prompts]
+
+    # --- 2. per seed, GRPO arms from that base
+    history = []
     for seed in seeds:
-        # --- 1. masked-diffusion pretraining
-        torch.manual_seed(seed)
-        mdlm = MaskedDiffusionLM(mcfg, cfg.pretrain.lr, cfg.pretrain.weight_decay, seed, counter)
-        trainer = make_trainer(tcfg, ctx.tracker, max_steps=cfg.pretrain.steps)
-        trainer.fit(mdlm, SolutionLoader(train_p, gen_len, cfg.pretrain.batch, cfg.pretrain.steps, seed))
-        base = mdlm.model.to(device).eval()
-        torch.save(base.state_dict(), ctx.out / f"base_s{seed}.pt")
-        pre_hist += [dict(h, seed=seed) for h in mdlm.history]
-
-        # --- 2. GRPO arms from the same base
         for arm in cfg.rl.arms:
-            policy = DLLMPolicy(copy.deepcopy(base), gen_len, arm, counter)
+            policy = DLLMPolicy(copy.deepcopy(base).train(), gen_len, arm, counter)
+            for p in policy.parameters():
+                p.requires_grad_(True)
 
-            def eval_fn(module, step, _arm=arm):
-                return {"acc_tps1": greedy_accuracy(module.policy.model, test_p, gen_len, cfg.rl.eval_block, 1, counter)}
+            def eval_fn(module, step, _seed=seed):
+                model = module.policy.model
+                items = greedy_items(model, acc_dev, gen_len, cfg.rl.eval_block, 1, counter)
+                g = torch.Generator(device=device).manual_seed(10_000 * _seed + step)
+                return {"dev_acc": float(np.mean(items["answer"])), "dev_trace_acc": float(np.mean(items["trace"])),
+                        **policy_drift(model, base, drift_dev, gen_len, g, counter)}
 
-            module = GRPOModule(policy, reward_fn, cfg.rl.grpo, lr=cfg.rl.lr, seed=seed,
+            rewards = RewardLog()
+            module = GRPOModule(policy, rewards, cfg.rl.grpo, lr=cfg.rl.lr, seed=seed,
                                 eval_fn=eval_fn, eval_every=cfg.rl.eval_every)
             trainer = make_trainer(tcfg, ctx.tracker, max_steps=cfg.rl.steps)
             trainer.fit(module, PromptLoader(train_p, cfg.rl.prompts_per_step, cfg.rl.steps, seed=seed))
             if cfg.rl.steps % cfg.rl.eval_every:                             # final point of the curve
                 module.history[-1].update(eval_fn(module, cfg.rl.steps))
             torch.save(policy.model.state_dict(), ctx.out / f"{arm}_s{seed}.pt")
-            history += [dict(h, arm=arm, seed=seed) for h in module.history]
+            steps_rows = [h for h in module.history if h["step"] > 0]
+            for h, r in zip(steps_rows, rewards.rows):
+                h.update(r)                                                  # the sampled rewards' std beside the mean
+            # the surrogate's value ("loss", ≈ 0 by construction with ratio ≡ 1) tells a reader nothing: not kept
+            history += [dict({k: v for k, v in h.items() if k != "loss"}, arm=arm, seed=seed) for h in module.history]
 
-    # Triton path vs torch reference on real inputs: the last base model's logits on test prompts
+    # Triton path vs torch reference on real inputs: the base model's logits on dev prompts
     with torch.no_grad():
-        x = torch.cat([test_p[:32], torch.full((min(32, len(test_p)), gen_len), 16, device=device)], 1)
+        x = torch.cat([dev_p[:32], torch.full((min(32, len(dev_p)), gen_len), MASK, device=device)], 1)
         logits = base(x)[:, PROMPT_LEN:]
         tgt = logits.argmax(-1)
         rec.parity("token_logprob", token_logprob, logits.contiguous(), tgt,
-                   slice=f"base dLLM (seed {seeds[-1]}) logits on 32 test prompts, fully masked completion")
+                   slice="base dLLM logits on 32 dev prompts, fully masked completion")
     rec.save(ctx.out)
     pl.DataFrame(history, infer_schema_length=None).write_csv(ctx.out / "rl_history.csv")
     pl.DataFrame(pre_hist).write_csv(ctx.out / "pretrain_history.csv")
+    pl.DataFrame(pre_curve, schema={"step": pl.Int64, "dev_trace_pass1": pl.Float64}).write_csv(
+        ctx.out / "pretrain_curve.csv")
     write_json(ctx.out / "models.json", {"seeds": seeds, "gen_len": gen_len, "arms": list(cfg.rl.arms),
                                          "model": mcfg.__dict__, "eval_block": cfg.rl.eval_block,
                                          "rl": cfg.rl.model_dump(mode="json"),
-                                         "pretrain": cfg.pretrain.model_dump(mode="json")})
+                                         "pretrain": cfg.pretrain.model_dump(mode="json"),
+                                         "pretrain_steps_run": pre_steps,
+                                         "pretrain_stopped_at_target": bool(
+                                             pre_curve and cfg.pretrain.target_trace_pass1 is not None
+                                             and pre_curve[-1]["dev_trace_pass1"] >= cfg.pretrain.target_trace_pass1)})

@@ -16,8 +16,8 @@ import torch
 from kernels.record import KernelCounter
 from stages.common.tiny_transformer import TinyTransformerConfig
 from stages.justgrpo.dllm import (NEG, DLLMPolicy, MaskedDiffusionLM, ar_logprobs, decode, gen_logits,
-                                  greedy_accuracy, onestep_logprobs, reward_fn)
-from stages.justgrpo.task import EOS, HASH, MASK, PLUS, TIMES, VOCAB_SIZE
+                                  greedy_accuracy, greedy_items, onestep_logprobs, policy_drift, reward_fn)
+from stages.justgrpo.task import EOS, HASH, MASK, PLUS, TIMES, VOCAB, VOCAB_SIZE
 
 V = VOCAB_SIZE
 P = 5
@@ -272,42 +272,82 @@ def test_policies_rollout_and_score(arm, block):
     assert DLLMPolicy(toy, 6, arm).counter.rec is None
 
 
+def _ids(text: str, n: int) -> list[int]:
+    ids = [VOCAB.index(ch) for ch in text]
+    return ids + [EOS] * (n - len(ids))
+
+
 def test_reward_fn_plus_minus_one():
-    p = torch.tensor([[3, PLUS, 4, TIMES, 1], [2, TIMES, 2, PLUS, 1], [1, PLUS, 1, PLUS, 1]])   # 3+4·1=2, 2·2+1=0, 3
-    gen = torch.tensor([[HASH, 2, EOS], [HASH, 0, EOS], [HASH, 4, EOS]])
+    p = torch.tensor([[4, 7, PLUS, 3, 8], [0, 5, PLUS, 0, 5], [9, 9, PLUS, 9, 9]])   # 85, 10, 198
+    gen = torch.tensor([_ids("#85", 5), _ids("#10", 5), _ids("#197", 5)])
     r = reward_fn(None, {"prompts": p, "tokens": gen})
     assert r.tolist() == [1.0, 1.0, -1.0] and r.dtype == torch.float32
 
 
+def _trace(a, b, c, d):
+    """An independent rendering of the column-by-column solution (prompt order) and the true sum."""
+    ones = b + d
+    tens = a + c + ones // 10
+    carry = "+1" if ones >= 10 else ""
+    return f"{b}+{d}={ones};{a}+{c}{carry}={tens};#{10 * tens + ones % 10}", 10 * a + b + 10 * c + d
+
+
 class Oracle(torch.nn.Module):
-    """Greedy output '# d EOS …' with d the true answer, except when a = 0 (then d + 1); margins of 0.5 only,
-    so that sampling instead of argmax would go wrong often."""
+    """Greedy output: the full column-by-column trace of the true sum, except when a = 0 (the answer after '#'
+    is off by one: answer and trace wrong) and when a = 1 and the ones column carries (the '+1' is left out:
+    the right answer after a wrong step). Margins of 0.5 only, so sampling instead of argmax goes wrong often."""
 
     def forward(self, x):
         B, T = x.shape
         logits = torch.zeros(B, T, V)
-        for b, (a, o1, bb, o2, c) in enumerate(x[:, :5].tolist()):
-            ab = (a + bb) % 5 if o1 == PLUS else (a * bb) % 5
-            val = ((ab + c) % 5 if o2 == PLUS else (ab * c) % 5) if (o1 == TIMES or o2 == PLUS) else \
-                (a + bb * c) % 5
-            d = val if a != 0 else (val + 1) % 5
-            logits[b, 5, HASH] = 0.5
-            logits[b, 6, d] = 0.5
-            logits[b, 7:, EOS] = 0.5
+        for r, (a, b, _, c, d) in enumerate(x[:, :5].tolist()):
+            text, y = _trace(a, b, c, d)
+            if a == 0:
+                text = text.split("#")[0] + f"#{y + 1}"
+            if a == 1 and b + d >= 10:
+                text = text.replace("+1=", "=")
+            for i, tok in enumerate(_ids(text, T - 5)):
+                logits[r, 5 + i, tok] = 0.5
         return logits
 
 
+ROWS = torch.tensor([[0, 1, PLUS, 1, 2], [1, 2, PLUS, 2, 3], [1, 7, PLUS, 3, 4], [2, 3, PLUS, 0, 4],
+                     [4, 4, PLUS, 4, 9], [3, 0, PLUS, 0, 1], [0, 9, PLUS, 2, 2]] * 4)
+# a = 0: rows 0, 6 (answer and trace wrong); a = 1 with a carry: row 2 (answer right, trace wrong)
+
+
 def test_greedy_accuracy_on_an_oracle():
-    rows = torch.tensor([[a, o1, b, o2, c] for a, o1, b, o2, c in
-                         [(0, PLUS, 1, PLUS, 2), (1, TIMES, 2, PLUS, 3), (2, PLUS, 3, TIMES, 4), (0, TIMES, 4, TIMES, 4),
-                          (4, PLUS, 4, PLUS, 4), (3, TIMES, 0, PLUS, 1), (0, PLUS, 2, TIMES, 2)] * 4])
     rec = Rec()
-    acc = greedy_accuracy(Oracle(), rows, 5, 2, 1, KernelCounter(rec), batch=3)
-    assert acc == pytest.approx(16 / 28)                                 # 4 of 7 rows have a ≠ 0
-    assert len(rec.calls) == 10 * 5                                     # 10 batches × 5 one-token steps
-    assert greedy_accuracy(Oracle(), rows, 5, 5, 5) == pytest.approx(16 / 28)
-    assert greedy_accuracy(Oracle(), rows[1:2], 4, 4, 1) == 1.0
-    assert greedy_accuracy(Oracle(), rows[:0], 4, 4, 1) == 0.0
+    acc = greedy_accuracy(Oracle(), ROWS, 20, 4, 1, KernelCounter(rec), batch=3)
+    assert acc == pytest.approx(20 / 28)                                 # 5 of 7 rows have a ≠ 0
+    assert len(rec.calls) == 10 * 20                                    # 10 batches × 20 one-token steps
+    assert greedy_accuracy(Oracle(), ROWS, 20, 20, 5) == pytest.approx(20 / 28)
+    assert greedy_accuracy(Oracle(), ROWS[1:2], 20, 5, 1) == 1.0
+    assert greedy_accuracy(Oracle(), ROWS[:0], 20, 4, 1) == 0.0
+
+
+def test_greedy_items_judge_answers_and_traces_per_prompt():
+    items = greedy_items(Oracle(), ROWS, 20, 5, 2)
+    assert items["answer"] == [0, 1, 1, 1, 1, 1, 0] * 4
+    assert items["trace"] == [0, 1, 0, 1, 1, 1, 0] * 4                   # the dropped carry is a wrong step
+
+
+def test_policy_drift_is_zero_against_itself_and_the_mc_kl_otherwise():
+    toy, other = Toy(3, scale=1.0), Toy(4, scale=1.0)
+    g = torch.Generator().manual_seed(7)
+    d0 = policy_drift(toy, toy, PROMPTS[:3], 6, g)
+    assert d0["kl_to_base"] == 0.0 and d0["sample_trace_pass1"] == 0.0 and d0["entropy"] > 0
+    g1, g2 = torch.Generator().manual_seed(7), torch.Generator().manual_seed(7)
+    d = policy_drift(toy, other, PROMPTS[:3], 6, g1)
+    gen, info = decode(toy, PROMPTS[:3], 6, 1, 1, 1.0, g2)                # the same samples
+    kl = 0.0
+    for bi in range(3):                                                  # Σ_t log p_toy − log p_other, by hand
+        pr, y = PROMPTS[bi].tolist(), gen[bi].tolist()
+        for t in range(6):
+            ctx = pr + y[:t] + [MASK] * (6 - t)
+            kl += logsoftmax_py(logits_py(toy, ctx, P + t))[y[t]] - logsoftmax_py(logits_py(other, ctx, P + t))[y[t]]
+    assert d["kl_to_base"] == pytest.approx(kl / 3, abs=1e-4)
+    assert d["entropy"] == pytest.approx(float(info["entropy"].mean()), abs=1e-6)
 
 
 def test_pretraining_logs_the_per_step_loss_through_the_trainer():

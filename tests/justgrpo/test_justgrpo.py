@@ -16,53 +16,94 @@ from stages.common.config import ConfigError, validate
 from stages.common.tiny_transformer import TinyTransformer, TinyTransformerConfig
 from stages.justgrpo import evaluate, prepare, train
 from stages.justgrpo.dllm import ar_logprobs, decode, onestep_logprobs, reward_fn
-from stages.justgrpo.task import (EOS, HASH, MASK, PLUS, TIMES, VOCAB_SIZE, all_prompts, answers, extract_answer,
-                                  MOD, is_fork, solution, valid_orders, value)
+from stages.justgrpo.task import (EOS, HASH, MASK, PLUS, VOCAB, VOCAB_SIZE, all_prompts, answers, extract_answer,
+                                  guess_rate, is_fork, prompt_batch, solution, trace_valid, value, ORDERS)
 
-OPS = {PLUS: "+", TIMES: "*"}
+
+def _toks(text: str, gen_len: int = 20) -> list[int]:
+    """An independent tokenizer for hand-written traces."""
+    ids = [VOCAB.index(ch) for ch in text]
+    return ids + [EOS] * (gen_len - len(ids))
 
 
 def test_task_values_and_solutions_match_python_arithmetic():
     rows = all_prompts()
-    assert len(rows) == 2 * 2 * MOD ** 3
-    for a, o1, b, o2, c in rows[::7].tolist():
-        truth = eval(f"{a}{OPS[o1]}{b}{OPS[o2]}{c}") % MOD            # independent reference
-        assert value(a, o1, b, o2, c) == truth
-        for order in valid_orders(o1, o2):
-            sol = solution(a, o1, b, o2, c, order, 16)
-            assert len(sol) == 16 and sol[-2:] == [EOS, EOS]
-            # each written step "x o y = z" is right mod 10, and the answer after '#' is the truth
-            for s in (sol[0:5], sol[6:11]):
-                assert eval(f"{s[0]}{OPS[s[1]]}{s[2]}") % MOD == s[4]
-            assert int(extract_answer(torch.tensor([sol]))[0]) == truth
+    assert len(rows) == 10 ** 4 and len({tuple(r) for r in rows.tolist()}) == 10 ** 4
+    prompts = prompt_batch(torch.as_tensor(rows))
+    truth = [int(f"{a}{b}") + int(f"{c}{d}") for a, b, c, d in rows.tolist()]   # Python's own integers
+    assert answers(prompts).tolist() == truth
+    for (a, b, c, d), t, p in list(zip(rows.tolist(), truth, prompts))[::37]:
+        assert value(a, b, c, d) == t
+        assert "".join(VOCAB[i] for i in p.tolist()) == f"{a}{b}+{c}{d}"
+        for order in ORDERS:
+            sol = solution(a, b, c, d, order, 20)
+            text = "".join(VOCAB[i] for i in sol if i != EOS)
+            ones, tens, _ = text.split(";")
+            lhs, rhs = ones.split("=")
+            assert eval(lhs) == int(rhs) and sorted(map(int, lhs.split("+"))) == sorted((b, d))
+            lhs, rhs = tens.split("=")
+            assert eval(lhs) == int(rhs) == a + c + (b + d) // 10
+            assert (lhs.count("+") == 2) == (b + d >= 10) and (lhs.count("+") < 2 or lhs.endswith("+1"))
+            assert int(extract_answer(torch.tensor([sol]))[0]) == t
+            assert bool(trace_valid(torch.tensor([sol]), p[None])[0])
 
 
-def test_forks_are_exactly_the_two_order_prompts():
-    rows = torch.as_tensor(all_prompts())
-    fork = is_fork(rows)
-    for r, f in zip(rows.tolist()[::11], fork.tolist()[::11]):
-        firsts = {solution(*r, o, 14)[0] for o in valid_orders(r[1], r[3])}
+def test_hand_written_traces_are_judged_step_by_step():
+    p = prompt_batch(torch.tensor([[4, 7, 3, 8]]))               # 47 + 38 = 85
+    cases = {"7+8=15;4+3+1=8;#85": (True, 85), "8+7=15;3+4+1=8;#85": (True, 85),
+             "8+7=15;4+3+1=8;#85": (True, 85),                 # each column in either order
+             "7+8=15;4+3=8;#85": (False, 85),                  # carry not written: a wrong step, right answer
+             "7+8=15;4+3+1=9;#95": (False, 95),
+             "7+8=16;4+3+1=8;#86": (False, 86),
+             "7+8=15;4+3+1=8;#085": (False, -1),               # leading zero
+             "7+9=16;4+3+1=8;#86": (False, 86),                # wrong digits copied
+             "7+8=15;4+3+1=8;#8": (False, 8),
+             "#85": (False, 85)}
+    for text, (valid, ans) in cases.items():
+        g = torch.tensor([_toks(text)])
+        assert bool(trace_valid(g, p)[0]) is valid, text
+        assert int(extract_answer(g)[0]) == ans, text
+    bad = _toks("7+8=15;4+3+1=8;#85")
+    bad[-1] = 3                                                  # a token after the EOS padding
+    assert not bool(trace_valid(torch.tensor([bad]), p)[0])
+    masked = _toks("7+8=15;4+3+1=8;#85")
+    masked[2] = MASK
+    assert not bool(trace_valid(torch.tensor([masked]), p)[0])
+
+
+def test_forks_are_exactly_the_prompts_whose_orders_start_differently():
+    prompts = prompt_batch(torch.as_tensor(all_prompts()))
+    fork = is_fork(prompts)
+    for r, f in zip(all_prompts().tolist()[::13], fork.tolist()[::13]):
+        firsts = {solution(*r, o, 20)[0] for o in ORDERS}
         assert f == (len(firsts) == 2)
 
 
+def test_guessing_is_rare():
+    ans = np.array([int(f"{a}{b}") + int(f"{c}{d}") for a, b, c, d in all_prompts().tolist()])
+    assert len(set(ans.tolist())) == 199
+    assert guess_rate(ans) == pytest.approx(100 / 10 ** 4)      # 99 = i + (99 − i) for i = 0..99
+    assert guess_rate(np.array([3, 3, 5, 7])) == 0.5
+
+
 def test_extract_answer_and_reward():
-    gen = torch.tensor([[1, HASH, 2, EOS], [HASH, MASK, 3, 3], [1, 2, 3, 4]])
-    assert extract_answer(gen).tolist() == [2, -1, -1]
-    p = torch.tensor([[3, PLUS, 4, TIMES, 1]] * 3)               # 3 + 4 = 7 = 2 mod 5
-    assert reward_fn(None, {"prompts": p, "tokens": gen}).tolist() == [1.0, -1.0, -1.0]
+    gen = torch.tensor([_toks("#85"), [HASH, MASK, 3, 3] + [EOS] * 16, _toks("1+2=3"), _toks("#1234")])
+    assert extract_answer(gen).tolist() == [85, -1, -1, -1]
+    p = prompt_batch(torch.tensor([[4, 7, 3, 8]] * 4))
+    assert reward_fn(None, {"prompts": p, "tokens": gen}).tolist() == [1.0, -1.0, -1.0, -1.0]
 
 
 def _model(seed=0, std=0.3):
     torch.manual_seed(seed)
     return TinyTransformer(TinyTransformerConfig(vocab_size=VOCAB_SIZE, d_model=24, n_layers=2, n_heads=2,
-                                                 max_seq_len=21, causal=False, init_std=std)).eval()
+                                                 max_seq_len=25, causal=False, init_std=std)).eval()
 
 
 def test_ar_likelihood_is_exact_for_block1_rollouts():
     """JustGRPO's loss likelihood equals the log-prob each token had when the AR rollout sampled it;
     the one-step surrogate does not (the gap the baseline ignores)."""
     m = _model()
-    p = torch.as_tensor(all_prompts()[[3, 50, 123, 499, 17]])
+    p = prompt_batch(torch.as_tensor(all_prompts()[[3, 50, 123, 4999, 17]]))
     g = torch.Generator().manual_seed(5)
     gen, info = decode(m, p, 16, 1, 1, 1.0, g)
     assert torch.equal(info["step"], torch.arange(16).expand(5, 16))  # strictly left to right
@@ -79,7 +120,7 @@ def test_ar_likelihood_is_exact_for_block1_rollouts():
 @pytest.mark.parametrize("gen_len,block,k", [(14, 7, 1), (14, 7, 2), (14, 7, 4), (16, 16, 3), (15, 4, 4)])
 def test_semi_ar_blocks_and_tokens_per_step(gen_len, block, k):
     m = _model(1)
-    p = torch.as_tensor(all_prompts()[:3])
+    p = prompt_batch(torch.as_tensor(all_prompts()[:3]))
     gen, info = decode(m, p, gen_len, block, k, 0.0)
     sizes = [min(block, gen_len - b0) for b0 in range(0, gen_len, block)]
     assert info["n_steps"] == sum(ceil(s / k) for s in sizes)
@@ -123,7 +164,11 @@ def test_pass_at_k_matches_enumeration():
 
 
 @pytest.mark.parametrize("cfg_cls,block,needle", [
-    (prepare.Config, {"gen_len": 10}, "gen_len"),
+    (prepare.Config, {"gen_len": 19}, "gen_len"),
+    (prepare.Config, {"test_frac": 0.5, "dev_frac": 0.45}, "dev_frac"),
+    (evaluate.Config, {"ks": [1, 2, 4], "claim_k": 8}, "claim_k"),
+    (train.Config, {"pretrain": {"steps": 100, "eval_every": 200}}, "pretrain.eval_every"),
+    (train.Config, {"pretrain": {"target_trace_pass1": 1.5}}, "target_trace_pass1"),
     (train.Config, {"rl": {"grpo": {"group_size": 1}}}, "rl.grpo.group_size"),
     (evaluate.Config, {"n_samples": 16, "ks": [1, 4, 64]}, "ks"),
     (evaluate.Config, {"tokens_per_step": [1, 8], "eval_block": 4}, "tokens_per_step"),
@@ -139,8 +184,27 @@ def test_smoke_pipeline(smoke_run):
     out = smoke_run("justgrpo")
     metrics = json.loads((out["report"] / "metrics.json").read_text())
     names = {c["name"] for c in metrics["claims"]}
-    assert {"ar_coverage_at_large_k", "justgrpo_beats_arbitrary_grpo", "gain_survives_parallel"} <= names
+    assert {"ar_coverage_at_k", "justgrpo_beats_arbitrary_grpo", "gain_survives_parallel",
+            "justgrpo_improves_base_trace", "base_trace_above_floor", "guessing_rare"} <= names
     assert metrics["kernels"]["token_logprob"]["calls"] > 0
     assert (out["report"] / "figures" / "passk_curves.png").exists()
     ev = metrics["metrics"]
     assert set(ev["acc"]) == {"base", "justgrpo", "arbitrary"} and set(ev["acc"]["base"]) == {"tps1", "tps2", "tps4"}
+    # per-prompt 0/1 lists (paired verdicts), one per seed, on the evaluated test prompts
+    items = ev["acc"]["justgrpo"]["tps1"]
+    assert len(items) == len(ev["seeds"]) and all(len(v) == ev["eval_prompts"] and set(v) <= {0, 1} for v in items)
+    assert set(ev["trace_acc"]) == set(ev["acc"])
+    # trace-level correctness never exceeds answer-level on the same prompt (a valid trace has the right answer)
+    for name in ev["acc"]:
+        for t in ev["acc"][name]:
+            for ans, tr in zip(ev["acc"][name][t], ev["trace_acc"][name][t]):
+                assert all(x >= y for x, y in zip(ans, tr))
+    for smp in ("ar", "arbitrary"):
+        for k, v in ev["passk"][smp]["trace"].items():
+            assert all(t <= a + 1e-12 for t, a in zip(v, ev["passk"][smp]["answer"][k]))
+    import polars as pl
+    hist = pl.read_csv(out["train"] / "rl_history.csv")
+    assert {"reward_mean", "reward_std", "dev_acc", "dev_trace_acc", "entropy", "kl_to_base"} <= set(hist.columns)
+    assert "loss" not in hist.columns                              # the surrogate's value is not a learning signal
+    assert hist.filter(pl.col("step") == 0)["kl_to_base"].abs().max() < 1e-5   # step 0: the policy is the base
+    assert pl.read_csv(out["train"] / "pretrain_curve.csv").columns == ["step", "dev_trace_pass1"]

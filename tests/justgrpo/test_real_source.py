@@ -203,7 +203,7 @@ def test_full_profile_prepare_train_on_fixture(setup, tmp_path):
         "rl": {"steps": 2, "prompts_per_step": 2, "grpo": {"group_size": 3}, "eval_every": 2, "eval_prompts": 2,
                "arms": ["justgrpo", "arbitrary"]},
         "trainer": {"accelerator": "cpu", "precision": "64-true"}}
-    p["evaluate"]["profiles"]["full"] = {"n_samples": 3, "ks": [1, 3], "passk_prompts": 2, "eval_prompts": 3,
+    p["evaluate"]["profiles"]["full"] = {"n_samples": 3, "ks": [1, 3], "claim_k": 3, "passk_prompts": 2, "eval_prompts": 3,
                                          "tokens_per_step": [1, 4], "eval_block": 4, "sample_batch": 2}
     (tmp_path / "params.yaml").write_text(yaml.safe_dump(params))
     for stage in ("prepare", "train"):
