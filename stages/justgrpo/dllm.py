@@ -161,17 +161,19 @@ def onestep_logprobs(model: TinyTransformer, prompts: torch.Tensor, gen: torch.T
 # ----------------------------------------------------------------------------------------------
 class DLLMPolicy(nn.Module):
     """justgrpo: AR-order rollout (block 1, T=1) + exact AR likelihood.
-    arbitrary: low-confidence arbitrary-order rollout (T=1) + one-step masked surrogate (d1-style)."""
+    arbitrary: low-confidence arbitrary-order rollout (T=1) inside blocks of ``arbitrary_block`` (None: one block,
+    the whole generation; d1 rolls out with LLaDA's semi-AR blocks) + one-step masked surrogate (d1-style)."""
 
     def __init__(self, model: TinyTransformer, gen_len: int, arm: Literal["justgrpo", "arbitrary"],
-                 counter: Counter | None = None):
+                 counter: Counter | None = None, arbitrary_block: int | None = None):
         super().__init__()
         self.model, self.gen_len, self.arm = model, gen_len, arm
+        self.arbitrary_block = arbitrary_block
         self.counter = counter or Counter()
 
     def rollout(self, prompts, group_size, generator):
         p = prompts.repeat_interleave(group_size, 0)                          # prompt-major rows
-        block = 1 if self.arm == "justgrpo" else self.gen_len
+        block = 1 if self.arm == "justgrpo" else (self.arbitrary_block or self.gen_len)
         gen, _ = decode(self.model, p, self.gen_len, block, 1, 1.0, generator, self.counter)
         # loss covers every position, EOS fill included (official grpo.py:34-50)
         return {"prompts": p, "tokens": gen, "mask": torch.ones(gen.shape, device=gen.device)}

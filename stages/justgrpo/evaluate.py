@@ -1,8 +1,9 @@
 """evaluate: (1) the flexibility trap on the pretrained base dLLM (one sampling stream per seed) —
 trace-level and answer-level pass@k (unbiased estimator, k up to n_samples, T = 1) under AR order vs
 low-confidence arbitrary order, per test prompt, and the predictive entropy of fork tokens at the
-moment each sampler decodes them; (2) greedy answer- and trace-level correctness, per test prompt, of
-the base model and both RL arms of every seed with semi-AR parallel decoding at 1, 2 and 4 tokens per step.
+moment each sampler decodes them and how often a prompt's samples take both fork branches; (2) greedy answer- and trace-level correctness, per test prompt, of
+the base model and both RL arms of every seed with semi-AR parallel decoding at 1, 2 and 4 tokens per step, and
+with fully arbitrary-order decoding (one block, 1 token per step).
 Sampler confidences and token log-probs go through ``kernels/token_logprob``.
 
     python -m stages evaluate justgrpo [--profile smoke]
@@ -80,20 +81,27 @@ def sample_stats(model, prompts, gen_len: int, sampler: str, n: int, batch: int,
     block, tps = SAMPLERS[sampler]
     block = gen_len if block is None else block
     rows = prompts.repeat_interleave(n, 0)
-    ok, tr, ent0, step0 = [], [], [], []
+    ok, tr, ent0, step0, first = [], [], [], [], []
     for i in range(0, rows.shape[0], batch):
         p = rows[i:i + batch]
         gen, info = decode(model, p, gen_len, block, tps, 1.0, g, counter)
         ok.append(correct(gen, answers(p)))
         tr.append(trace_valid(gen, p))
         ent0.append(info["entropy"][:, 0])
+        first.append(gen[:, 0])
         step0.append(info["step"][:, 0].float() / (info["n_steps"] - 1))
     ok = torch.cat(ok).view(-1, n)
     tr = torch.cat(tr).view(-1, n)
     fork = is_fork(prompts)
     ent0 = torch.cat(ent0).view(-1, n)
     step0 = torch.cat(step0).view(-1, n)
+    # fork branches: which ones-column order each sample took (first token b = prompt order, d = swapped)
+    first = torch.cat(first).view(-1, n)
+    left, right = first == prompts[:, 1:2], first == prompts[:, 4:5]
+    both_any = (left.any(1) & right.any(1))[fork]
+    both_valid = ((left & tr).any(1) & (right & tr).any(1))[fork]
     return {"c_answer": ok.sum(1).cpu().numpy(), "c_trace": tr.sum(1).cpu().numpy(),
+            "both_orders": both_any.int().tolist(), "both_orders_valid": both_valid.int().tolist(),
             "fork_entropy": float(ent0[fork].mean()), "nonfork_entropy": float(ent0[~fork].mean()),
             "fork_decode_step": float(step0[fork].mean())}
 
@@ -122,7 +130,7 @@ def run(cfg: Config, ctx: StageContext) -> None:
                      "n_fork_prompts": int(is_fork(pk_prompts).sum()), "passk_prompts": int(len(pk_prompts)),
                      "eval_prompts": int(len(acc_prompts))}
     base = load_model(ctx.input("train") / "base.pt", mcfg, device)
-    greedy_base: dict[int, dict] = {}
+    greedy_base: dict[str, dict] = {}
     for seed in seeds:
         # --- 1. flexibility trap on the pretrained dLLM (this seed's sampling stream)
         for sampler in SAMPLERS:
@@ -142,22 +150,25 @@ def run(cfg: Config, ctx: StageContext) -> None:
                 if 1 in per_k:
                     items.setdefault(f"{level}_pass1", []).append([float(x) for x in per_k[1]])
             fk = metrics["fork"].setdefault(sampler, {})
-            for key in ("fork_entropy", "nonfork_entropy", "fork_decode_step"):
+            for key in ("fork_entropy", "nonfork_entropy", "fork_decode_step", "both_orders", "both_orders_valid"):
                 fk.setdefault(key, []).append(st[key])
         # --- 2. greedy accuracy with parallel decoding (semi-AR blocks, low-confidence remasking, T = 0)
         for name in ["base"] + arms:
             model = base if name == "base" else load_model(ctx.input("train") / f"{name}_s{seed}.pt", mcfg, device)
-            for tps in cfg.tokens_per_step:
-                if name == "base" and tps in greedy_base:            # greedy decoding of the one base: deterministic
-                    items = greedy_base[tps]
+            # semi-AR blocks at each tokens/step, and one fully arbitrary-order decode (one block, 1 token/step)
+            for key, block, tps in ([(f"tps{t}", cfg.eval_block, t) for t in cfg.tokens_per_step]
+                                    + [("full_arbitrary", gen_len, 1)]):
+                if name == "base" and key in greedy_base:            # greedy decoding of the one base: deterministic
+                    items = greedy_base[key]
                 else:
-                    items = greedy_items(model, acc_prompts, gen_len, cfg.eval_block, tps, counter)
+                    items = greedy_items(model, acc_prompts, gen_len, block, tps, counter)
                     if name == "base":
-                        greedy_base[tps] = items
-                acc_rows.append({"seed": seed, "model": name, "tokens_per_step": tps,
-                                 "acc": float(np.mean(items["answer"])), "trace_acc": float(np.mean(items["trace"]))})
-                metrics["acc"].setdefault(name, {}).setdefault(f"tps{tps}", []).append(items["answer"])
-                metrics["trace_acc"].setdefault(name, {}).setdefault(f"tps{tps}", []).append(items["trace"])
+                        greedy_base[key] = items
+                acc_rows.append({"seed": seed, "model": name, "decoder": "full_arbitrary" if key == "full_arbitrary" else "semi_ar",
+                                 "tokens_per_step": tps, "acc": float(np.mean(items["answer"])),
+                                 "trace_acc": float(np.mean(items["trace"]))})
+                metrics["acc"].setdefault(name, {}).setdefault(key, []).append(items["answer"])
+                metrics["trace_acc"].setdefault(name, {}).setdefault(key, []).append(items["trace"])
         # Triton path vs torch reference on real sampler inputs (the base model)
         if seed == seeds[0]:
             with torch.no_grad():

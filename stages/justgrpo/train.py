@@ -76,6 +76,9 @@ class RLConfig(StageConfig):
     eval_prompts: PositiveInt = Field(200, le=10_000, description="dev prompts for the greedy accuracy-vs-step curve")
     drift_prompts: PositiveInt = Field(64, le=10_000, description="dev prompts sampled (T = 1) for entropy and KL to base")
     eval_block: PositiveInt = Field(5, le=32, description="semi-AR block length of the greedy evaluation")
+    baseline_block: PositiveInt | None = Field(5, le=32, description=(
+        "the arbitrary-order arm's rollout block (low-confidence order inside each block, blocks left to right, "
+        "as d1 rolls out with LLaDA's semi-AR sampler); null: one block, the whole generation"))
     arms: list[Arm] = Field(default_factory=lambda: ["justgrpo", "arbitrary"], min_length=1, max_length=2)
 
     @field_validator("arms")
@@ -183,6 +186,8 @@ def run(cfg: Config, ctx: StageContext) -> None:
     gen_len, seeds = meta["gen_len"], meta["seeds"]
     if cfg.rl.eval_block > gen_len:
         raise ValueError(f"rl.eval_block: {cfg.rl.eval_block} exceeds gen_len {gen_len}")
+    if cfg.rl.baseline_block is not None and cfg.rl.baseline_block > gen_len:
+        raise ValueError(f"rl.baseline_block: {cfg.rl.baseline_block} exceeds gen_len {gen_len}")
     train_p = load_prompts(ctx.input("prepare"), "train")
     dev_p = load_prompts(ctx.input("prepare"), "dev").to(device)
     for name, n in (("pretrain.eval_prompts", cfg.pretrain.eval_prompts), ("rl.eval_prompts", cfg.rl.eval_prompts),
@@ -205,7 +210,7 @@ def run(cfg: Config, ctx: StageContext) -> None:
     history = []
     for seed in seeds:
         for arm in cfg.rl.arms:
-            policy = DLLMPolicy(copy.deepcopy(base).train(), gen_len, arm, counter)
+            policy = DLLMPolicy(copy.deepcopy(base).train(), gen_len, arm, counter, cfg.rl.baseline_block)
             for p in policy.parameters():
                 p.requires_grad_(True)
 

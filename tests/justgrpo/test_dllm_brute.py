@@ -247,11 +247,11 @@ def test_masked_diffusion_loss_by_hand():
     assert torch.equal(m2.model.inputs[-1], xt)                          # same seed, same masks
 
 
-@pytest.mark.parametrize("arm,block", [("justgrpo", 1), ("arbitrary", 6)])
+@pytest.mark.parametrize("arm,block", [("justgrpo", 1), ("arbitrary", 6), ("arbitrary", 3)])
 def test_policies_rollout_and_score(arm, block):
     toy = Toy(9, scale=1.0)
     rec = Rec()
-    pol = DLLMPolicy(toy, 6, arm, KernelCounter(rec))
+    pol = DLLMPolicy(toy, 6, arm, KernelCounter(rec), arbitrary_block=3 if block == 3 else None)
     roll = pol.rollout(PROMPTS[:2], 3, torch.Generator().manual_seed(2))
     assert roll.keys() == {"prompts", "tokens", "mask"}
     assert roll["prompts"].tolist() == [PROMPTS[0].tolist()] * 3 + [PROMPTS[1].tolist()] * 3   # prompt-major

@@ -189,7 +189,7 @@ def test_smoke_pipeline(smoke_run):
     assert metrics["kernels"]["token_logprob"]["calls"] > 0
     assert (out["report"] / "figures" / "passk_curves.png").exists()
     ev = metrics["metrics"]
-    assert set(ev["acc"]) == {"base", "justgrpo", "arbitrary"} and set(ev["acc"]["base"]) == {"tps1", "tps2", "tps4"}
+    assert set(ev["acc"]) == {"base", "justgrpo", "arbitrary"} and set(ev["acc"]["base"]) == {"tps1", "tps2", "tps4", "full_arbitrary"}
     # per-prompt 0/1 lists (paired verdicts), one per seed, on the evaluated test prompts
     items = ev["acc"]["justgrpo"]["tps1"]
     assert len(items) == len(ev["seeds"]) and all(len(v) == ev["eval_prompts"] and set(v) <= {0, 1} for v in items)
@@ -199,6 +199,11 @@ def test_smoke_pipeline(smoke_run):
         for t in ev["acc"][name]:
             for ans, tr in zip(ev["acc"][name][t], ev["trace_acc"][name][t]):
                 assert all(x >= y for x, y in zip(ans, tr))
+    # fork branches: per fork prompt 0/1, and taking both branches among valid traces implies among all samples
+    assert {"fork_branches_ar_wider", "justgrpo_beats_arbitrary_trace"} <= names
+    for smp in ("ar", "arbitrary"):
+        for both, valid in zip(ev["fork"][smp]["both_orders"], ev["fork"][smp]["both_orders_valid"]):
+            assert len(both) == ev["n_fork_prompts"] and all(b >= v for b, v in zip(both, valid))
     for smp in ("ar", "arbitrary"):
         for k, v in ev["passk"][smp]["trace"].items():
             assert all(t <= a + 1e-12 for t, a in zip(v, ev["passk"][smp]["answer"][k]))
