@@ -17,7 +17,7 @@ from stages.common.tiny_transformer import TinyTransformer, TinyTransformerConfi
 from stages.justgrpo import evaluate, prepare, train
 from stages.justgrpo.dllm import ar_logprobs, decode, onestep_logprobs, reward_fn
 from stages.justgrpo.task import (EOS, HASH, MASK, PLUS, VOCAB, VOCAB_SIZE, all_prompts, answers, extract_answer,
-                                  guess_rate, is_fork, prompt_batch, solution, trace_valid, value, ORDERS)
+                                  guess_rate, is_fork, prompt_batch, render, solution, trace_valid, value, ORDERS)
 
 
 def _toks(text: str, gen_len: int = 20) -> list[int]:
@@ -29,6 +29,15 @@ def _toks(text: str, gen_len: int = 20) -> list[int]:
 def test_task_values_and_solutions_match_python_arithmetic():
     rows = all_prompts()
     assert len(rows) == 10 ** 4 and len({tuple(r) for r in rows.tolist()}) == 10 ** 4
+    assert rows[:3].tolist() == [[0, 0, 0, 0], [0, 0, 0, 1], [0, 0, 0, 2]] and rows[10].tolist() == [0, 0, 1, 0]
+    # the left order writes each column in prompt order (b + d first), the right order swaps both columns
+    assert [VOCAB[i] for i in solution(4, 7, 3, 8, "left", 20) if i != EOS] == list("7+8=15;4+3+1=8;#85")
+    assert [VOCAB[i] for i in solution(4, 7, 3, 8, "right", 20) if i != EOS] == list("8+7=15;3+4+1=8;#85")
+    assert len(solution(0, 1, 0, 2, "left", 24)) == 24
+    assert render(solution(4, 7, 3, 8, "left", 20)) == "7+8=15;4+3+1=8;#85"       # EOS padding not shown
+    assert render(torch.tensor([4, 7, PLUS, 3, 8, MASK])) == "47+38"
+    with pytest.raises(ValueError, match="gen_len 17 is shorter than the 18-token solution"):
+        solution(4, 7, 3, 8, "left", 17)
     prompts = prompt_batch(torch.as_tensor(rows))
     truth = [int(f"{a}{b}") + int(f"{c}{d}") for a, b, c, d in rows.tolist()]   # Python's own integers
     assert answers(prompts).tolist() == truth
@@ -58,11 +67,16 @@ def test_hand_written_traces_are_judged_step_by_step():
              "7+8=15;4+3+1=8;#085": (False, -1),               # leading zero
              "7+9=16;4+3+1=8;#86": (False, 86),                # wrong digits copied
              "7+8=15;4+3+1=8;#8": (False, 8),
-             "#85": (False, 85)}
+             "#85": (False, 85),
+             "7+8=15;4+3+1=8;#85+": (False, 85),               # the answer ends at the first non-digit
+             "#05": (False, -1)}
     for text, (valid, ans) in cases.items():
         g = torch.tensor([_toks(text)])
         assert bool(trace_valid(g, p)[0]) is valid, text
         assert int(extract_answer(g)[0]) == ans, text
+    # a batch: a malformed row does not stop the judging of the rows after it
+    batch = torch.tensor([_toks("#85"), _toks("7+8=15;4+3+1=8;#85"), _toks("8+7=15;3+4+1=8;#85")])
+    assert trace_valid(batch, p.expand(3, -1)).tolist() == [False, True, True]
     bad = _toks("7+8=15;4+3+1=8;#85")
     bad[-1] = 3                                                  # a token after the EOS padding
     assert not bool(trace_valid(torch.tensor([bad]), p)[0])
