@@ -252,10 +252,6 @@ def tps_figure(acc: pl.DataFrame):
     return fig
 
 
-def _cell(v) -> str:
-    return mean_sd(v)
-
-
 def run(cfg: Config, ctx: StageContext) -> None:
     ev = derive(read_json(ctx.input("evaluate") / "eval.json"))
     models = read_json(ctx.input("train") / "models.json")
@@ -305,20 +301,20 @@ tokens per step, on {ev['eval_prompts']} prompts, every verdict paired per test 
         row = {"sampler": smp}
         for level in ("trace", "answer"):
             for k in sorted({1, kc, kmax}):
-                row[f"{level} pass@{k}"] = _cell(ev["passk"][smp][level][f"pass{k}"])
-        row["fork prompts with both branches"] = _cell(ev["fork"][smp]["both_orders"])
-        row["… among valid traces"] = _cell(ev["fork"][smp]["both_orders_valid"])
-        row["fork entropy (nats)"] = _cell(ev["fork"][smp]["fork_entropy"])
-        row["fork decoded at (0 first, 1 last)"] = _cell(ev["fork"][smp]["fork_decode_step"])
+                row[f"{level} pass@{k}"] = mean_sd(ev["passk"][smp][level][f"pass{k}"])
+        row["fork prompts with both branches"] = mean_sd(ev["fork"][smp]["both_orders"])
+        row["… among valid traces"] = mean_sd(ev["fork"][smp]["both_orders_valid"])
+        row["fork entropy (nats)"] = mean_sd(ev["fork"][smp]["fork_entropy"])
+        row["fork decoded at (0 first, 1 last)"] = mean_sd(ev["fork"][smp]["fork_decode_step"])
         rows.append(row)
     rep.table("Results: flexibility trap (the pretrained base, mean ± sd over sampling seeds)", pl.DataFrame(rows))
     rows = []
     for name in ["base"] + models["arms"]:
         row = {"model": name}
-        for t in ev["acc"][name]:
+        for t in sorted(ev["acc"][name], key=lambda t: (t == "full_arbitrary", t)):   # tok/step first
             label = "full arbitrary" if t == "full_arbitrary" else f"{t[3:]} tok/step"
-            row[f"answer, {label}"] = _cell(ev["acc"][name][t])
-            row[f"trace, {label}"] = _cell(ev["trace_acc"][name][t])
+            row[f"answer, {label}"] = mean_sd(ev["acc"][name][t])
+            row[f"trace, {label}"] = mean_sd(ev["trace_acc"][name][t])
         rows.append(row)
     rep.table("Results: greedy accuracy with parallel decoding (test prompts, mean ± sd over seeds)", pl.DataFrame(rows),
               note=f"The best constant guesser scores {meta['guess_rate']:.3f}. *k tok/step*: semi-AR blocks of "
