@@ -10,6 +10,8 @@ Sampler confidences and token log-probs go through ``kernels/token_logprob``.
 """
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import polars as pl
 import torch
@@ -23,6 +25,7 @@ from stages.common.paths import read_json, write_json
 from stages.common.runner import StageContext
 from stages.common.tiny_transformer import TinyTransformer, TinyTransformerConfig
 from stages.justgrpo.dllm import Counter, decode, greedy_items
+from stages.justgrpo.jobs import payload, run_jobs
 from stages.justgrpo.prepare import load_prompts
 from stages.justgrpo.task import MASK, PROMPT_LEN, answers, correct, is_fork, trace_valid
 
@@ -32,6 +35,9 @@ SAMPLERS = {"ar": (1, 1), "arbitrary": (None, 1)}   # name -> (block_len (None =
 class Config(StageConfig):
     device: DeviceName = "auto"
     torch_threads: int = Field(1, ge=1, le=64)
+    workers: int = Field(1, ge=1, le=64, description=(
+        "processes for the independent pass@k streams and greedy decodes, one intra-op thread each (1: in this "
+        "process, same results)"))
     n_samples: PositiveInt = Field(64, le=1024, description="samples per prompt for pass@k (T = 1)")
     ks: list[PositiveInt] = Field(default_factory=lambda: [1, 2, 4, 8, 16, 32, 64], min_length=1, max_length=16)
     claim_k: PositiveInt = Field(16, le=1024, description="the k at which the coverage claim reads pass@k (fixed before the run)")
@@ -106,6 +112,29 @@ def sample_stats(model, prompts, gen_len: int, sampler: str, n: int, batch: int,
             "fork_decode_step": float(step0[fork].mean())}
 
 
+def eval_run(job: tuple[str, int, str]) -> dict:
+    """One independent piece of the evaluation (a job of ``jobs.run_jobs``: inputs from its payload):
+    ("passk", seed, sampler): n samples per pass@k prompt from the base under that sampler, from the generator
+    seeded ``evaluate.seed + seed``; ("greedy", seed, model): greedy items of a model (base, or an arm of that
+    seed) under every decoder. Returns the stats and the token_logprob call count."""
+    kind, seed, name = job
+    p = payload()
+    cfg, device, gen_len = Config.model_validate(p["cfg"]), torch.device(p["device"]), p["gen_len"]
+    rec = KernelRecord(device)
+    counter = Counter(rec)
+    ckpt = "base.pt" if kind == "passk" or name == "base" else f"{name}_s{seed}.pt"   # pass@k: of the base
+    model = load_model(Path(p["train_dir"]) / ckpt, p["model"], device)
+    if kind == "passk":
+        g = generator(device, cfg.seed + seed)
+        out = sample_stats(model, p["pk_prompts"].to(device), gen_len, name, cfg.n_samples, cfg.sample_batch, g,
+                           counter)
+    else:
+        acc = p["acc_prompts"].to(device)
+        out = {"items": {key: greedy_items(model, acc, gen_len, block, tps, counter)
+                         for key, block, tps in p["decoders"]}}
+    return dict(out, calls=rec.to_dict().get("token_logprob", {}).get("calls", 0))
+
+
 def run(cfg: Config, ctx: StageContext) -> None:
     torch.set_num_threads(cfg.torch_threads)
     device = pick_device(cfg.device)
@@ -123,19 +152,25 @@ def run(cfg: Config, ctx: StageContext) -> None:
     pk_prompts, acc_prompts = test[: cfg.passk_prompts], test[: cfg.eval_prompts]
     guess = read_json(ctx.input("prepare") / "meta.json").get("guess_rate")
     rec = KernelRecord(device)
-    counter = Counter(rec)
     passk_rows, acc_rows = [], []
     metrics: dict = {"seeds": seeds, "ks": cfg.ks, "claim_k": cfg.claim_k, "n_samples": cfg.n_samples,
                      "passk": {}, "passk_items": {}, "fork": {}, "acc": {}, "trace_acc": {}, "guess_rate": guess,
                      "n_fork_prompts": int(is_fork(pk_prompts).sum()), "passk_prompts": int(len(pk_prompts)),
                      "eval_prompts": int(len(acc_prompts))}
-    base = load_model(ctx.input("train") / "base.pt", mcfg, device)
-    greedy_base: dict[str, dict] = {}
+    # independent runs (one sampler's pass@k stream per seed, one model's greedy decodes), longest first, in a
+    # pool of single-threaded processes; each draws only from its own seeded generator
+    decoders = [(f"tps{t}", cfg.eval_block, t) for t in cfg.tokens_per_step] + [("full_arbitrary", gen_len, 1)]
+    jobs = ([("passk", seed, sampler) for seed in seeds for sampler in SAMPLERS] + [("greedy", 0, "base")]
+            + [("greedy", seed, name) for seed in seeds for name in arms])
+    data = {"cfg": cfg.model_dump(mode="json"), "device": str(device), "gen_len": gen_len, "model": mcfg,
+            "train_dir": str(ctx.input("train")), "pk_prompts": pk_prompts.cpu(), "acc_prompts": acc_prompts.cpu(),
+            "decoders": decoders}
+    done = {job: r for job, r in zip(jobs, run_jobs(eval_run, jobs, data, cfg.workers))}
     for seed in seeds:
         # --- 1. flexibility trap on the pretrained dLLM (this seed's sampling stream)
         for sampler in SAMPLERS:
-            g = generator(device, cfg.seed + seed)
-            st = sample_stats(base, pk_prompts, gen_len, sampler, cfg.n_samples, cfg.sample_batch, g, counter)
+            st = done[("passk", seed, sampler)]
+            rec.count("token_logprob", st.pop("calls"))
             for level in ("trace", "answer"):
                 per_k = {k: pass_at_k(cfg.n_samples, st[f"c_{level}"], k) for k in cfg.ks}
                 pk = metrics["passk"].setdefault(sampler, {}).setdefault(level, {})
@@ -152,31 +187,27 @@ def run(cfg: Config, ctx: StageContext) -> None:
             fk = metrics["fork"].setdefault(sampler, {})
             for key in ("fork_entropy", "nonfork_entropy", "fork_decode_step", "both_orders", "both_orders_valid"):
                 fk.setdefault(key, []).append(st[key])
-        # --- 2. greedy accuracy with parallel decoding (semi-AR blocks, low-confidence remasking, T = 0)
+        # --- 2. greedy accuracy with parallel decoding (semi-AR blocks, low-confidence remasking, T = 0); greedy
+        # decoding of the one base is deterministic: decoded once, read for every seed
         for name in ["base"] + arms:
-            model = base if name == "base" else load_model(ctx.input("train") / f"{name}_s{seed}.pt", mcfg, device)
-            # semi-AR blocks at each tokens/step, and one fully arbitrary-order decode (one block, 1 token/step)
-            for key, block, tps in ([(f"tps{t}", cfg.eval_block, t) for t in cfg.tokens_per_step]
-                                    + [("full_arbitrary", gen_len, 1)]):
-                if name == "base" and key in greedy_base:            # greedy decoding of the one base: deterministic
-                    items = greedy_base[key]
-                else:
-                    items = greedy_items(model, acc_prompts, gen_len, block, tps, counter)
-                    if name == "base":
-                        greedy_base[key] = items
+            r = done[("greedy", 0, "base")] if name == "base" else done[("greedy", seed, name)]
+            if name != "base" or seed == seeds[0]:
+                rec.count("token_logprob", r["calls"])
+            for key, block, tps in decoders:
+                items = r["items"][key]
                 acc_rows.append({"seed": seed, "model": name, "decoder": "full_arbitrary" if key == "full_arbitrary" else "semi_ar",
                                  "tokens_per_step": tps, "acc": float(np.mean(items["answer"])),
                                  "trace_acc": float(np.mean(items["trace"]))})
                 metrics["acc"].setdefault(name, {}).setdefault(key, []).append(items["answer"])
                 metrics["trace_acc"].setdefault(name, {}).setdefault(key, []).append(items["trace"])
-        # Triton path vs torch reference on real sampler inputs (the base model)
-        if seed == seeds[0]:
-            with torch.no_grad():
-                x = torch.cat([pk_prompts[:24], torch.full((min(24, len(pk_prompts)), gen_len), MASK, device=device)], 1)
-                logits = base(x)[:, PROMPT_LEN:].float()
-                rec.parity("token_logprob", lambda l, t, backend: token_logprob(l, t, with_entropy=True, backend=backend),
-                           logits.contiguous(), logits.argmax(-1),
-                           slice="base dLLM: first-step logits of 24 test prompts (logp and entropy)")
+    # Triton path vs torch reference on real sampler inputs (the base model)
+    base = load_model(ctx.input("train") / "base.pt", mcfg, device)
+    with torch.no_grad():
+        x = torch.cat([pk_prompts[:24], torch.full((min(24, len(pk_prompts)), gen_len), MASK, device=device)], 1)
+        logits = base(x)[:, PROMPT_LEN:].float()
+        rec.parity("token_logprob", lambda l, t, backend: token_logprob(l, t, with_entropy=True, backend=backend),
+                   logits.contiguous(), logits.argmax(-1),
+                   slice="base dLLM: first-step logits of 24 test prompts (logp and entropy)")
     rec.save(ctx.out)
     pl.DataFrame(passk_rows).write_csv(ctx.out / "passk.csv")
     pl.DataFrame(acc_rows).write_csv(ctx.out / "accuracy.csv")

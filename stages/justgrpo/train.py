@@ -17,6 +17,7 @@ and KL to the base; every step: reward mean and std. Token log-probs go through 
 from __future__ import annotations
 
 import copy
+from pathlib import Path
 from typing import Literal
 
 import lightning as L
@@ -34,10 +35,11 @@ from stages.common.grpo import GRPOConfig, GRPOModule, PromptLoader
 from stages.common.paths import read_json, write_json
 from stages.common.runner import StageContext
 from stages.common.sources import SourceConfig
-from stages.common.tiny_transformer import TinyTransformerConfig
+from stages.common.tiny_transformer import TinyTransformer, TinyTransformerConfig
 from stages.common.trainer import TrainerConfig, make_trainer
 from stages.justgrpo.hf_source import DLLMConfig
 from stages.justgrpo.dllm import Counter, DLLMPolicy, MaskedDiffusionLM, decode, greedy_items, policy_drift, reward_fn
+from stages.justgrpo.jobs import payload, run_jobs
 from stages.justgrpo.prepare import load_prompts
 from stages.justgrpo.task import MASK, ORDERS, PROMPT_LEN, VOCAB_SIZE, operands, solution, trace_valid
 
@@ -94,7 +96,9 @@ class RLConfig(StageConfig):
 
 
 class Config(StageConfig):
-    torch_threads: int = Field(1, ge=1, le=64)
+    torch_threads: int = Field(1, ge=1, le=64, description="intra-op threads of the pretraining (this process)")
+    workers: int = Field(1, ge=1, le=64, description=(
+        "processes for the (seed, arm) RL runs, one intra-op thread each (1: in this process, same results)"))
     device: DeviceName = "auto"
     model: ModelConfig = ModelConfig()
     pretrain: PretrainConfig = PretrainConfig()
@@ -176,6 +180,50 @@ def pretrain(cfg: Config, tcfg: TrainerConfig, ctx: StageContext, mcfg, train_p,
     return mdlm.model.to(device).eval(), mdlm.history, stop.curve, int(trainer.global_step)
 
 
+def rl_run(job: tuple[int, str]) -> dict:
+    """One GRPO arm of one seed from the shared base (a job of ``jobs.run_jobs``: inputs from its payload).
+    Saves ``<arm>_s<seed>.pt``; returns its history rows (one per RL step, dev metrics every ``rl.eval_every``)
+    and its token_logprob call count."""
+    seed, arm = job
+    p = payload()
+    cfg, tcfg = Config.model_validate(p["cfg"]), TrainerConfig.model_validate(p["trainer"])
+    device, gen_len = torch.device(p["device"]), p["gen_len"]
+    rec = KernelRecord(device)
+    counter = Counter(rec)
+    base = TinyTransformer(TinyTransformerConfig(**p["model"])).to(device)
+    base.load_state_dict(p["base"])
+    base.eval()
+    for q in base.parameters():
+        q.requires_grad_(False)
+    acc_dev, drift_dev = p["acc_dev"].to(device), p["drift_dev"].to(device)
+    policy = DLLMPolicy(copy.deepcopy(base).train(), gen_len, arm, counter, cfg.rl.baseline_block)
+    for q in policy.parameters():
+        q.requires_grad_(True)
+
+    def eval_fn(module, step):
+        model = module.policy.model
+        items = greedy_items(model, acc_dev, gen_len, cfg.rl.eval_block, 1, counter)
+        g = torch.Generator(device=device).manual_seed(10_000 * seed + step)
+        return {"dev_acc": float(np.mean(items["answer"])), "dev_trace_acc": float(np.mean(items["trace"])),
+                **policy_drift(model, base, drift_dev, gen_len, g, counter)}
+
+    rewards = RewardLog()
+    module = GRPOModule(policy, rewards, cfg.rl.grpo, lr=cfg.rl.lr, seed=seed, eval_fn=eval_fn,
+                        eval_every=cfg.rl.eval_every)
+    trainer = make_trainer(tcfg, None, max_steps=cfg.rl.steps)         # W&B: the parent logs the rows
+    trainer.fit(module, PromptLoader(p["train_p"], cfg.rl.prompts_per_step, cfg.rl.steps, seed=seed))
+    if cfg.rl.steps % cfg.rl.eval_every:                                 # final point of the curve
+        module.history[-1].update(eval_fn(module, cfg.rl.steps))
+    torch.save(policy.model.state_dict(), Path(p["out"]) / f"{arm}_s{seed}.pt")
+    steps_rows = [h for h in module.history if h["step"] > 0]
+    for h, r in zip(steps_rows, rewards.rows):
+        h.update(r)                                                      # the sampled rewards' std beside the mean
+    # the surrogate's value ("loss", ≈ 0 by construction with ratio ≡ 1) tells a reader nothing: not kept
+    rows = [dict({k: v for k, v in h.items() if k != "loss"}, arm=arm, seed=seed) for h in module.history]
+    return {"seed": seed, "arm": arm, "history": rows,
+            "calls": rec.to_dict().get("token_logprob", {}).get("calls", 0)}
+
+
 def run(cfg: Config, ctx: StageContext) -> None:
     if cfg.source.kind != "toy":                   # full profile: GRPO on the real dLLM checkpoint (issue 41)
         from stages.justgrpo.hf_source import train_real
@@ -204,36 +252,23 @@ def run(cfg: Config, ctx: StageContext) -> None:
     torch.save(base.state_dict(), ctx.out / "base.pt")
     for p in base.parameters():
         p.requires_grad_(False)
-    acc_dev, drift_dev = dev_p[: cfg.rl.eval_prompts], dev_p[: cfg.rl.drift_prompts]
 
-    # --- 2. per seed, GRPO arms from that base
+    # --- 2. per seed, GRPO arms from that base: independent runs, in a pool of single-threaded processes
+    jobs = [(seed, arm) for arm in sorted(cfg.rl.arms, key=lambda a: a != "justgrpo") for seed in seeds]
+    data = {"cfg": cfg.model_dump(mode="json"), "trainer": tcfg.model_dump(mode="json"), "model": mcfg.__dict__,
+            "base": {k: v.cpu() for k, v in base.state_dict().items()}, "device": str(device), "gen_len": gen_len,
+            "train_p": train_p, "acc_dev": dev_p[: cfg.rl.eval_prompts].cpu(),
+            "drift_dev": dev_p[: cfg.rl.drift_prompts].cpu(), "out": str(ctx.out)}
+    done = {(r["seed"], r["arm"]): r for r in run_jobs(rl_run, jobs, data, cfg.workers)}
     history = []
-    for seed in seeds:
+    for seed in seeds:                                                   # rows in (seed, arm) order, as before
         for arm in cfg.rl.arms:
-            policy = DLLMPolicy(copy.deepcopy(base).train(), gen_len, arm, counter, cfg.rl.baseline_block)
-            for p in policy.parameters():
-                p.requires_grad_(True)
-
-            def eval_fn(module, step, _seed=seed):
-                model = module.policy.model
-                items = greedy_items(model, acc_dev, gen_len, cfg.rl.eval_block, 1, counter)
-                g = torch.Generator(device=device).manual_seed(10_000 * _seed + step)
-                return {"dev_acc": float(np.mean(items["answer"])), "dev_trace_acc": float(np.mean(items["trace"])),
-                        **policy_drift(model, base, drift_dev, gen_len, g, counter)}
-
-            rewards = RewardLog()
-            module = GRPOModule(policy, rewards, cfg.rl.grpo, lr=cfg.rl.lr, seed=seed,
-                                eval_fn=eval_fn, eval_every=cfg.rl.eval_every)
-            trainer = make_trainer(tcfg, ctx.tracker, max_steps=cfg.rl.steps)
-            trainer.fit(module, PromptLoader(train_p, cfg.rl.prompts_per_step, cfg.rl.steps, seed=seed))
-            if cfg.rl.steps % cfg.rl.eval_every:                             # final point of the curve
-                module.history[-1].update(eval_fn(module, cfg.rl.steps))
-            torch.save(policy.model.state_dict(), ctx.out / f"{arm}_s{seed}.pt")
-            steps_rows = [h for h in module.history if h["step"] > 0]
-            for h, r in zip(steps_rows, rewards.rows):
-                h.update(r)                                                  # the sampled rewards' std beside the mean
-            # the surrogate's value ("loss", ≈ 0 by construction with ratio ≡ 1) tells a reader nothing: not kept
-            history += [dict({k: v for k, v in h.items() if k != "loss"}, arm=arm, seed=seed) for h in module.history]
+            r = done[(seed, arm)]
+            rec.count("token_logprob", r["calls"])
+            history += r["history"]
+            for h in r["history"] if ctx.tracker is not None else ():  # W&B: one curve per arm and seed
+                ctx.tracker.log({"rl/step": h["step"], **{f"rl/{arm}/seed{seed}/{k}": v for k, v in h.items()
+                                                           if k not in ("step", "arm", "seed")}})
 
     # Triton path vs torch reference on real inputs: the base model's logits on dev prompts
     with torch.no_grad():
@@ -243,7 +278,10 @@ def run(cfg: Config, ctx: StageContext) -> None:
         rec.parity("token_logprob", token_logprob, logits.contiguous(), tgt,
                    slice="base dLLM logits on 32 dev prompts, fully masked completion")
     rec.save(ctx.out)
-    pl.DataFrame(history, infer_schema_length=None).write_csv(ctx.out / "rl_history.csv")
+    frame = pl.DataFrame(history, infer_schema_length=None)
+    frame.write_csv(ctx.out / "rl_history.csv")
+    if ctx.tracker is not None:
+        ctx.tracker.log_table("rl_history", frame)
     pl.DataFrame(pre_hist).write_csv(ctx.out / "pretrain_history.csv")
     pl.DataFrame(pre_curve, schema={"step": pl.Int64, "dev_trace_pass1": pl.Float64}).write_csv(
         ctx.out / "pretrain_curve.csv")

@@ -1,0 +1,66 @@
+"""Independent runs (an RL arm of one seed, one sampler's pass@k stream, one model's greedy decodes) in a pool
+of single-threaded processes, one per core (issue 55: "seeds in parallel processes only where vectorizing is
+impossible").
+
+Why processes and not a vectorized seed ensemble here: the work is compute-bound, not overhead-bound. A
+py-spy profile of the default train stage (``reports/profiles/justgrpo-train.txt``) puts ~97% of the time in
+the stage's own torch ops (matmuls, attention, RoPE products on (rows × 25)-token batches of 64–1,280 rows),
+where ``stages.common.ensemble`` measures no gain from stacking seeds (its benchmark: ~1.1x at d = 64,
+T = 32, B = 32, none beyond). The runs share nothing but their inputs, so two processes on two cores halve
+the wall time of that part; each run draws only from its own seeded generators, so its result does not
+depend on the pool (``workers: 1`` runs the same functions in this process, in the same order, with the same
+single intra-op thread: ``tests/justgrpo/test_jobs.py`` checks the two agree exactly).
+
+    results = run_jobs(fn, jobs, payload, workers)   # [fn(job) for job in jobs], payload read via payload()
+
+``fn`` must be a module-level function (it is pickled by name); ``payload`` (tensors, dicts) is sent once to
+each worker. Errors and interrupts stop the pool at once (queued jobs cancelled, workers killed).
+"""
+from __future__ import annotations
+
+from typing import Any, Callable, Sequence
+
+import torch
+
+_PAYLOAD: dict[str, Any] = {}
+
+
+def _init_worker(payload: dict[str, Any]) -> None:
+    torch.set_num_threads(1)                # one intra-op thread per process: the processes are the parallelism
+    _PAYLOAD.clear()
+    _PAYLOAD.update(payload)
+
+
+def payload() -> dict[str, Any]:
+    """The payload of the current pool (in a worker process, or in this process when workers = 1)."""
+    return _PAYLOAD
+
+
+def run_jobs(fn: Callable[[Any], Any], jobs: Sequence[Any], data: dict[str, Any], workers: int) -> list[Any]:
+    """``[fn(job) for job in jobs]``, in job order; with ``workers > 1`` in that many spawned single-threaded
+    processes (jobs are handed out in order, so put the longest first)."""
+    if workers < 1:
+        raise ValueError(f"workers: {workers} < 1")
+    if workers == 1 or len(jobs) <= 1:
+        threads = torch.get_num_threads()
+        _init_worker(data)
+        try:
+            return [fn(j) for j in jobs]
+        finally:
+            torch.set_num_threads(threads)
+            _PAYLOAD.clear()
+    import multiprocessing as mp
+    from concurrent.futures import ProcessPoolExecutor
+
+    pool = ProcessPoolExecutor(max_workers=min(workers, len(jobs)), mp_context=mp.get_context("spawn"),
+                               initializer=_init_worker, initargs=(data,))
+    try:
+        results = list(pool.map(fn, jobs))
+    except BaseException:   # an error or an interrupt: stop now, queue nothing more
+        procs = list(getattr(pool, "_processes", {}).values())
+        pool.shutdown(wait=False, cancel_futures=True)
+        for proc in procs:  # SIGKILL: Lightning's own SIGTERM handler would let a run finish first
+            proc.kill()
+        raise
+    pool.shutdown(wait=True)
+    return results
