@@ -188,13 +188,15 @@ class TracePolicy(nn.Module):
         return seq_logprobs(self.model, roll["seqs"], roll["mask"], self.counter)
 
 
-def make_reward_fn(fmt: str, w_correct: float, w_helpful: float):
+def make_reward_fn(fmt: str, w_correct: float, w_helpful: float, judge=None, tta_process_reward: bool = False):
+    """The PLANTAIN reward of every rollout row (``task.reward``; ``judge`` scores plans, default rule-based)."""
     def reward_fn(prompts, roll) -> torch.Tensor:
         seqs, lens = roll["seqs"], roll["lens"]
         out = []
         for i in range(seqs.shape[0]):
             prob = problem_from_prompt(seqs[i, :PROMPT_LEN].tolist())
-            out.append(reward(prob, generated(seqs, lens, i), fmt, w_correct, w_helpful)["r"])
+            out.append(reward(prob, generated(seqs, lens, i), fmt, w_correct, w_helpful, judge,
+                              tta_process_reward)["r"])
         return torch.tensor(out, device=seqs.device)
     return reward_fn
 

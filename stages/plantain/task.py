@@ -278,18 +278,24 @@ def validate_trace(prob: Problem, toks, fmt: str) -> bool:
     return tr["answer"] == v
 
 
-def reward(prob: Problem, toks, fmt: str, w_correct: float = 1.0, w_helpful: float = 1.0) -> dict[str, float]:
+def reward(prob: Problem, toks, fmt: str, w_correct: float = 1.0, w_helpful: float = 1.0,
+           judge=None, tta_process_reward: bool = False) -> dict[str, float]:
     """ALGO: PLANTAIN reward r = r_format × (1 + w_c·r_correct + w_h·r_helpful)  (paper: weights 1).
     r_format = 1[the trace parses in its format]; r_correct = 1[final answer right];
-    r_helpful = 1[the first visible segment is a plan the rule-based judge accepts] (PF only: a
-    think-then-answer trace has no intermediate visible answer, so r_helpful = 0)."""
+    r_helpful = 1[the trace's plan is accepted by the judge] — ``judge(prob, plan) -> bool``, default the
+    rule-based ``validate_plan``. For plan-first that plan is the first visible segment (the paper's
+    r_helpful); a think-then-answer trace shows no intermediate answer, so the paper gives it no r_helpful:
+    with ``tta_process_reward`` (issue 47) the same judge is applied to the plan inside its thinking, an
+    equivalent process reward, so that the two formats differ only in the ordering."""
+    judge = validate_plan if judge is None else judge
     try:
         tr = parse_trace(toks, fmt)
         r_format = 1.0
     except TraceError:
         return {"r": 0.0, "r_format": 0.0, "r_correct": 0.0, "r_helpful": 0.0}
     r_correct = float(tr["answer"] == prob.answer)
-    r_helpful = float(fmt == "pf" and validate_plan(prob, tr["plan"]))
+    judged = fmt == "pf" or tta_process_reward
+    r_helpful = float(judged and tr["plan"] is not None and bool(judge(prob, tr["plan"])))
     r = r_format * (1.0 + w_correct * r_correct + w_helpful * r_helpful)    # ALGO: r_fmt × (1 + r_cor + r_help)
     return {"r": r, "r_format": r_format, "r_correct": r_correct, "r_helpful": r_helpful}
 

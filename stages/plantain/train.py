@@ -2,8 +2,9 @@
 (1) SFT of the shared tiny causal transformer on that format's traces (with the injected plan
 errors), then (2) GRPO through the shared trainer ``stages.common.grpo`` with the PLANTAIN reward
 r = r_format × (1 + w_c·r_correct + w_h·r_helpful), r_helpful from the rule-based plan judge
-(``task.validate_plan``; zero for tta, which shows no intermediate answer). Token log-probs go
-through ``kernels/token_logprob``.
+(``task.validate_plan``) on the plan-first trace's visible plan and — with ``rl.reward.tta_process_reward``,
+the default — on the plan inside a think-then-answer trace's thinking (an equivalent process reward; the
+paper's tta gets none). Token log-probs go through ``kernels/token_logprob``.
 
     python -m stages train plantain [--profile smoke]
 """
@@ -12,6 +13,8 @@ from __future__ import annotations
 import copy
 from typing import Literal
 
+import lightning as L
+import numpy as np
 import polars as pl
 import torch
 from pydantic import Field, field_validator
@@ -26,8 +29,9 @@ from stages.common.runner import StageContext
 from stages.common.sources import SourceConfig
 from stages.common.tiny_transformer import TinyTransformer, TinyTransformerConfig
 from stages.common.trainer import TrainerConfig, make_trainer
-from stages.plantain.model import IGNORE, Counter, SFTModule, TracePolicy, make_reward_fn, sft_tensor
-from stages.plantain.prepare import MAX_TRACE, load_split
+from stages.plantain.model import (IGNORE, Counter, SFTModule, TracePolicy, greedy_traces, make_reward_fn, sft_tensor,
+                                   trace_answer)
+from stages.plantain.prepare import MAX_TRACE, load_split, to_problems
 from stages.plantain.task import PROMPT_LEN, VOCAB_SIZE
 
 Fmt = Literal["tta", "pf"]
@@ -41,12 +45,19 @@ class SFTConfig(StageConfig):
     batch: PositiveInt = Field(32, le=4096)
     lr: float = Field(3e-3, gt=0, le=1.0)
     weight_decay: float = Field(0.0, ge=0, le=10.0)
+    curve_every: int = Field(100, ge=0, le=100_000, description=(
+        "SFT learning curve: greedy pass@1 on the dev slice every this many steps (0: off)"))
+    curve_prompts: PositiveInt = Field(100, le=10_000, description=(
+        "dev slice of the SFT curve: the first this many RL-split problems (never test problems)"))
 
 
 class RewardConfig(StageConfig):
     """Weights of r = r_format × (1 + w_correct·r_correct + w_helpful·r_helpful) (paper: 1 and 1)."""
     w_correct: float = Field(1.0, ge=0, le=100.0, description="weight of r_correct (must be ≥ 0)")
     w_helpful: float = Field(1.0, ge=0, le=100.0, description="weight of r_helpful (must be ≥ 0)")
+    tta_process_reward: bool = Field(True, description=(
+        "think-then-answer gets r_helpful from the same judge applied to the plan in its thinking (issue 47: the "
+        "comparison isolates plan-first ordering); false: the paper's reward, r_helpful only for a visible plan"))
 
 
 class RLConfig(StageConfig):
@@ -57,6 +68,25 @@ class RLConfig(StageConfig):
     grpo: GRPOConfig = GRPOConfig(group_size=8, clip_eps=0.2, kl_coef=0.0, loss_norm="tokens", ppo_epochs=1,
                                   grad_clip=1.0)
     reward: RewardConfig = RewardConfig()
+
+
+class SFTCurve(L.Callback):
+    """Every ``every`` SFT steps (and at the last), greedy pass@1 of the model on the dev problems: the
+    curve from which ``sft.steps`` is read (every seed and format must have learned the task)."""
+
+    def __init__(self, prompts: torch.Tensor, problems: list, fmt: str, every: int, last: int):
+        self.prompts, self.problems, self.fmt, self.every, self.last = prompts, problems, fmt, every, last
+        self.rows: list[dict] = []
+
+    def on_train_batch_end(self, trainer, module, outputs, batch, batch_idx):
+        step = trainer.global_step
+        if not self.every or (step % self.every and step != self.last):
+            return
+        module.model.eval()
+        traces = greedy_traces(module.model, self.prompts, MAX_TRACE)
+        module.model.train()
+        ok = [trace_answer(t, self.fmt) == p.answer for p, t in zip(self.problems, traces)]
+        self.rows.append({"step": step, "dev_pass1": float(np.mean(ok))})
 
 
 class Config(StageConfig):
@@ -92,27 +122,36 @@ def run(cfg: Config, ctx: StageContext) -> None:
     meta = read_json(prep / "meta.json")
     seeds = meta["seeds"]
     sft = load_split(prep, "sft")
-    rl_prompts = torch.tensor(load_split(prep, "rl")["prompt"].to_list(), dtype=torch.long, device=device)
+    rl_split = load_split(prep, "rl")
+    rl_prompts = torch.tensor(rl_split["prompt"].to_list(), dtype=torch.long, device=device)
+    if cfg.sft.curve_prompts > len(rl_split):
+        raise ValueError(f"sft.curve_prompts: {cfg.sft.curve_prompts} is more than the {len(rl_split)} RL-split "
+                         "problems (prepare.n_rl)")
+    dev_problems = to_problems(rl_split.head(cfg.sft.curve_prompts))
+    dev_prompts = rl_prompts[: cfg.sft.curve_prompts]
     rec = KernelRecord(device)
     counter = Counter(rec)
     mcfg = model_config(cfg)
     tcfg = cfg.trainer.model_copy(update={"accelerator": "gpu" if device.type == "cuda" else cfg.trainer.accelerator})
     data = {f: sft_tensor(sft[f"trace_{f}"].to_list(), sft["prompt"].to_list(), MAX_TRACE).to(device)
             for f in cfg.formats}
-    sft_hist, rl_hist = [], []
+    sft_hist, rl_hist, sft_curve = [], [], []
     for seed in seeds:
         for fmt in cfg.formats:
             # --- 1. SFT on this format's traces
             torch.manual_seed(seed)
             module = SFTModule(TinyTransformer(mcfg).to(device), cfg.sft.lr, cfg.sft.weight_decay, counter)
-            trainer = make_trainer(tcfg, ctx.tracker, max_steps=cfg.sft.steps)
+            curve = SFTCurve(dev_prompts, dev_problems, fmt, cfg.sft.curve_every, cfg.sft.steps)
+            trainer = make_trainer(tcfg, ctx.tracker, max_steps=cfg.sft.steps, callbacks=[curve])
             trainer.fit(module, PromptLoader(data[fmt], cfg.sft.batch, cfg.sft.steps, seed=seed))
+            sft_curve += [dict(r, fmt=fmt, seed=seed) for r in curve.rows]
             base = module.model.to(device).eval()
             torch.save(base.state_dict(), ctx.out / f"{fmt}_sft_s{seed}.pt")
             sft_hist += [dict(h, fmt=fmt, seed=seed) for h in module.history]
             # --- 2. GRPO with r_format × (1 + r_correct + r_helpful)
             policy = TracePolicy(copy.deepcopy(base), MAX_TRACE, cfg.rl.temperature, counter)
-            grpo = GRPOModule(policy, make_reward_fn(fmt, cfg.rl.reward.w_correct, cfg.rl.reward.w_helpful),
+            grpo = GRPOModule(policy, make_reward_fn(fmt, cfg.rl.reward.w_correct, cfg.rl.reward.w_helpful,
+                                                       tta_process_reward=cfg.rl.reward.tta_process_reward),
                               cfg.rl.grpo, lr=cfg.rl.lr, seed=seed)
             trainer = make_trainer(tcfg, ctx.tracker, max_steps=cfg.rl.steps)
             trainer.fit(grpo, PromptLoader(rl_prompts, cfg.rl.prompts_per_step, cfg.rl.steps, seed=seed))
@@ -127,6 +166,8 @@ def run(cfg: Config, ctx: StageContext) -> None:
                    logits, tgt, slice=f"{cfg.formats[-1]} SFT model (seed {seeds[-1]}) on 32 SFT traces, padding ignored")
     rec.save(ctx.out)
     pl.DataFrame(sft_hist).write_csv(ctx.out / "sft_history.csv")
+    pl.DataFrame(sft_curve, schema={"step": pl.Int64, "dev_pass1": pl.Float64, "fmt": pl.Utf8,
+                                    "seed": pl.Int64}).write_csv(ctx.out / "sft_curve.csv")
     pl.DataFrame(rl_hist, infer_schema_length=None).write_csv(ctx.out / "rl_history.csv")
     write_json(ctx.out / "models.json", {"seeds": seeds, "formats": list(cfg.formats), "model": mcfg.__dict__,
                                          "max_trace": MAX_TRACE, "sft": cfg.sft.model_dump(mode="json"),

@@ -104,10 +104,18 @@ def test_reward_is_multiplicative_with_non_unit_weights():
     for p in _problems(30):
         good = reward(p, make_trace(p, "pf"), "pf", wc, wh)
         assert good == {"r": pytest.approx(1 + wc + wh), "r_format": 1.0, "r_correct": 1.0, "r_helpful": 1.0}
-        assert reward(p, make_trace(p, "tta"), "tta", wc, wh)["r"] == pytest.approx(1 + wc)   # no visible plan
-        bad = make_trace(p, "pf", corrupt_plan(p.plan, "operand", rng))
+        # think-then-answer: the paper's reward has no r_helpful (no visible plan); the process-reward variant
+        # scores the plan in its thinking with the same judge
+        assert reward(p, make_trace(p, "tta"), "tta", wc, wh)["r"] == pytest.approx(1 + wc)
+        assert reward(p, make_trace(p, "tta"), "tta", wc, wh, tta_process_reward=True)["r"] == pytest.approx(1 + wc + wh)
+        bad_plan = corrupt_plan(p.plan, "operand", rng)
+        bad = make_trace(p, "pf", bad_plan)
         rb = reward(p, bad, "pf", wc, wh)
         assert rb["r_helpful"] == 0.0 and rb["r"] == pytest.approx(1 + wc * rb["r_correct"])
+        rt = reward(p, make_trace(p, "tta", bad_plan), "tta", wc, wh, tta_process_reward=True)
+        assert rt["r_helpful"] == 0.0 and rt["r_correct"] == rb["r_correct"]      # same judge, same verdict
+        # a judge other than the rule: its verdict is what r_helpful reads (here one that rejects everything)
+        assert reward(p, make_trace(p, "pf"), "pf", wc, wh, judge=lambda prob, plan: False)["r_helpful"] == 0.0
         assert reward(p, make_trace(p, "pf"), "tta", wc, wh)["r"] == 0.0      # wrong format: r_format = 0
 
 
@@ -209,3 +217,10 @@ def test_smoke_pipeline_end_to_end(smoke_run):
     assert metrics["kernels"]["token_logprob"]["calls"] > 0
     assert (out["report"] / "figures" / "ttfr_distributions.png").exists()
     assert (out["report"] / "figures" / "accuracy_vs_token_budget.png").exists()
+    # the SFT learning curve: dev pass@1 at every curve step and at the last, per format and seed, in [0, 1]
+    import polars as pl
+    curve = pl.read_csv(out["train"] / "sft_curve.csv")
+    assert curve.columns == ["step", "dev_pass1", "fmt", "seed"]
+    assert sorted(set(curve["fmt"])) == ["pf", "tta"] and curve["dev_pass1"].is_between(0, 1).all()
+    assert sorted(curve.filter(pl.col("fmt") == "pf")["step"].to_list()) == [2, 3]     # every 2, and the last (3)
+    assert (out["report"] / "figures" / "sft_curve.png").exists()
