@@ -9,6 +9,8 @@ GRPO model (accuracy vs tokens spent, up to ``max_retries`` retries).
 """
 from __future__ import annotations
 
+import pickle
+
 import numpy as np
 import polars as pl
 import torch
@@ -101,7 +103,13 @@ def run(cfg: Config, ctx: StageContext) -> None:
     rec = KernelRecord(device)
     M: dict = {"seeds": seeds, "eval_prompts": n_eval, "rr_prompts": n_rr, "pass1": {}, "format_ok": {},
                "plan_valid_greedy": {}, "ttfr_tokens": {}, "nll": {}, "ttfr_wall": {}, "plan_valid_sampled": {},
-               "rr": {"retries": list(range(cfg.rr.max_retries + 1))}}
+               "rr": {"retries": list(range(cfg.rr.max_retries + 1))}, "rr_judges": {}}
+    # the plan judges: the rule-based oracle and every learned one (train stage); the deployed one is the headline
+    with open(ctx.input("train") / "judges.pkl", "rb") as f:
+        learned = pickle.load(f)
+    judges = {"oracle": validate_plan, **{f"learned_{n}": j for n, j in sorted(learned.items())}}
+    deployed = info["judge"]["deployed_name"]
+    M["judge"] = {"deployed": deployed, "heldout": info["judge"]["quality"]}
     ttfr_rows, rr_rows = [], []
     parity_done = False
     for seed in seeds:
@@ -141,28 +149,45 @@ def run(cfg: Config, ctx: StageContext) -> None:
                 w["ttfr_tokens_stream"].append(float(np.mean([x["ttfr_tokens"] for x in walls])))
                 # Rewind-and-Repeat on both plan-first models (SFT: plans often faulty; GRPO: after RL)
                 if fmt == "pf":
-                    rr = rewind_and_repeat(model, prompts[:n_rr], problems[:n_rr], max_trace, cfg.rr.max_retries,
-                                           cfg.rr.t_plan, cfg.rr.top_p, cfg.rr.t_rest, cfg.rr.seed + seed)
-                    M["plan_valid_sampled"].setdefault(stage, []).append(rr["plan_accept_rate"])
-                    acc0 = rr["plan"]["acc"][0]
-                    best = min(max(rr["plan"]["acc"]), max(rr["answer"]["acc"]))
-                    target = acc0 + cfg.rr.target_frac * max(best - acc0, 0.0)       # reachable by both
-                    D = M["rr"].setdefault(stage, {"target": []})
-                    D["target"].append(target)
-                    for level in ("plan", "answer"):
-                        c = rr[level]
-                        d = D.setdefault(level, {})
-                        d.setdefault("acc0", []).append(c["acc"][0])
-                        d.setdefault("acc_max", []).append(c["acc"][-1])
-                        d.setdefault("tokens0", []).append(c["tokens"][0])
-                        d.setdefault("tokens_max", []).append(c["tokens"][-1])
-                        d.setdefault("tokens_to_target", []).append(tokens_to_target(c["tokens"], c["acc"], target))
-                        for b in cfg.rr.token_budgets:        # best accuracy whose mean tokens fit the budget
-                            fit = [a for a, t in zip(c["acc"], c["tokens"]) if t <= b]
-                            d.setdefault(f"acc_at_budget_{b}", []).append(max(fit) if fit else 0.0)
-                        for r, (a, t) in enumerate(zip(c["acc"], c["tokens"])):
-                            rr_rows.append({"seed": seed, "model": stage, "level": level, "retries": r,
-                                            "tokens": t, "acc": a})
+                    res = rewind_and_repeat(model, prompts[:n_rr], problems[:n_rr], max_trace, cfg.rr.max_retries,
+                                            cfg.rr.t_plan, cfg.rr.top_p, cfg.rr.t_rest, cfg.rr.seed + seed, judges)
+                    # sampled plans that are right (the rule-based oracle's acceptance rate)
+                    M["plan_valid_sampled"].setdefault(stage, []).append(res["oracle"]["plan_accept_rate"])
+                    for jname, rr in res.items():
+                        acc0 = rr["plan"]["acc"][0]
+                        best = min(max(rr["plan"]["acc"]), max(rr["answer"]["acc"]))
+                        target = acc0 + cfg.rr.target_frac * max(best - acc0, 0.0)       # reachable by both
+                        J = M["rr_judges"].setdefault(stage, {}).setdefault(jname, {"target": []})
+                        J["target"].append(target)
+                        for key, v in rr["judge_quality"].items():
+                            J.setdefault(f"sampled_{key}", []).append(v)
+                        for level in ("plan", "answer"):
+                            c = rr[level]
+                            d = J.setdefault(level, {})
+                            d.setdefault("acc0", []).append(c["acc"][0])
+                            d.setdefault("acc_max", []).append(c["acc"][-1])
+                            d.setdefault("tokens_max", []).append(c["tokens"][-1])
+                            d.setdefault("tokens_to_target", []).append(
+                                tokens_to_target(c["tokens"], c["acc"], target))
+                        if jname != deployed:
+                            continue
+                        # the deployed judge: the headline Rewind-and-Repeat numbers
+                        D = M["rr"].setdefault(stage, {"target": []})
+                        D["target"].append(target)
+                        for level in ("plan", "answer"):
+                            c = rr[level]
+                            d = D.setdefault(level, {})
+                            d.setdefault("acc0", []).append(c["acc"][0])
+                            d.setdefault("acc_max", []).append(c["acc"][-1])
+                            d.setdefault("tokens0", []).append(c["tokens"][0])
+                            d.setdefault("tokens_max", []).append(c["tokens"][-1])
+                            d.setdefault("tokens_to_target", []).append(tokens_to_target(c["tokens"], c["acc"], target))
+                            for b in cfg.rr.token_budgets:        # best accuracy whose mean tokens fit the budget
+                                fit = [a for a, t in zip(c["acc"], c["tokens"]) if t <= b]
+                                d.setdefault(f"acc_at_budget_{b}", []).append(max(fit) if fit else 0.0)
+                            for r, (a, t) in enumerate(zip(c["acc"], c["tokens"])):
+                                rr_rows.append({"seed": seed, "model": stage, "level": level, "retries": r,
+                                                "tokens": t, "acc": a})
     M["rr"]["token_budgets"] = list(cfg.rr.token_budgets)
     rec.save(ctx.out)
     pl.DataFrame(ttfr_rows).write_csv(ctx.out / "ttfr.csv")

@@ -16,7 +16,7 @@ from kernels.record import KernelCounter as Counter  # token_logprob calls
 from kernels.token_logprob import token_logprob
 from stages.common.tiny_transformer import TinyTransformer
 from stages.plantain.task import (ANS, EANS, EOS, ETHINK, plan_pairs, PAD, PROMPT_LEN, THINK, Problem, TraceError, parse_trace,
-                                  problem_from_prompt, reward, validate_plan, validate_trace, visible_mask)
+                                  problem_from_prompt, reward, steps_follow_plan, validate_plan, visible_mask)
 
 IGNORE = -100
 
@@ -220,58 +220,81 @@ def trace_plan(toks: list[int], fmt: str):
 # ----------------------------------------------------------------------------------------------
 @torch.no_grad()
 def rewind_and_repeat(model: TinyTransformer, prompts: torch.Tensor, problems: list[Problem], max_new: int,
-                      max_retries: int, t_plan: float, top_p: float, t_rest: float, seed: int) -> dict:
-    """Plan-first model, both Rewind-and-Repeat levels with up to ``max_retries`` retries.
+                      max_retries: int, t_plan: float, top_p: float, t_rest: float, seed: int,
+                      judges: dict | None = None) -> dict:
+    """Plan-first model, both Rewind-and-Repeat levels with up to ``max_retries`` retries, for every plan judge in
+    ``judges`` (name -> ``judge(problem, plan) -> bool`` or an object with batched ``accept(problems, plans)``;
+    default {"oracle": task.validate_plan}) on the SAME sampled attempts.
 
     Attempt k of every row uses its own generator (seed, k), so attempt 0 is the same sample for
     both levels and a run with R retries is a prefix of a run with more.
       plan level:   sample the pre-plan thought + plan (first <ans> … </ans>) at T = t_plan, top-p;
-                    the rule-based judge rejects a bad plan, which is re-sampled (ALGO: R&R, plan level);
+                    the judge rejects a bad plan, which is re-sampled (ALGO: R&R, plan level);
                     after the last retry the last plan is kept; the rest is decoded once at T = t_rest
                     (one decoding pass per attempt serves both levels: a plan's continuation is the
                     same sample whether the plan was kept by the plan-level or the answer-level loop).
-      answer level: sample the whole trace (plan at t_plan, rest at t_rest); the judge checks the whole
-                    trace (plan, every step, answer); a rejected trace is re-sampled whole.
-    Tokens count every attempt. Returns per-R accuracy and mean tokens for both levels, and the plan
-    acceptance rate of attempt 0."""
+      answer level: sample the whole trace (plan at t_plan, rest at t_rest); the whole-trace judge (the plan judge
+                    on its plan AND ``task.steps_follow_plan``: the steps execute that plan through to the answer)
+                    checks it; a rejected trace is re-sampled whole.
+    Tokens count every attempt. Returns, per judge, per-R accuracy and mean tokens for both levels, the plan
+    acceptance rate of attempt 0, and the judge's agreement with the rule-based oracle on every sampled plan
+    (``judge_quality``: accuracy, precision, recall; positive = the plan is right)."""
+    judges = {"oracle": validate_plan} if judges is None else judges
     dev = prompts.device
     B = prompts.shape[0]
     K = max_retries + 1
     plan_tok = torch.zeros(K, B, dtype=torch.long)
-    plan_ok = torch.zeros(K, B, dtype=torch.bool)
     full_tok = torch.zeros(K, B, dtype=torch.long)
-    full_ok = torch.zeros(K, B, dtype=torch.bool)         # answer-level judge accepts
+    steps_ok = torch.zeros(K, B, dtype=torch.bool)        # the trace executes its own plan correctly
     correct = torch.zeros(K, B, dtype=torch.bool)         # final answer right (attempt k's plan kept)
+    plans: list[list] = []                                # plans[k][i]: the parsed plan prefix (None: none)
     for k in range(K):
         g = torch.Generator(device=dev).manual_seed(seed * 1000 + k)
         seqs, lens = sample_batch(model, prompts, max_new, t_rest, 1.0, g, plan_temperature=t_plan,
                                   plan_top_p=top_p)
+        row = []
         for i in range(B):
             toks = generated(seqs, lens, i)
             plan_tok[k, i] = toks.index(EANS) + 1 if EANS in toks else len(toks)   # pre-plan thought + plan
-            plan_ok[k, i] = validate_plan(problems[i], _plan_prefix(toks))
+            row.append(_plan_prefix(toks))
             full_tok[k, i] = len(toks)
-            full_ok[k, i] = validate_trace(problems[i], toks, "pf")
+            steps_ok[k, i] = steps_follow_plan(problems[i], toks, "pf")
             correct[k, i] = trace_answer(toks, "pf") == problems[i].answer
+        plans.append(row)
     rest_tok = full_tok - plan_tok
-    out = {"plan": {"acc": [], "tokens": []}, "answer": {"acc": [], "tokens": []}}
+    flat_probs = [problems[i] for _ in range(K) for i in range(B)]
+    flat_plans = [plans[k][i] for k in range(K) for i in range(B)]
+    truth = torch.tensor([validate_plan(p, q) for p, q in zip(flat_probs, flat_plans)]).view(K, B)
     ar = torch.arange(B)
-    for R in range(K):
-        for level, ok in (("plan", plan_ok), ("answer", full_ok)):
-            acc_k = ok[:R + 1].clone()
-            acc_k[R] = True                                                  # after the last retry: keep it
-            kept = acc_k.float().argmax(0)                                   # first accepted attempt (or R)
-            used = torch.arange(K)[:, None] <= kept[None]                    # attempts spent
-            if level == "plan":
-                tokens = (plan_tok * used).sum(0) + rest_tok[kept, ar]      # plans tried + one rest
-            else:
-                tokens = (full_tok * used).sum(0)
-            out[level]["acc"].append(float(correct[kept, ar].float().mean()))
-            out[level]["tokens"].append(float(tokens.float().mean()))
-    out["plan_accept_rate"] = float(plan_ok[0].float().mean())
-    out["trace_accept_rate"] = float(full_ok[0].float().mean())
-    out["attempt0_acc"] = float(correct[0].float().mean())
-    return out
+    results = {}
+    for name, judge in judges.items():
+        acc_flat = (judge.accept(flat_probs, flat_plans) if hasattr(judge, "accept")
+                    else [q is not None and bool(judge(p, q)) for p, q in zip(flat_probs, flat_plans)])
+        plan_ok = torch.as_tensor(acc_flat, dtype=torch.bool).view(K, B)
+        full_ok = plan_ok & steps_ok                                         # whole-trace judge
+        out = {"plan": {"acc": [], "tokens": []}, "answer": {"acc": [], "tokens": []}}
+        for R in range(K):
+            for level, ok in (("plan", plan_ok), ("answer", full_ok)):
+                acc_k = ok[:R + 1].clone()
+                acc_k[R] = True                                              # after the last retry: keep it
+                kept = acc_k.float().argmax(0)                               # first accepted attempt (or R)
+                used = torch.arange(K)[:, None] <= kept[None]                # attempts spent
+                if level == "plan":
+                    tokens = (plan_tok * used).sum(0) + rest_tok[kept, ar]  # plans tried + one rest
+                else:
+                    tokens = (full_tok * used).sum(0)
+                out[level]["acc"].append(float(correct[kept, ar].float().mean()))
+                out[level]["tokens"].append(float(tokens.float().mean()))
+        tp = float((plan_ok & truth).sum())
+        out["plan_accept_rate"] = float(plan_ok[0].float().mean())
+        out["trace_accept_rate"] = float(full_ok[0].float().mean())
+        out["attempt0_acc"] = float(correct[0].float().mean())
+        out["judge_quality"] = {"accuracy": float((plan_ok == truth).float().mean()),
+                                "precision": tp / max(1.0, float(plan_ok.sum())),
+                                "recall": tp / max(1.0, float(truth.sum())), "n": int(truth.numel()),
+                                "right_share": float(truth.float().mean())}
+        results[name] = out
+    return results
 
 
 def _plan_prefix(toks: list[int]):

@@ -25,6 +25,10 @@ class Config(StageConfig):
     n_sft: int = Field(6000, ge=8, le=200_000, description="SFT problems (one trace per format each)")
     n_rl: int = Field(2000, ge=8, le=200_000, description="RL prompts")
     n_test: int = Field(300, ge=4, le=20_000, description="held-out test problems")
+    n_judge: int = Field(2400, ge=8, le=200_000, description=(
+        "labelled (problem, plan) pairs for the learned plan judge (problems disjoint from the test problems; half "
+        "the plans right, half with one injected error)"))
+    judge_test: int = Field(800, ge=4, le=100_000, description="of n_judge, the last this many: the judge's held-out pairs")
     min_ops: int = Field(3, ge=1, le=MAX_OPS)
     max_ops: int = Field(5, ge=1, le=MAX_OPS)
     plan_error_rate: Probability = Field(0.4, description="share of SFT traces with one injected plan error")
@@ -51,6 +55,8 @@ class Config(StageConfig):
 
     @model_validator(mode="after")
     def _ops(self):
+        if self.judge_test >= self.n_judge:
+            raise ValueError(f"judge_test: {self.judge_test} leaves no training pairs of n_judge {self.n_judge}")
         if self.min_ops > self.max_ops:
             raise ValueError(f"min_ops: {self.min_ops} exceeds max_ops {self.max_ops}")
         if "drop" in self.error_kinds and self.min_ops < 2:
@@ -98,16 +104,42 @@ def run(cfg: Config, ctx: StageContext) -> None:
     frame = pl.concat([problems_frame(splits[s], s, rng, cfg.plan_error_rate, cfg.error_kinds)
                        for s in ("sft", "rl", "test")])
     frame.write_parquet(ctx.out / "problems.parquet")
+    judge_frame(cfg, splits["_test"]).write_parquet(ctx.out / "judge.parquet")
     ex = frame.filter(pl.col("split") == "sft").head(4)
     write_json(ctx.out / "meta.json", {
         "seeds": list(cfg.seeds), "vocab": VOCAB, "vocab_size": VOCAB_SIZE, "prompt_len": PROMPT_LEN,
         "max_trace": MAX_TRACE, "min_ops": cfg.min_ops, "max_ops": cfg.max_ops,
         "plan_error_rate": cfg.plan_error_rate, "error_kinds": list(cfg.error_kinds),
         "n": {s: int((frame["split"] == s).sum()) for s in ("sft", "rl", "test")},
+        "n_judge": {"train": cfg.n_judge - cfg.judge_test, "test": cfg.judge_test},
         "sft_error_share": float((frame.filter(pl.col("split") == "sft")["plan_error"] != "").mean()),
         "examples": [{"prompt": decode_text([t for t in r["prompt"] if t != VOCAB.index("<pad>")]),
                       "tta": decode_text(r["trace_tta"]), "pf": decode_text(r["trace_pf"]),
                       "plan_error": r["plan_error"]} for r in ex.iter_rows(named=True)]})
+
+
+def judge_frame(cfg: Config, test_keys: set) -> pl.DataFrame:
+    """Labelled (problem, plan) pairs for the learned plan judge, from their own random stream (the other splits
+    are unchanged by it): problems never in the test split; plans alternately right (label 1) and carrying one
+    injected error (label 0); the last ``judge_test`` pairs are the judge's held-out set."""
+    rng = np.random.default_rng([cfg.data_seed, 1])
+    rows = []
+    while len(rows) < cfg.n_judge:
+        p = sample_problem(rng, cfg.min_ops, cfg.max_ops)
+        if (p.x, p.ops) in test_keys:
+            continue
+        ok = len(rows) % 2 == 0                # right and wrong plans alternate: any prefix is balanced
+        plan = p.plan if ok else corrupt_plan(p.plan, str(rng.choice(cfg.error_kinds)), rng)
+        rows.append({"x": p.x, "ops": [t for od in p.ops for t in od], "plan": [t for od in plan for t in od],
+                     "label": int(ok), "part": "train" if len(rows) < cfg.n_judge - cfg.judge_test else "test"})
+    return pl.DataFrame(rows)
+
+
+def load_judge_pairs(prepare_dir, part: str) -> tuple[list[Problem], list[list[tuple[int, int]]], list[int]]:
+    """(problems, plans, labels) of the judge split's ``part`` ("train" | "test")."""
+    f = pl.read_parquet(prepare_dir / "judge.parquet").filter(pl.col("part") == part)
+    plans = [[(q[i], q[i + 1]) for i in range(0, len(q), 2)] for q in f["plan"].to_list()]
+    return to_problems(f), plans, f["label"].to_list()
 
 
 def load_split(prepare_dir, split: str) -> pl.DataFrame:

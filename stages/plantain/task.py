@@ -250,14 +250,16 @@ def validate_plan(prob: Problem, plan: list[tuple[int, int]] | None) -> bool:
     return plan is not None and list(plan) == prob.plan
 
 
-def validate_trace(prob: Problem, toks, fmt: str) -> bool:
-    """Answer-level judge: the whole trace is well formed, its plan passes validate_plan, every step
-    ``#k o d v`` follows the plan and is arithmetically right, and the answer is the last step's value."""
+def steps_follow_plan(prob: Problem, toks, fmt: str) -> bool:
+    """The trace is well formed and executes ITS OWN plan: the steps segment is the start value x, then ``#k o d v``
+    per plan item with the right arithmetic, and the answer is the last step's value. Checks the work, not the
+    plan (no gold plan is read): a verifier that re-does the arithmetic, like a unit test."""
     try:
         tr = parse_trace(toks, fmt)
     except TraceError:
         return False
-    if not validate_plan(prob, tr["plan"]) or tr["answer"] is None:
+    plan = tr["plan"]
+    if plan is None or tr["answer"] is None:
         return False
     toks = [int(t) for t in toks]
     seg = tr["segments"][2] if fmt == "pf" else tr["segments"][0]
@@ -267,15 +269,25 @@ def validate_trace(prob: Problem, toks, fmt: str) -> bool:
         if len(parts) != 3:
             return False
         body = parts[2]
-    if len(body) != 1 + 4 * len(prob.plan) or body[0] != prob.x:
+    if len(body) != 1 + 4 * len(plan) or body[0] != prob.x:
         return False
     v = prob.x
-    for k, (o, d) in enumerate(prob.plan):
-        step = body[1 + 4 * k:5 + 4 * k]
+    for k, (o, d) in enumerate(plan):
         v = apply_op(o, d, v)
-        if step != [MARK[k], o, d, v]:
+        if body[1 + 4 * k:5 + 4 * k] != [MARK[k], o, d, v]:
             return False
     return tr["answer"] == v
+
+
+def validate_trace(prob: Problem, toks, fmt: str, judge=None) -> bool:
+    """Answer-level judge: the trace's plan passes the plan judge (``judge(prob, plan)``, default the rule-based
+    ``validate_plan``) and the trace executes that plan correctly through to its answer (``steps_follow_plan``)."""
+    judge = validate_plan if judge is None else judge
+    try:
+        plan = parse_trace(toks, fmt)["plan"]
+    except TraceError:
+        return False
+    return plan is not None and bool(judge(prob, plan)) and steps_follow_plan(prob, toks, fmt)
 
 
 def reward(prob: Problem, toks, fmt: str, w_correct: float = 1.0, w_helpful: float = 1.0,

@@ -11,17 +11,18 @@ paper's tta gets none). Token log-probs go through ``kernels/token_logprob``.
 from __future__ import annotations
 
 import copy
+import pickle
 from typing import Literal
 
 import lightning as L
 import numpy as np
 import polars as pl
 import torch
-from pydantic import Field, field_validator
+from pydantic import Field, field_validator, model_validator
 
 from kernels.record import KernelRecord
 from kernels.token_logprob import token_logprob
-from stages.common.config import PositiveInt, StageConfig, unique_items, TransformerShape
+from stages.common.config import PositiveInt, Seed, StageConfig, unique_items, TransformerShape
 from stages.common.device import DeviceName, pick_device
 from stages.common.grpo import GRPOConfig, GRPOModule, PromptLoader
 from stages.common.paths import read_json, write_json
@@ -31,8 +32,9 @@ from stages.common.tiny_transformer import TinyTransformer, TinyTransformerConfi
 from stages.common.trainer import TrainerConfig, make_trainer
 from stages.plantain.model import (IGNORE, Counter, SFTModule, TracePolicy, greedy_traces, make_reward_fn, sft_tensor,
                                    trace_answer)
-from stages.plantain.prepare import MAX_TRACE, load_split, to_problems
-from stages.plantain.task import PROMPT_LEN, VOCAB_SIZE
+from stages.plantain.judge import PlanJudge, quality
+from stages.plantain.prepare import MAX_TRACE, load_judge_pairs, load_split, to_problems
+from stages.plantain.task import PROMPT_LEN, VOCAB_SIZE, validate_plan
 
 Fmt = Literal["tta", "pf"]
 
@@ -70,6 +72,48 @@ class RLConfig(StageConfig):
     reward: RewardConfig = RewardConfig()
 
 
+class JudgeConfig(StageConfig):
+    """The plan judge of r_helpful and of Rewind-and-Repeat (issue 47: a judge that can be wrong)."""
+    kind: Literal["learned", "oracle"] = Field("learned", description=(
+        "learned: an MLP classifier trained on labelled (problem, plan) pairs (stages/plantain/judge.py); "
+        "oracle: the rule-based equality with the gold plan (an upper bound)"))
+    train_pairs: list[PositiveInt] = Field(default_factory=lambda: [100, 200, 400, 800, 1600], min_length=1,
+                                           max_length=12, description="judges trained on this many pairs each "
+                                           "(Rewind-and-Repeat is reported for every one: gains vs judge accuracy)")
+    deployed: PositiveInt = Field(400, description="the train_pairs entry whose judge scores r_helpful and the "
+                                                   "headline Rewind-and-Repeat claims (fixed before the run)")
+    hidden: PositiveInt = Field(64, le=4096, description="MLP hidden units")
+    max_iter: PositiveInt = Field(300, le=100_000)
+    seed: Seed = 0
+
+    @field_validator("train_pairs")
+    @classmethod
+    def _distinct(cls, v):
+        return unique_items(v, "judge.train_pairs")
+
+    @model_validator(mode="after")
+    def _deployed(self):
+        if self.deployed not in self.train_pairs:
+            raise ValueError(f"judge.deployed: {self.deployed} is not one of judge.train_pairs {self.train_pairs}")
+        return self
+
+
+def fit_judges(cfg: JudgeConfig, prep) -> tuple[dict[int, PlanJudge], dict[str, dict]]:
+    """One learned judge per training size (the first n pairs of the judge split's train part) and each one's
+    accuracy / precision / recall on the held-out pairs."""
+    probs, plans, labels = load_judge_pairs(prep, "train")
+    if max(cfg.train_pairs) > len(labels):
+        raise ValueError(f"judge.train_pairs: {max(cfg.train_pairs)} is more than the {len(labels)} judge training "
+                         "pairs (prepare.n_judge - prepare.judge_test)")
+    tprobs, tplans, tlabels = load_judge_pairs(prep, "test")
+    judges, qual = {}, {}
+    for n in cfg.train_pairs:
+        judges[n] = PlanJudge.fit(probs[:n], plans[:n], labels[:n], cfg.hidden, cfg.seed, cfg.max_iter)
+        qual[f"learned_{n}"] = dict(quality(judges[n], tprobs, tplans, tlabels), train_pairs=n)
+    qual["oracle"] = dict(quality(validate_plan, tprobs, tplans, tlabels), train_pairs=0)
+    return judges, qual
+
+
 class SFTCurve(L.Callback):
     """Every ``every`` SFT steps (and at the last), greedy pass@1 of the model on the dev problems: the
     curve from which ``sft.steps`` is read (every seed and format must have learned the task)."""
@@ -96,6 +140,7 @@ class Config(StageConfig):
     model: ModelConfig = ModelConfig()
     sft: SFTConfig = SFTConfig()
     rl: RLConfig = RLConfig()
+    judge: JudgeConfig = JudgeConfig()
     trainer: TrainerConfig = TrainerConfig(enable_progress_bar=False)
     source: SourceConfig = SourceConfig()          # full: the instruction LM (hf_source.train_real)
     real_max_new: PositiveInt = Field(1024, le=32_768, description="real path: max new tokens per completion")
@@ -135,6 +180,11 @@ def run(cfg: Config, ctx: StageContext) -> None:
     tcfg = cfg.trainer.model_copy(update={"accelerator": "gpu" if device.type == "cuda" else cfg.trainer.accelerator})
     data = {f: sft_tensor(sft[f"trace_{f}"].to_list(), sft["prompt"].to_list(), MAX_TRACE).to(device)
             for f in cfg.formats}
+    # --- 0. the plan judges (learned on labelled pairs; the deployed one scores r_helpful)
+    judges, judge_quality = fit_judges(cfg.judge, prep)
+    with open(ctx.out / "judges.pkl", "wb") as f:
+        pickle.dump(judges, f)
+    deployed = validate_plan if cfg.judge.kind == "oracle" else judges[cfg.judge.deployed]
     sft_hist, rl_hist, sft_curve = [], [], []
     for seed in seeds:
         for fmt in cfg.formats:
@@ -150,8 +200,8 @@ def run(cfg: Config, ctx: StageContext) -> None:
             sft_hist += [dict(h, fmt=fmt, seed=seed) for h in module.history]
             # --- 2. GRPO with r_format × (1 + r_correct + r_helpful)
             policy = TracePolicy(copy.deepcopy(base), MAX_TRACE, cfg.rl.temperature, counter)
-            grpo = GRPOModule(policy, make_reward_fn(fmt, cfg.rl.reward.w_correct, cfg.rl.reward.w_helpful,
-                                                       tta_process_reward=cfg.rl.reward.tta_process_reward),
+            grpo = GRPOModule(policy, make_reward_fn(fmt, cfg.rl.reward.w_correct, cfg.rl.reward.w_helpful, deployed,
+                                                       cfg.rl.reward.tta_process_reward),
                               cfg.rl.grpo, lr=cfg.rl.lr, seed=seed)
             trainer = make_trainer(tcfg, ctx.tracker, max_steps=cfg.rl.steps)
             trainer.fit(grpo, PromptLoader(rl_prompts, cfg.rl.prompts_per_step, cfg.rl.steps, seed=seed))
@@ -171,4 +221,7 @@ def run(cfg: Config, ctx: StageContext) -> None:
     pl.DataFrame(rl_hist, infer_schema_length=None).write_csv(ctx.out / "rl_history.csv")
     write_json(ctx.out / "models.json", {"seeds": seeds, "formats": list(cfg.formats), "model": mcfg.__dict__,
                                          "max_trace": MAX_TRACE, "sft": cfg.sft.model_dump(mode="json"),
-                                         "rl": cfg.rl.model_dump(mode="json")})
+                                         "rl": cfg.rl.model_dump(mode="json"),
+                                         "judge": dict(cfg.judge.model_dump(mode="json"), quality=judge_quality,
+                                                       deployed_name="oracle" if cfg.judge.kind == "oracle"
+                                                       else f"learned_{cfg.judge.deployed}")})

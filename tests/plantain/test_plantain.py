@@ -16,12 +16,14 @@ import torch
 from stages.common.config import ConfigError, validate
 from stages.common.tiny_transformer import TinyTransformer, TinyTransformerConfig
 from stages.plantain import evaluate, prepare, train
+from stages.plantain import judge as judge_mod
 from stages.plantain.model import rewind_and_repeat, sample_batch, stream_ttfr, tokens_to_target
 from stages.plantain.prepare import MAX_TRACE
+from stages.plantain.task import MAX_OPS
 from stages.plantain.task import (EANS, ERROR_KINDS, FORMATS, MOD, PROMPT_LEN, VOCAB_SIZE, TraceError, corrupt_plan,
                                   decode_text, encode_text, make_trace, parse_segments, parse_trace, plan_pairs,
                                   problem_from_prompt, reward, sample_problem, ttfr_tokens, validate_plan,
-                                  validate_trace)
+                                  validate_trace, steps_follow_plan, Problem, PLUS)
 
 PY_OPS = {"+": lambda d: (lambda x: (x + d) % MOD), "-": lambda d: (lambda x: (x - d) % MOD),
           "*": lambda d: (lambda x: (x * d) % MOD)}
@@ -88,6 +90,33 @@ def test_plan_judge_accepts_only_the_correct_plan_and_every_injected_error_is_ca
             assert not validate_trace(p, toks, "pf")           # the answer-level judge sees the plan too
             assert parse_trace(toks, "pf")["plan"] == bad      # steps follow the faulty plan
     assert plan_pairs(encode_text("#2 + 1")) is None          # numbering must start at #1
+
+
+def test_answer_judge_steps_follow_the_traces_own_plan():
+    """steps_follow_plan checks the work, not the plan: a trace that executes a WRONG plan correctly passes it,
+    and the whole-trace judge then turns on the plan judge alone."""
+    rng = np.random.default_rng(9)
+    yes = lambda p, q: True                                                   # noqa: E731
+    for p in _problems(25, seed=8):
+        for fmt in FORMATS:
+            bad_plan = corrupt_plan(p.plan, "operand", rng)
+            good, wrong = make_trace(p, fmt), make_trace(p, fmt, bad_plan)
+            assert steps_follow_plan(p, good, fmt) and steps_follow_plan(p, wrong, fmt)
+            assert validate_trace(p, good, fmt) and not validate_trace(p, wrong, fmt)
+            assert validate_trace(p, wrong, fmt, judge=yes)                   # a judge that accepts every plan
+            assert not validate_trace(p, good, fmt, judge=lambda q, r: False)
+            off = list(wrong)
+            off[-3] = (off[-3] + 1) % MOD                                      # the answer no longer the last value
+            assert parse_trace(off, fmt)["answer"] is not None                 # well formed, wrong answer
+            assert not steps_follow_plan(p, off, fmt) and not validate_trace(p, off, fmt, judge=yes)
+            assert not steps_follow_plan(Problem((p.x + 1) % MOD, p.ops), good, fmt)   # another start value
+    p = _problems(1, seed=8)[0]
+    pf = make_trace(p, "pf")
+    no_plan = pf[:4] + [EANS] + pf[pf.index(EANS) + 1:]                       # an empty visible plan segment
+    assert not steps_follow_plan(p, no_plan, "pf") and not validate_trace(p, no_plan, "pf", judge=yes)
+    assert not steps_follow_plan(p, pf[:-1], "pf")                            # no <eos>: not a trace
+    no_answer = pf[:-3] + [PLUS] + pf[-2:]                                    # the answer slot holds an operator
+    assert parse_trace(no_answer, "pf")["answer"] is None and not steps_follow_plan(p, no_answer, "pf")
 
 
 def test_answer_judge_catches_one_wrong_step_value():
@@ -180,7 +209,7 @@ class ScriptedLM(torch.nn.Module):
 def test_core_effect_plan_level_rewind_buys_the_same_accuracy_with_fewer_tokens():
     probs = _problems(40, seed=5, lo=3, hi=4)
     prompts = torch.tensor([p.prompt() for p in probs])
-    rr = rewind_and_repeat(ScriptedLM(), prompts, probs, MAX_TRACE, 3, 1.2, 0.95, 0.5, seed=7)
+    rr = rewind_and_repeat(ScriptedLM(), prompts, probs, MAX_TRACE, 3, 1.2, 0.95, 0.5, seed=7)["oracle"]
     plan, ans = rr["plan"], rr["answer"]
     assert rr["plan_accept_rate"] < 0.8                       # faulty plans are common
     assert plan["acc"][0] == ans["acc"][0] and plan["tokens"][0] == ans["tokens"][0]
@@ -191,7 +220,93 @@ def test_core_effect_plan_level_rewind_buys_the_same_accuracy_with_fewer_tokens(
     assert tokens_to_target(plan["tokens"], plan["acc"], target) < tokens_to_target(ans["tokens"], ans["acc"], target)
 
 
+def test_rewind_with_judges_that_can_be_wrong():
+    """The same sampled attempts judged by three judges: the oracle, one that accepts every plan (nothing is ever
+    rewound: one attempt's accuracy and tokens at every cap) and one that rejects every plan (the last attempt is
+    kept: cap R's accuracy is attempt R's, and every attempt's plan tokens are spent)."""
+    probs = _problems(24, seed=3, lo=3, hi=4)
+    prompts = torch.tensor([p.prompt() for p in probs])
+    res = rewind_and_repeat(ScriptedLM(), prompts, probs, MAX_TRACE, 2, 1.2, 0.95, 0.5, seed=4,
+                            judges={"oracle": validate_plan, "yes": lambda p, q: True, "no": lambda p, q: False})
+    o, yes, no = res["oracle"], res["yes"], res["no"]
+    assert o["judge_quality"]["accuracy"] == 1.0 and o["judge_quality"]["precision"] == 1.0
+    right = o["judge_quality"]["right_share"]
+    assert 0 < right < 1                                                      # some sampled plans are wrong
+    assert yes["judge_quality"]["precision"] == pytest.approx(right)          # accepts all: precision = base rate
+    assert yes["judge_quality"]["recall"] == 1.0 and no["judge_quality"]["recall"] == 0.0
+    assert yes["plan"]["acc"] == [o["plan"]["acc"][0]] * 3                   # never rewinds
+    assert yes["plan"]["tokens"] == [o["plan"]["tokens"][0]] * 3
+    assert no["plan"]["tokens"][2] > no["plan"]["tokens"][1] > no["plan"]["tokens"][0]   # every retry is spent
+    assert no["plan"]["acc"][0] == o["plan"]["acc"][0]                        # attempt 0 is the same sample
+    assert max(o["plan"]["acc"]) >= max(yes["plan"]["acc"])                   # the oracle is the upper bound here
+
+
+def test_learned_judge_features_and_quality():
+    probs = _problems(6, seed=2)
+    plans = [p.plan for p in probs[:3]] + [None, probs[4].plan[:-1], probs[5].plan]
+    X = judge_mod.features(probs, plans)
+    n_plan_tokens = [2 * len(q) if q is not None else 0 for q in plans]
+    assert X.sum(1).tolist() == [PROMPT_LEN + n for n in n_plan_tokens]       # one-hot: one 1 per token slot
+    labels = [1, 1, 1, 0, 0, 1]
+    # quality() against a hand count: a judge that accepts the first four pairs
+    first4 = lambda p, q: probs.index(p) < 4                                   # noqa: E731
+    q = judge_mod.quality(first4, probs, plans, labels)
+    assert q == {"accuracy": pytest.approx(4 / 6), "precision": pytest.approx(3 / 4),
+                 "recall": pytest.approx(3 / 4), "n": 6}
+    with pytest.raises(ValueError, match="one class"):
+        judge_mod.PlanJudge.fit(probs[:3], plans[:3], [1, 1, 1])
+    # a judge trained on labelled pairs learns the rule well above chance, and never accepts a missing plan
+    rng = np.random.default_rng(0)
+    train_p = _problems(1200, seed=11)
+    tp = [p.plan if i % 2 == 0 else corrupt_plan(p.plan, ["swap", "drop", "operand"][i % 3], rng)
+          for i, p in enumerate(train_p)]
+    j = judge_mod.PlanJudge.fit(train_p[:1000], tp[:1000], [int(i % 2 == 0) for i in range(1000)], seed=0)
+    held = judge_mod.quality(j, train_p[1000:], tp[1000:], [int(i % 2 == 0) for i in range(1000, 1200)])
+    assert held["accuracy"] > 0.8
+    assert not j(train_p[0], None)
+    assert j(train_p[1000], tp[1000]) == bool(j.accept([train_p[1000]], [tp[1000]])[0])
+
+
+def test_learned_judge_api_edges():
+    import warnings
+    probs = _problems(8, seed=4)
+    plans = [p.plan if i % 2 == 0 else p.plan[:-1] for i, p in enumerate(probs)]   # odd: one op dropped
+    labels = [int(i % 2 == 0) for i in range(8)]
+    # the documented defaults reach the classifier; fitting with a capped max_iter raises no warning
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        j = judge_mod.PlanJudge.fit(probs, plans, labels, max_iter=2)
+    assert j.n_train == 8 and j.clf.max_iter == 2 and j.clf.hidden_layer_sizes == (64,) and j.clf.random_state == 0
+    assert j.clf.early_stopping is False
+    j2 = judge_mod.PlanJudge.fit(probs, plans, labels, hidden=7, seed=3)
+    assert j2.clf.hidden_layer_sizes == (7,) and j2.clf.random_state == 3 and j2.clf.max_iter == 300
+    with pytest.raises(ValueError, match="^judge data: 8 problems, 7 plans"):
+        judge_mod.PlanJudge.fit(probs, plans[:7], labels)
+    with pytest.raises(ValueError, match="^judge data: 7 problems, 8 plans, 8 labels"):
+        judge_mod.PlanJudge.fit(probs[:7], plans, labels)
+    with pytest.raises(ValueError, match="^judge data: the labels hold one class only"):
+        judge_mod.PlanJudge.fit(probs, plans, [1] * 8)
+    # no plan at all: nothing is accepted (and the classifier is not asked)
+    assert judge_mod.PlanJudge(None, 0).accept(probs[:2], [None, None]).tolist() == [False, False]
+    # the one-hot layout: prompt token j at slot j, plan token j at slot PROMPT_LEN + j
+    X = judge_mod.features(probs[:1], [probs[0].plan])
+    want = [j * VOCAB_SIZE + t for j, t in enumerate(probs[0].prompt())]
+    want += [(PROMPT_LEN + j) * VOCAB_SIZE + t for j, t in enumerate([t for od in probs[0].plan for t in od])]
+    assert np.flatnonzero(X[0]).tolist() == want
+    X = judge_mod.features(probs[:1], [[(1, 2)] * (MAX_OPS + 2)])          # a plan longer than MAX_OPS: truncated
+    assert X.dtype == np.float32 and X.sum() == PROMPT_LEN + 2 * MAX_OPS
+    # precision / recall with one positive prediction and one positive label, and with none predicted
+    one = judge_mod.quality(lambda p, q: p is probs[0], probs[:3], plans[:3], [1, 0, 0])
+    assert one == {"accuracy": 1.0, "precision": 1.0, "recall": 1.0, "n": 3}
+    reads_plan = judge_mod.quality(lambda p, q: q == p.plan, probs[:4], plans[:4], [1, 0, 1, 0])   # a per-pair judge
+    assert reads_plan["accuracy"] == 1.0
+    none = judge_mod.quality(lambda p, q: False, probs[:3], plans[:3], [1, 0, 0])
+    assert none["precision"] == 0.0 and none["recall"] == 0.0 and none["accuracy"] == pytest.approx(2 / 3)
+
+
 @pytest.mark.parametrize("cls,block,needle", [
+    (train.Config, {"judge": {"train_pairs": [100, 200], "deployed": 400}}, "judge.deployed"),
+    (prepare.Config, {"n_judge": 100, "judge_test": 100}, "judge_test"),
     (train.Config, {"rl": {"reward": {"w_helpful": -1.0}}}, "rl.reward.w_helpful"),
     (train.Config, {"rl": {"reward": {"w_correct": -0.5}}}, "rl.reward.w_correct"),
     (evaluate.Config, {"rr": {"token_budgets": [20, 0]}}, "rr.token_budgets"),
