@@ -120,18 +120,28 @@ def run(cfg: Config, ctx: StageContext) -> None:
 
 def judge_frame(cfg: Config, test_keys: set) -> pl.DataFrame:
     """Labelled (problem, plan) pairs for the learned plan judge, from their own random stream (the other splits
-    are unchanged by it): problems never in the test split; plans alternately right (label 1) and carrying one
+    are unchanged by it): operation sequences never in the test split (the judge reads no start value), each
+    (operations, plan) pair once (so held-out pairs are unseen in training); plans alternately right (label 1) and carrying one
     injected error (label 0); the last ``judge_test`` pairs are the judge's held-out set."""
     rng = np.random.default_rng([cfg.data_seed, 1])
-    rows = []
-    while len(rows) < cfg.n_judge:
+    test_ops = {ops for _, ops in test_keys}   # the judge reads no x: a test problem's operations are excluded
+    rows, seen = [], set()
+    for _ in range(100 * cfg.n_judge):
+        if len(rows) == cfg.n_judge:
+            break
         p = sample_problem(rng, cfg.min_ops, cfg.max_ops)
-        if (p.x, p.ops) in test_keys:
+        if p.ops in test_ops:
             continue
         ok = len(rows) % 2 == 0                # right and wrong plans alternate: any prefix is balanced
         plan = p.plan if ok else corrupt_plan(p.plan, str(rng.choice(cfg.error_kinds)), rng)
+        if (p.ops, tuple(plan)) in seen:       # each (operations, plan) pair once: held-out pairs are unseen
+            continue
+        seen.add((p.ops, tuple(plan)))
         rows.append({"x": p.x, "ops": [t for od in p.ops for t in od], "plan": [t for od in plan for t in od],
                      "label": int(ok), "part": "train" if len(rows) < cfg.n_judge - cfg.judge_test else "test"})
+    if len(rows) < cfg.n_judge:
+        raise ValueError(f"n_judge: only {len(rows)} distinct (operations, plan) pairs outside the test problems' "
+                         f"operations in {100 * cfg.n_judge} draws; lower n_judge or widen min_ops..max_ops")
     return pl.DataFrame(rows)
 
 

@@ -195,8 +195,8 @@ def parse_trace(toks, fmt: str) -> dict:
         plan_toks = toks[segs[1].start:segs[1].end]
     else:
         parts = _split_bar(toks[segs[0].start:segs[0].end])
-        plan_toks = parts[1] if len(parts) == 3 else []
-    return {"plan": plan_pairs(plan_toks), "answer": answer, "segments": segs}
+        plan_toks = parts[1] if len(parts) == 3 else None       # no "n | PLAN | STEPS" structure: no plan
+    return {"plan": None if plan_toks is None else plan_pairs(plan_toks), "answer": answer, "segments": segs}
 
 
 def _split_bar(body: list[int]) -> list[list[int]]:

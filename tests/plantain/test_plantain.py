@@ -23,7 +23,7 @@ from stages.plantain.task import MAX_OPS
 from stages.plantain.task import (EANS, ERROR_KINDS, FORMATS, MOD, PROMPT_LEN, VOCAB_SIZE, TraceError, corrupt_plan,
                                   decode_text, encode_text, make_trace, parse_segments, parse_trace, plan_pairs,
                                   problem_from_prompt, reward, sample_problem, ttfr_tokens, validate_plan,
-                                  validate_trace, steps_follow_plan, Problem, PLUS)
+                                  validate_trace, steps_follow_plan, Problem, PLUS, BAR)
 
 PY_OPS = {"+": lambda d: (lambda x: (x + d) % MOD), "-": lambda d: (lambda x: (x - d) % MOD),
           "*": lambda d: (lambda x: (x * d) % MOD)}
@@ -117,6 +117,12 @@ def test_answer_judge_steps_follow_the_traces_own_plan():
     assert not steps_follow_plan(p, pf[:-1], "pf")                            # no <eos>: not a trace
     no_answer = pf[:-3] + [PLUS] + pf[-2:]                                    # the answer slot holds an operator
     assert parse_trace(no_answer, "pf")["answer"] is None and not steps_follow_plan(p, no_answer, "pf")
+    tta = make_trace(p, "tta")
+    no_bars = [t for t in tta if t != BAR]                                    # thinking without "n | PLAN | STEPS"
+    assert parse_trace(no_bars, "tta")["plan"] is None                        # no plan (not an empty one)
+    assert reward(p, no_bars, "tta", tta_process_reward=True, judge=lambda q, r: True)["r_helpful"] == 0.0
+    empty = tta[:3] + tta[tta.index(BAR, 3):]                                 # "n | | STEPS": an empty plan written
+    assert parse_trace(empty, "tta")["plan"] == []
 
 
 def test_answer_judge_catches_one_wrong_step_value():
@@ -265,6 +271,24 @@ def test_learned_judge_features_and_quality():
     assert held["accuracy"] > 0.8
     assert not j(train_p[0], None)
     assert j(train_p[1000], tp[1000]) == bool(j.accept([train_p[1000]], [tp[1000]])[0])
+
+
+def test_learned_judge_split_is_disjoint_and_unique():
+    test = _problems(40, seed=12)
+    cfg = prepare.Config.model_validate({"n_judge": 300, "judge_test": 100})
+    f = prepare.judge_frame(cfg, {(p.x, p.ops) for p in test})
+    ops = [tuple(zip(o[::2], o[1::2])) for o in f["ops"].to_list()]
+    assert not set(ops) & {p.ops for p in test}                        # no test problem's operations, any x
+    pairs = [(o, tuple(q)) for o, q in zip(ops, f["plan"].to_list())]
+    assert len(set(pairs)) == len(pairs) == 300                        # each (operations, plan) pair once
+    assert f["label"].to_list() == [1, 0] * 150                         # alternating: every prefix balanced
+    assert f["part"].to_list() == ["train"] * 200 + ["test"] * 100
+    for o, q, y in zip(ops, f["plan"].to_list(), f["label"].to_list()):   # label 1 iff the plan is the right one
+        assert (list(zip(q[::2], q[1::2])) == list(reversed(o))) == bool(y)
+    tiny = prepare.Config.model_validate({"n_judge": 40, "judge_test": 10, "min_ops": 1, "max_ops": 1,
+                                          "error_kinds": ["operand"]})
+    with pytest.raises(ValueError, match="n_judge: only"):             # 6 one-op sequences: ~15 distinct pairs
+        prepare.judge_frame(tiny, set())
 
 
 def test_learned_judge_api_edges():

@@ -131,14 +131,14 @@ def test_check_format_and_parse_trace():
     assert parse_trace(E("<think> </think> <ans> + </ans> <eos>"), "tta")["answer"] is None
     assert parse_trace(E("<think> </think> <ans> 1 2 </ans> <eos>"), "tta")["answer"] is None
     assert parse_trace(E("<think> </think> <ans> </ans> <eos>"), "tta")["answer"] is None
-    # tta plan = the middle of exactly three '|' parts; otherwise empty
-    assert parse_trace(E("<think> 2 | #1 * 3 </think> <ans> 1 </ans> <eos>"), "tta")["plan"] == []
-    assert parse_trace(E("<think> 2 | #1 * 3 | 3 | 4 </think> <ans> 1 </ans> <eos>"), "tta")["plan"] == []
+    # tta plan = the middle of exactly three "|" parts; otherwise no plan (None)
+    assert parse_trace(E("<think> 2 | #1 * 3 </think> <ans> 1 </ans> <eos>"), "tta")["plan"] is None
+    assert parse_trace(E("<think> 2 | #1 * 3 | 3 | 4 </think> <ans> 1 </ans> <eos>"), "tta")["plan"] is None
     assert parse_trace(E("<think> | #1 - 1 | </think> <ans> 1 </ans> <eos>"), "tta")["plan"] == [(MINUS, 1)]
-    assert parse_trace(E("<think> 2 | #1 * </think> <ans> 1 </ans> <eos>"), "tta")["plan"] == []
+    assert parse_trace(E("<think> 2 | #1 * </think> <ans> 1 </ans> <eos>"), "tta")["plan"] is None
     assert parse_trace(E("<think> 2 | #1 * | </think> <ans> 1 </ans> <eos>"), "tta")["plan"] is None
     # only the thought is split at '|': a '|' in the answer segment does not complete a plan
-    assert parse_trace(E("<think> | #1 - 1 </think> <ans> | </ans> <eos>"), "tta")["plan"] == []
+    assert parse_trace(E("<think> | #1 - 1 </think> <ans> | </ans> <eos>"), "tta")["plan"] is None
 
 
 def test_split_bar():
