@@ -349,8 +349,8 @@ notion of helpfulness, unit-test rewards, nor the benchmarks; verdicts are about
                     if rl["reward"].get("tta_process_reward") else
                     "only the plan-first arm gets it: the pass@1 comparison is not isolated to the plan-first ordering.")
     rep.section("Threats to validity", f"""
-Red-team pass on this design (what could make a verdict wrong, and what remains; the learned judges, the judge sweep,
-the think-then-answer process reward and the SFT curve of issue 47 are newer than that pass and not yet red-teamed):
+Red-team passes on this design (what could make a verdict wrong, and what remains; the issue-47 judges had their own
+pass, summarised in its bullet below):
 
 - **TTFR by construction.** Plan-first TTFR is fixed by the trace format (4 tokens) while think-then-answer's is
   7n + 7, so reference traces with no model already give a reduction of ≈ 0.885: `ttfr_drop_60` is a **check**
