@@ -69,9 +69,11 @@ wandb-sync: $(STAMP)
 	@ls -d wandb/offline-run-* >/dev/null 2>&1 || { echo "no offline W&B runs under wandb/ (run make repro first)"; exit 0; }
 	$(BIN)/wandb sync --yes wandb/offline-run-*
 
-## Kernel table (torch reference vs naive baseline on CPU; Triton vs torch + roofline on CUDA), then S solo runs vs one seed ensemble.
+## Kernel table (torch reference vs naive baseline on CPU; Triton vs torch + roofline on CUDA), the STAR-KV decode
+## row at the paper's shapes (Hq 32, Hkv 8, T 32768; on CPU batch 1, the torch paths), then S solo runs vs one seed ensemble.
 bench: $(STAMP)
 	PATH=$(abspath $(BIN)):$$PATH $(BIN)/python -m kernels.bench
+	PATH=$(abspath $(BIN)):$$PATH $(BIN)/python -m benchmarks.decode_speed
 	PATH=$(abspath $(BIN)):$$PATH $(BIN)/python -m benchmarks.ensemble
 
 contract:

@@ -251,15 +251,17 @@ EDGE_TYPE_WORDS = {"vertical straight": _first_words("vertical straight") | {"ve
 FACE_TYPE_WORDS = {"cylindrical": _first_words("cylindrical"), "planar": _first_words("planar")}
 SIZE_WORD_TABLE = {k: _first_words(k) for k in cad.SIZE_WORDS}
 FACE_WORDS = {"face", "faces", "surface", "surfaces"}
+EDGE_WORDS = {"edge", "edges"}
 
 
 def synonym_rule(query: str, prims: cad.Primitives) -> tuple[str, list[int]]:
     """The keyword rule at full strength: every attribute word and paraphrase of the training queries
     (``cad.SYNONYMS``, the grounder's own training vocabulary) mapped to its predicate, size words included.
-    A query naming no type word (or no place for a type that needs one) selects nothing (abstains)."""
+    A query naming no type word (or no place for a type that needs one) selects nothing (abstains). An edge word
+    wins over a face word, which is usually the place ("the straight edges bounding the upper face")."""
     w = cad.tokenize_query(query)
     ws = set(w)
-    prim = "faces" if ws & FACE_WORDS else "edges"
+    prim = "faces" if ws & FACE_WORDS and not ws & EDGE_WORDS else "edges"
     size = next((k for k, words in SIZE_WORD_TABLE.items() if ws & words), "")
     table = EDGE_TYPE_WORDS if prim == "edges" else FACE_TYPE_WORDS
     tword = next((k for k, words in table.items() if ws & words), None)

@@ -50,17 +50,22 @@ CLAIMS = [
            "within a band of that on seen templates (same held-out parts)",
            kind="finding", a=f"{G}.heldout.ap", b=f"{G}.seen.ap",
            refuted_by="a t-bound of (held-out − seen) mAP outside the band"),
+    Within("heldout_templates_generalize_exact",
+           "... and on exact-set accuracy (the metric this claim read before mAP was added; mAP ranks and is near "
+           "its ceiling here, exact-set needs the thresholded selection to be right)",
+           kind="finding", a=f"{G}.heldout.exact", b=f"{G}.seen.exact",
+           refuted_by="a t-bound of (held-out − seen) exact-set accuracy outside the band"),
     Better("ground_beats_rule_freetext",
            "On free-text queries written independently of the templates, BRepGround-mini selects the exact operand "
            "set more often than the keyword rule at full strength (the training synonym table, size words)",
            kind="finding", a=f"{G}.freetext.exact", b="grounding.baselines.synonym_rule.freetext.exact",
            refuted_by="the t-bound of the paired per-query gap (model − rule) not above the minimum effect"),
-    # ---------------------------------------------------------------- checks
     Bound("size_words_read",
           "Size/superlative words are read: exact-set accuracy on queries whose superlative picks a proper subset "
           "(largest/smallest radius, longest/shortest edge; seen, held-out and free-text)",
-          kind="check", value=f"{G}.size_words.exact",
+          kind="finding", value=f"{G}.size_words.exact",
           refuted_by="exact-set accuracy on superlative queries not above the level in params"),
+    # ---------------------------------------------------------------- checks
     Bound("abstains_absent_features",
           "The grounder says 'no such feature' for a query naming a feature type the part does not have "
           "(template queries for absent specs)", kind="check", value=f"{G}.absent.abstained",
@@ -76,6 +81,12 @@ CLAIMS = [
     Bound("few_false_abstentions",
           "Abstention is rare on present features (seen-template queries of held-out parts)",
           kind="check", value=f"{G}.seen.false_abstain",
+          refuted_by="false-abstention rate not below the level in params"),
+    Bound("few_false_abstentions_heldout",
+          "... and on held-out-template queries of held-out parts", kind="check", value=f"{G}.heldout.false_abstain",
+          refuted_by="false-abstention rate not below the level in params"),
+    Bound("few_false_abstentions_freetext",
+          "... and on the free-text queries", kind="check", value=f"{G}.freetext.false_abstain",
           refuted_by="false-abstention rate not below the level in params"),
     Claim("cli_matches_batch",
           "The ground CLI (STEP in, ids in CadQuery order out) gives the same answer as the evaluate stage's batch "
@@ -357,9 +368,16 @@ Seeds {seeds}: each trains its own BRepGround-mini and program model (SFT, SFT-o
     except FileNotFoundError:
         pass
     gc = pl.read_csv(tr / "ground_curve.csv").group_by("step").agg(
-        pl.col("val_map").mean(), pl.col("val_exact").mean(), pl.col("val_abstain_empty").mean()).sort("step")
-    rep.plot("ground_validation_curve", gc, x="step", y=["val_map", "val_exact", "val_abstain_empty"],
+        pl.col("val_map").mean(), pl.col("val_exact").mean(), pl.col("val_size_exact").mean(),
+        pl.col("val_abstain_empty").mean()).sort("step")
+    rep.plot("ground_validation_curve", gc, x="step", y=["val_map", "val_exact", "val_size_exact", "val_abstain_empty"],
              title="BRepGround-mini on validation parts per step (mean over seeds)")
+    if gc.height >= 2:
+        a, b = gc.row(-2, named=True), gc.row(-1, named=True)
+        rep.section("Grounder budget", f"""Validation (mean over seeds) between steps {a['step']} and {b['step']}, the
+last two points of the curve: exact-set {a['val_exact']:.3f} → {b['val_exact']:.3f}, size-word exact-set
+{a['val_size_exact']:.3f} → {b['val_size_exact']:.3f}, mAP {a['val_map']:.3f} → {b['val_map']:.3f}. A curve still rising here
+means the grounding verdicts are read before the grounder has converged.""")
     gh = pl.read_csv(tr / "ground_history.csv").group_by("step").agg(pl.col("loss").mean()).sort("step")
     rep.plot("ground_loss", gh, x="step", y="loss", title="BRepGround-mini BCE per step (mean over seeds)")
     cpu_rows = []
@@ -424,13 +442,40 @@ Red-team pass (adversarial review of this design by its author; no second review
   verdicts (paired per item).
 - **Budget.** RL steps were fixed from the validation learning curve of a development run (plotted above for this
   run); the verdict is about this budget. The program half runs 3 seeds, not 5: five seeds of SFT + SFT-only + RL
-  (with CAD execution in the reward) do not fit the 300 s default budget; item noise (60 paired held-out
+  (with CAD execution in the reward) do not fit the default budget; item noise (60 paired held-out
   descriptions) enters the verdicts. The grounding half runs 5 seeds.
+- **Grounder budget (review of issue 50).** The previous committed run trained BRepGround-mini for 300 steps, where
+  its validation curve was still rising steeply (exact-set 0.30 → 0.61 over the last 100 steps) and superlatives
+  were not learned (size-word exact 0.03 on test). A one-seed development probe to 1,500 steps on the validation
+  parts (exact 0.48 at 300, 0.80 at 1,050, 0.85 at 1,500; size-word exact 0.04 → 0.46, still rising; lr 0.005
+  was worse) fixed the budget at 1,500 steps; every claim threshold and the abstention threshold were left as they
+  were. The curves are still rising at 1,500 steps (see "Grounder budget" below): `size_words_read`, and probably
+  the held-out and free-text numbers, are decided by this budget, not by what the architecture can learn. The
+  grounders now take most of the train stage's CPU (~60 s per seed), and the default run is over the 300 s target.
+- **Second red-team pass (a reviewer who did not write the code; it reproduced seed 0's exact-set and mAP per family
+  to 4 decimals with its own forward pass).** (1) `heldout_templates_generalize` read exact-set accuracy until the
+  commit that added mAP (the paper's metric) moved it to mAP, after the issue had shown the exact-set gap; mAP ranks
+  and sits near its ceiling (a size-blind keyword ranking scores ~0.93 on held-out templates), so both metrics are
+  now findings with the same band. The held-out templates change only frame words; every attribute synonym is
+  seen in training. (2) The synonym rule let any face word ("the upper face") make a query a face query; an edge word
+  now wins (this raised the rule's free-text exact-set accuracy from 0.395 to ~0.55 in the reviewer's check), so
+  `ground_beats_rule_freetext` compares against the stronger rule. (3) `size_words_read` is a finding (a capability
+  the issue asks for), not a check. (4) False abstention is now also tested on held-out templates and free text.
+  (5) The abstention threshold (0.5) equals the selection threshold and was set before any run; the validation
+  calibration table is reported, it did not choose the value. (6) Foreign-feature test queries, like the training
+  foreign and nonsense ones, carry no type or place word; a foreign noun with a real place word ("the hexagonal
+  pocket on the top") is not tested, and the free-text absent set has no level. (7) Topology (a): the index arm is
+  fixed by construction (0 on renumbered cases, 1 otherwise), so the finding reduces to the query's accuracy against
+  that fixed level; the keyword rule scores 1.0 on both cases, so the learned grounder adds nothing there.
+  (8) Program half: at n = 3 seeds the smallest detectable gaps (~0.2 reward, ~0.24 executability) are ten times the
+  minimum effect, so the RL verdicts cannot leave "inconclusive" at this budget; in the reviewed run the RL
+  validation reward fell at the first checkpoint (e.g. 0.61 → 0.26) and only partly recovered, and one seed's
+  selected RL checkpoint was the SFT checkpoint itself — the run's own curve does not support the RL step count.
 - **Early stopping.** Both program arms keep their best checkpoint on 36 validation prompts (a candidate set of
   the same size for each arm, the SFT checkpoint included); selection on a small validation set is optimistic
   for validation, not for the held-out test descriptions the claims read.
 - **Rollout temperature.** RL samples at τ = 0.7 and scores the ratio under the same tempered policy; at τ = 1 the
   tiny SFT model's samples mostly fail to parse (≈ 23% execute) and GSPO collapsed in a development run.
-- **Abstention threshold.** Fixed in params from a development run's validation calibration table, never from test
-  results; the table for this run is shown.
+- **Abstention threshold.** 0.5 in params, equal to the selection threshold, set before any run and never changed
+  from test results; the validation calibration table of this run is shown beside it.
 """

@@ -69,8 +69,9 @@ class GroundConfig(StageConfig):
     eval_every: PositiveInt = Field(50, le=100_000, description="validation-curve interval (steps)")
     threshold: float = Field(0.5, gt=0, lt=1, description="select primitives with σ(score) above this")
     abstain_threshold: float = Field(0.5, gt=0, lt=1, description="answer 'no match' when the top σ(score) is "
-                                     "below this (or no query word is known); fixed from a development run's "
-                                     "validation calibration table (calibration.csv)")
+                                     "below this (or no query word is known); set before any run, equal to the "
+                                     "selection threshold (the validation calibration table, calibration.csv, is "
+                                     "reported beside it)")
 
     @model_validator(mode="after")
     def _heads(self):
@@ -265,11 +266,12 @@ class EvalEvery(L.Callback):
 # grounding validation
 # ----------------------------------------------------------------------------------------------
 def ground_val_metrics(net, words, parts, part_rows, rows, g: GroundConfig, vocab) -> tuple[dict, np.ndarray]:
-    """mAP / exact-set accuracy on present validation queries, abstention rate on empty-target ones."""
+    """mAP / exact-set accuracy on present validation queries (and on those whose size word picks a proper
+    subset), abstention rate on empty-target ones."""
     scores, _ = predict(net, words, parts, rows=part_rows)
     scores = scores.cpu().numpy()
     net.train()
-    aps, exact, abst = [], [], []
+    aps, exact, abst, size = [], [], [], []
     tops = np.zeros(len(rows))
     for i, r in enumerate(rows):
         fs, es = scores[i, : g.max_faces], scores[i, g.max_faces:]
@@ -283,7 +285,10 @@ def ground_val_metrics(net, words, parts, part_rows, rows, g: GroundConfig, voca
             aps.append(ranking_metrics(fs if r["prim"] == "faces" else es, truth)["ap"])
             pred = {("faces", i) for i in d["faces"]} | {("edges", i) for i in d["edges"]}
             exact.append(float(pred == {(r["prim"], i) for i in truth}))
+            if r.get("size_matters"):                    # superlative picks a proper subset
+                size.append(exact[-1])
     return ({"val_map": float(np.mean(aps)), "val_exact": float(np.mean(exact)),
+             "val_size_exact": float(np.mean(size)) if size else float("nan"),
              "val_abstain_empty": float(np.mean(abst)) if abst else float("nan")}, tops)
 
 

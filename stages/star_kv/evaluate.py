@@ -39,7 +39,7 @@ class Config(StageConfig):
     lo_bits: Literal[4] = Field(4, description="bits of the remaining ranks (the kernel packs int4)")
     quant_arms: list[str] = Field(default_factory=lambda: ["star_full"], min_length=1,
                                   description="arms whose latent caches are also evaluated quantized")
-    decode_arms: list[str] = Field(default_factory=lambda: ["star_full", "star_global", "uniform_kd"],
+    decode_arms: list[str] = Field(default_factory=lambda: ["star_full", "star_gatefuse", "star_global", "uniform_kd"],
                                    description="arms evaluated through the decode path at every target (the "
                                                "others: dense forward, cross-checked through decode at the first "
                                                "seed)")

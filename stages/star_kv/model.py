@@ -265,20 +265,21 @@ def quant_roundtrip(attn: LowRankAttn, lk, lv, spec: QuantSpec):
 
 def equal_bytes_int4(ranks_k: list[list[int]], ranks_v: list[int], mixed: QuantSpec) -> QuantSpec:
     """Uniform int4 spending the bytes the mixed format spends on its high-precision ranks on finer scale
-    groups instead: per cache type, the smallest group size whose total bytes (all rows, ragged ranks) do not
-    exceed the mixed format's. A rule of the storage format, not of any measured quality."""
-    groups = {}
-    for kind, rows in (("k", [r for layer in ranks_k for r in layer]), ("v", list(ranks_v))):
-        budget = sum(mixed.row_bytes(kind, r) for r in rows)
-        widest = max(rows + [1])
-        g = widest
-        for cand in range(1, widest + 1):
-            spec = QuantSpec(0, 0, 8, cand, cand)
-            if sum(spec.row_bytes(kind, r) for r in rows) <= budget:
-                g = cand
-                break
-        groups[kind] = g
-    return QuantSpec(0, 0, 8, groups["k"], groups["v"])
+    groups instead: the (K group, V group) pair whose total bytes (all rows, ragged ranks, K and V pooled) come
+    closest to the mixed format's without exceeding them (ties: the smaller groups). A rule of the storage
+    format, not of any measured quality."""
+    rows = {"k": [r for layer in ranks_k for r in layer], "v": list(ranks_v)}
+    budget = sum(mixed.row_bytes(kind, r) for kind in rows for r in rows[kind])
+    widest = {kind: max(rows[kind] + [1]) for kind in rows}
+    cost = {kind: {g: sum(QuantSpec(0, 0, 8, g, g).row_bytes(kind, r) for r in rows[kind])
+                   for g in range(1, widest[kind] + 1)} for kind in rows}
+    best = (widest["k"], widest["v"])
+    best_key = (-(cost["k"][best[0]] + cost["v"][best[1]]), best[0] + best[1])
+    for gk, ck in cost["k"].items():
+        for gv, cv in cost["v"].items():
+            if ck + cv <= budget and (-(ck + cv), gk + gv) < best_key:
+                best, best_key = (gk, gv), (-(ck + cv), gk + gv)
+    return QuantSpec(0, 0, 8, best[0], best[1])
 
 
 # ----------------------------------------------------------------------------- the student

@@ -56,7 +56,7 @@ def build(res: dict, runs: dict, claim_target: float) -> tuple[list, dict]:
                "unigram_ppl": math.exp(res["unigram_nll"]), "dense_kv_bytes_fp16": res["dense_kv_bytes_fp16"],
                "full_rank_max_dlogit": res["full_rank_max_dlogit"], "arms": {}, "checks": {}}
     ct = ctag(claim_target)
-    claim_arms = {"star_full", "star_global", "uniform_kd"}
+    claim_arms = {"star_full", "star_gatefuse", "star_global", "uniform_kd"}
     kd_totals, decode_err, quant_dnll, quant_dlogit = [], [], [], []
     for c in res["targets"]:
         t = ctag(c)
@@ -98,12 +98,17 @@ def build(res: dict, runs: dict, claim_target: float) -> tuple[list, dict]:
                 a["reduction_mixed_min"] = min(a["reduction_mixed"])
                 a["int4_eq_over_mixed_bytes_max"] = max(e / x for e, x in zip(a["bytes_int4_equal_bytes"],
                                                                               a["bytes_mixed"]))
+                a["int4_eq_over_mixed_bytes_min"] = min(e / x for e, x in zip(a["bytes_int4_equal_bytes"],
+                                                                              a["bytes_mixed"]))
                 if t == ct:
                     a["nll_mixed_items"] = [r["nll_mixed_items"] for r in per]
                     a["nll_int4_equal_bytes_items"] = [r["nll_int4_equal_bytes_items"] for r in per]
                     a["nll_gap_mixed_items"] = [[x - y for x, y in zip(r["nll_mixed_items"], teacher_items)]
                                                 for r in per]
                     a["ppl_ratio_mixed"] = [math.exp(x - teacher_nll) for x in a["nll_mixed"]]
+                    a["nll_gap_int4"] = [x - teacher_nll for x in a["nll_int4"]]
+            a["nll_gap"] = [x - teacher_nll for x in a["nll"]]
+            a["nll_gap_min"] = min(a["nll_gap"])
             arms[arm] = a
         m["arms"][t] = arms
     m["checks"]["kd_steps_min"] = min(kd_totals) if kd_totals else float("nan")
@@ -129,10 +134,19 @@ def build(res: dict, runs: dict, claim_target: float) -> tuple[list, dict]:
     if {"star_full", "uniform_kd"} <= set(A):
         claims.append(Better(
             f"learned_ranks_beat_uniform_{ct}",
-            f"At equal KV bytes (C = {claim_target}), learned heterogeneous ranks give lower held-out NLL (decode "
-            "path) than uniform ranks with the same number of distillation steps", kind="finding",
+            f"At equal KV bytes (C = {claim_target}), learned heterogeneous ranks exported as the paper's code does "
+            "(V←V·(σ−α)₊, then phase 3) give lower held-out NLL (decode path) than uniform ranks with the same number "
+            "of distillation steps", kind="finding",
             a=f"arms.{ct}.star_full.nll_items", b=f"arms.{ct}.uniform_kd.nll_items", higher_is_better=False,
             refuted_by="uniform_kd's NLL at or below star_full's"))
+    if {"star_gatefuse", "uniform_kd"} <= set(A):
+        claims.append(Better(
+            f"gatefuse_ranks_beat_uniform_{ct}",
+            f"Allocation alone: at equal KV bytes (C = {claim_target}), the same learned ranks fused with the gate "
+            "value (star_gatefuse, no σ−α shrink to recover) give lower held-out NLL (decode path) than uniform "
+            "ranks with the same distillation steps", kind="finding",
+            a=f"arms.{ct}.star_gatefuse.nll_items", b=f"arms.{ct}.uniform_kd.nll_items", higher_is_better=False,
+            refuted_by="uniform_kd's NLL at or below star_gatefuse's"))
     if "star_full" in A and "nll_mixed_items" in A["star_full"]:
         claims.append(Better(
             f"mixed_beats_int4_equal_bytes_{ct}",
@@ -143,22 +157,31 @@ def build(res: dict, runs: dict, claim_target: float) -> tuple[list, dict]:
             higher_is_better=False, refuted_by="uniform int4 at equal bytes reaching the mixed cache's NLL"))
         claims.append(Bound(
             f"within_ppl_budget_{ct}",
-            f"At C = {claim_target} with the mixed-precision latent cache (≥ 4× smaller than the fp16 KV cache, see "
-            f"the check reduction_at_least_4x_{ct}), held-out PPL through the decode path stays within the PPL "
-            "budget fixed in params (NLL gap to the teacher below ln(budget))", kind="finding",
+            f"At C = {claim_target} with the mixed-precision latent cache (its size is the finding "
+            f"reduction_at_least_4x_{ct}), held-out PPL through the decode path stays within the PPL budget fixed in "
+            "params (NLL gap to the teacher below ln(budget))", kind="finding",
             value=f"arms.{ct}.star_full.nll_gap_mixed_items",
             refuted_by="the quantized student's NLL gap to the teacher above ln(budget)"))
         claims.append(Claim(
             f"reduction_at_least_4x_{ct}",
             f"Low rank × mixed precision reduces the KV cache ≥ 4× vs fp16 at C = {claim_target} on every seed "
             "(bytes per token include every fp16 scale; the format's arithmetic given the learned ranks)",
-            f"arms.{ct}.star_full.reduction_mixed_min >= param.target", kind="check",
+            f"arms.{ct}.star_full.reduction_mixed_min >= param.target", kind="finding",
             refuted_by="the mixed-precision latent cache larger than 1/target of the fp16 KV cache on some seed"))
         claims.append(Claim(
             f"int4_control_within_mixed_bytes_{ct}",
-            "The equal-bytes int4 control never stores more bytes than the mixed-precision cache",
-            f"arms.{ct}.star_full.int4_eq_over_mixed_bytes_max <= 1", kind="check",
-            refuted_by="the int4 control using more bytes than the mixed cache"))
+            "The equal-bytes int4 control never stores more bytes than the mixed-precision cache, and spends at "
+            "least the fraction of them in params (a control at full strength, K and V budgets pooled)",
+            f"arms.{ct}.star_full.int4_eq_over_mixed_bytes_max <= 1 and "
+            f"arms.{ct}.star_full.int4_eq_over_mixed_bytes_min >= param.floor", kind="check",
+            refuted_by="the int4 control using more bytes than the mixed cache, or leaving more than 1 − floor of "
+                       "them unspent"))
+    if "star_nokd" in A and "star_full" in A and "nll_mixed_items" in A["star_full"]:
+        claims.append(Claim(
+            f"ppl_budget_binds_{ct}",
+            f"The PPL budget can fail: the student without distillation at the same C (star_nokd, fp latents) is "
+            "outside it on every seed", f"arms.{ct}.star_nokd.nll_gap_min > param.below", kind="check",
+            refuted_by="star_nokd within the budget (a budget no student could miss)"))
     if "star_full" in A:
         claims.append(Bound(
             f"phase3_recovers_{ct}",
@@ -176,7 +199,8 @@ def build(res: dict, runs: dict, claim_target: float) -> tuple[list, dict]:
               "checks.kd_steps_min == checks.kd_steps_max", kind="check",
               refuted_by="two KD arms with different step counts"),
         Claim("full_rank_decode_matches_model", "At full rank, the compressed decode path (per-head K SVD, joint V "
-              "SVD, fused kernel over the latent cache) reproduces the model's own attention logits",
+              "SVD, attention over the latent cache: the fused kernel's torch reference on CPU, its Triton path "
+              "checked in Kernel paths) reproduces the model's own attention logits",
               "full_rank_max_dlogit <= param.tol", kind="check",
               refuted_by="a logit difference above tol between the full-rank latent decode and the HF forward"),
         Claim("decode_matches_dense_forward", "The decode path (kernel over the fp latent caches) matches the dense "
@@ -232,8 +256,8 @@ proportions), rest int4, one fp16 scale per token and part; bytes count every sc
               f"kv_bytes_fp16: latent cache bytes per token at fp16 (dense KV cache: "
               f"{res['dense_kv_bytes_fp16']} bytes); compression = 1 − latent/dense bytes. Teacher PPL "
               f"{metrics['teacher']['ppl']:.4g}.")
-    rep.plot("ppl_vs_compression", frame.select("C", "arm", "ppl"), x="C", y="ppl", series="arm",
-             title="held-out PPL (decode path) vs compression target C")
+    rep.plot("ppl_vs_compression", frame.select("compression", "arm", "ppl"), x="compression", y="ppl",
+             series="arm", title="held-out PPL (decode path) vs realised compression (1 − latent/dense bytes)")
 
     # ---- fusion: before / after / phase 3, every arm
     fus = []
@@ -284,12 +308,15 @@ scale-group size whose bytes do not exceed the mixed cache's (the bytes mixed sp
 (its Triton kernels vs SDPA on the full K, V cache; Llama-3.1-8B, batch 16, 32k context) and 3.1× end-to-end
 throughput, on GPU. This pipeline measures **no speed**: it runs on CPU, where the kernel path is the torch reference
 (`kernels/lowrank_attention.decode_ref`) and the Triton kernel only runs under the interpreter for the parity slice
-(see Kernel paths). `make bench` (`python -m kernels.bench --only lowrank_attention`) times, at the paper's shapes
-(Hq 32, Hkv 8, head_dim 128, T 32768, ranks of its C = 0.6 run: K 40 per head, V 522), the CPU torch paths here
-(the fused algorithm in torch vs materialize-K/V + SDPA vs SDPA on a dense cache; batch 1) and, where CUDA exists,
-the Triton kernel vs SDPA on a dense fp16 cache at batch 16 with the fraction of the memory roofline; on this
-machine the GPU entry is skipped with its reason printed. No GPU number is claimed here, and the paper's 6.9× is
-neither confirmed nor refuted.""")
+(see Kernel paths). `python -m benchmarks.decode_speed` (part of `make bench`) times one decode step at the paper's
+shapes (Hq 32, Hkv 8, head_dim 128, T 32768, ranks of its C = 0.6 run: K 40 per head, V 522): on CPU the torch
+paths (the fused algorithm in torch vs materialize-K/V + SDPA vs SDPA on a dense cache; batch 1, fp32) and, where
+CUDA exists, the Triton kernel vs SDPA on a dense fp16 cache at batch 16 with the fraction of the memory roofline.
+On the 2-core development machine the torch fused algorithm took ~0.45 s per step, materialise + SDPA ~1.0 s and
+dense SDPA ~0.14 s: on a CPU the latent path is ~2× faster than materialising but ~3× slower than a dense cache
+(its value latent is read once per KV head, more bytes than the dense cache at these ranks). These are benchmark
+numbers, not outputs of this run, and say nothing about the GPU kernel. No GPU was available to this project's
+sessions, so no GPU number is claimed and the paper's 6.9× is neither confirmed nor refuted.""")
     rep.section("Deviations", """| what | paper / official code | here | why |
 |---|---|---|---|
 | model, data | Llama-3.1-8B-Instruct, fineweb-edu, 4000 × 8192-token blocks; PPL on WikiText-2 / C4 | tiny GQA Llama (HF `LlamaForCausalLM`) trained here on byte-level stdlib sources, 64-token windows; the `full` profile names the real model and data (`source:` blocks) | CPU minutes |
@@ -315,25 +342,42 @@ THREATS = """- **One teacher.** Seeds vary the distillation data order only (the
   4× reduction is close at C = 0.6.
 - **Other levels.** Findings are tested only at the claim level; the other levels run fewer seeds/arms (see the
   tables) and are descriptive.
-- **Hyper-parameters.** lr, α lr, λ, s and the step counts were fixed before the committed run (phase 3 from the
-  recorded curve of an earlier development run) and are shared by every arm; a different lr or a much longer
-  budget could change the ordering of arms whose PPLs are within the minimum effect.
-- **Red-team pass on the committed default run (what it found).** (a) Phase 1 hit its step cap (`alpha_steps`)
-  before star_full met its budget on most seeds (`budget_met` False in the allocation table): the realised
-  compression is below the target C (see `compression`), most at C = 0.75, where the label overstates the
-  compression; every control is held at star_full's realised bytes, so the comparisons stay at equal bytes.
-  (b) The official σ−α export costs far more than 120 phase-3 steps recover (`phase3_recovers_c60` fails), so the
-  rank-allocation findings still measure the export as much as the allocation; star_gatefuse (same ranks, gate-value
-  fusion) is the arm that isolates allocation, and it is reported, not claimed. (c) The learned allocation moves
-  only ~10% of the rank away from one global σ̂ threshold per type, so the learned-vs-global gap is bounded by
-  construction to a small effect at this scale. (d) The quantized decode path is compared with the dense forward on
+- **Hyper-parameters.** lr, α lr, λ and s follow the official code where it states them and are shared by every arm;
+  the step counts were lengthened from recorded curves (see (b)); a different lr or a much longer budget could change
+  the ordering of arms whose PPLs are within the minimum effect.
+- **Red-team passes (what they found).** (a) Phase 1 ends at its step cap (`alpha_steps`) before star_full meets its
+  budget on most seeds, and where both types froze early the budget is lost again because Σ keeps training
+  (`budget_met` is read when phase 1 ends; allocation table): the realised compression is below the target C (see
+  `compression`; the PPL plot's x axis is the realised compression), most at C = 0.75, where the label overstates the
+  compression; every control is held at star_full's realised bytes, so the comparisons stay at equal bytes, and
+  `reduction_at_least_4x_c60` misses 4× by ~1% for this reason (K ends one rank over its budget).
+  (b) The official σ−α export roughly doubles star_full's PPL. Phase 3 was lengthened over two development runs
+  (60 + 120 → 100 + 200 → 100 + 300 KD steps, the same for every arm) because the recorded phase-3 curve was still
+  falling; in those runs the curve read the first 16 **test** windows (now: 16 held-out windows after the test
+  windows). There was no stopping rule fixed in advance, and star_full and star_global were still falling at 300.
+  The rank verdicts moved with the budget (gap star_full − control in nats, negative = control better):
+  vs uniform_kd −0.015 (fails) → −0.0035 (fails) → +0.0001 (fails); vs star_global −0.0017 (fails) → +0.0014 (fails)
+  → +0.0027 (inconclusive); `mixed_beats_int4_equal_bytes_c60` inconclusive → holds → inconclusive. So
+  `learned_ranks_beat_uniform_c60` measures the export's cost as much as the allocation: `gatefuse_ranks_beat_uniform_c60`
+  (the same ranks, fused with the gate value, no shrink to recover) is the allocation-only finding. Thresholds were
+  never changed. (c) The learned allocation moves only ~10% of the rank away from one global σ̂ threshold per type
+  and is nearly the same on every seed, so five seeds test one allocation under data-order noise, and the
+  learned-vs-global gap is bounded by construction to a small effect at this scale (its smallest detectable gap is
+  about twice the minimum effect). (d) The equal-bytes int4 control first chose its group size per cache type and
+  left ~7% of the mixed cache's bytes unspent; it now pools the K and V budgets (`int4_control_within_mixed_bytes_c60`
+  requires it to spend ≥ the fraction in params). (e) The 5% PPL budget binds only weakly: the untrained SVD arm at
+  fp16 and plain int4 latents (6.3×, see the quantized table) are also inside it; `ppl_budget_binds_c60` shows only
+  that a student without distillation misses it. (f) The quantized decode path is compared with the dense forward on
   the window NLL (`quant_decode_matches_dense_nll`), because max |Δlogit| between two quantized paths is
   discontinuous (a 1e-6 latent difference flips an int4 code; max |Δlogit| up to ~0.1 is in the metrics as
   `checks.quant_decode_vs_dense_max_dlogit`); this check was split from the fp check after the first default run
   showed that, with the tolerance fixed from the findings' minimum effect, not from the measured value.
-- **Budget.** The default profile takes more than the 300 s CPU target (process CPU: prepare ~15 s, train ~270 s,
-  evaluate ~65 s, report ~17 s, measured on the shared 2-core machine); the seeds are trained in a lockstep cohort,
-  not yet with the shared vectorized ensemble (`stages/common/ensemble.py`).
+  (g) An independent float64 decoder written from `models.pt` alone (ragged per-head latent caches, explicit RoPE,
+  RMSNorm, SwiGLU, GQA, its own quantizer) reproduced the committed per-seed NLLs to < 1e-6 (fp) and the mixed-cache
+  bytes by hand.
+- **Budget.** The default run is close to the 300 s target (Runtime table; most of it is the train stage's KD steps);
+  the seeds are trained in a lockstep cohort (one teacher forward per batch for every member), not with the shared
+  vectorized ensemble (`stages/common/ensemble.py`).
 - **Speed.** No speed claim is tested (CPU only); the kernel reads the value latent once per KV head, which at the
   paper's shapes is more bytes than the dense fp16 cache unless L2 keeps it — the GPU bench row reports the bytes
   it assumes."""

@@ -477,7 +477,8 @@ def run(cfg: Config, ctx: StageContext) -> None:
     val = torch.from_numpy(np.load(prep / f"val_{meta['eval_sets'][0]}.npy").astype(np.int64))
     T = cfg.model.seq_len
     full_eval = eval_windows(val, T, cfg.eval_windows, "papers.star_kv.train")
-    curve = full_eval[: cfg.curve_windows]
+    # the phase-3 curve (which sized phase 3) reads held-out windows AFTER the test windows, never the test windows
+    curve = eval_windows(val, T, cfg.eval_windows + cfg.curve_windows, "papers.star_kv.train")[cfg.eval_windows:]
     torch.manual_seed(cfg.teacher_seed)
     teacher, teacher_info = build_teacher(cfg, train, meta["vocab_size"], ctx.tracker)
     teacher.requires_grad_(False)

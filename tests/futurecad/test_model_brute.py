@@ -490,6 +490,8 @@ def test_superlative_targets_by_hand(spec, ids, matters):
     ("xyzzy plugh", "edges", []),
     ("fillet the largest straight edges on the top", "edges", [4, 5, 6, 7]),  # 'largest' does not qualify lines
     ("fillet the longest circular edges on the top", "edges", [0, 1, 2]),     # 'longest' does not qualify circles
+    ("round the circular edges of the upper face", "edges", [0, 1, 2]),       # an edge word beats the place's 'face'
+    ("chamfer the smallest round edge on the upper surface", "edges", [0]),
 ])
 def test_synonym_rule_hand_sets(query, prim, ids):
     assert synonym_rule(query, _sized_prims()) == (prim, ids)

@@ -379,17 +379,29 @@ def test_kv_bytes_per_token_by_hand():
     assert dense_kv_bytes_per_token(llama_backbone(teacher(0)), 2) == 2 * LAYERS * 2 * KV
 
 
-def test_equal_bytes_int4_is_the_finest_group_within_the_mixed_bytes():
-    ranks_k, ranks_v = [[5, 4], [3, 6]], [12, 9]
-    mixed = QuantSpec(2, 4, 8)
-    eq = equal_bytes_int4(ranks_k, ranks_v, mixed)
-    assert eq.hi_k == eq.hi_v == 0
-    for kind, rows, g in (("k", [5, 4, 3, 6], eq.group_k), ("v", [12, 9], eq.group_v)):
-        budget = sum(mixed.row_bytes(kind, r) for r in rows)
-        cost = lambda gg: sum(QuantSpec(0, 0, 8, gg, gg).row_bytes(kind, r) for r in rows)  # noqa: E731
-        assert cost(g) <= budget
-        assert g == 1 or cost(g - 1) > budget          # the next finer group would exceed the bytes
-    assert kv_bytes_per_token(ranks_k, ranks_v, eq) <= kv_bytes_per_token(ranks_k, ranks_v, mixed)
+def test_equal_bytes_int4_spends_the_most_pooled_bytes_within_the_mixed_cache():
+    """Brute force over every (K group, V group) pair: the control's total (K and V pooled) is the largest one
+    within the mixed cache's bytes, and never less than the per-type rule's (each type within its own bytes)."""
+    for ranks_k, ranks_v, mixed in (([[5, 4], [3, 6]], [12, 9], QuantSpec(2, 4, 8)),
+                                    ([[7, 3], [6, 6], [2, 5]], [17, 11, 14], QuantSpec(2, 5, 8)),
+                                    ([[1, 1]], [3], QuantSpec(1, 1, 8))):
+        eq = equal_bytes_int4(ranks_k, ranks_v, mixed)
+        assert eq.hi_k == eq.hi_v == 0
+        rows = {"k": [r for layer in ranks_k for r in layer], "v": list(ranks_v)}
+        budget = kv_bytes_per_token(ranks_k, ranks_v, mixed)
+
+        def total(gk, gv):
+            return kv_bytes_per_token(ranks_k, ranks_v, QuantSpec(0, 0, 8, gk, gv))
+        got = total(eq.group_k, eq.group_v)
+        assert got <= budget
+        pairs = [(gk, gv) for gk in range(1, max(rows["k"]) + 1) for gv in range(1, max(rows["v"]) + 1)]
+        assert got == max(t for t in (total(*p) for p in pairs) if t <= budget)
+
+        def own(kind):  # the finest group of one type within that type's own mixed bytes
+            b = sum(mixed.row_bytes(kind, r) for r in rows[kind])
+            return next(g for g in range(1, max(rows[kind]) + 1)
+                        if sum(QuantSpec(0, 0, 8, g, g).row_bytes(kind, r) for r in rows[kind]) <= b)
+        assert got >= total(own("k"), own("v"))
 
 
 def test_quant_roundtrip_against_hand_quantizer():

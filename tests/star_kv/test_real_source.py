@@ -116,7 +116,7 @@ def test_full_profile_stages_on_fixture(fixture, tmp_path):
         "source": {"kind": "file", "model": str(ckpt)}, "seeds": [0], "targets": [0.6], "main_targets": [0.6],
         "arms": ["star_full", "star_global", "uniform_kd", "svd_uniform"], "model": {"seq_len": 16},
         "student_batch": 2, "alpha_lr": 0.2, "alpha_steps": 3, "kd_steps": 3, "phase3_steps": 2, "curve_every": 2,
-        "curve_windows": 2, "eval_windows": 4, "trainer": {"accelerator": "cpu", "precision": "32-true"}}
+        "curve_windows": 2, "eval_windows": 2, "trainer": {"accelerator": "cpu", "precision": "32-true"}}
     p["evaluate"]["profiles"]["full"] = {"hi_ranks_k": 2, "hi_ranks_v": 4, "full_rank_windows": 2}
     (tmp_path / "params.yaml").write_text(yaml.safe_dump(params))
     for stage in ("prepare", "train", "evaluate"):
