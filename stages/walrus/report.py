@@ -433,7 +433,14 @@ Red-team pass on this design (what was fixed is in the design; what remains is l
   aliasing over hundreds of steps the paper targets. A null or reversed verdict here says little about
   the full-scale effect; the `full` profile runs the same code at a larger size and on The Well.
 - **Regime.** The jitter findings are only meaningful where the unjittered rollouts actually degrade;
-  the check `unjittered_rollouts_unstable` states whether the committed budget reaches that regime.
+  the check `unjittered_rollouts_unstable` states whether the committed budget reaches that regime. A
+  probe outside this run (`reports/studies/walrus_regime_probe.md`: the train stage's own code and
+  learning curve, 200-step horizon) found no unstable regime at this scale: with 5x the training
+  (2,500 steps), a 3.3x longer horizon, or a model with ~8x the parameters (d 64, 4 blocks), the
+  unjittered rollouts stay bounded and end at or just below persistence's error on every group, while
+  one-step error keeps falling. So the long-horizon jitter verdicts here are read in a regime where
+  rollouts decorrelate without blowing up, not the one the paper's claim is about; only the `full`
+  profile's scale could reach it.
 - **Patch-line statistic.** It reads the marginal spectrum on the lines m·N/p against their neighbours
   m·N/p ± 1 inside the solvers' resolved band; a wall-bounded axis is not periodic, so its FFT leaks
   power across all lines (equally for truth and prediction, which the difference removes only to first
