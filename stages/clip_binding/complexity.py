@@ -104,3 +104,16 @@ def additivity_r2(y: np.ndarray, a: np.ndarray, b: np.ndarray, n_objects: int, t
     pred = fit.predict(X[test_mask]).reshape(y[test_mask].shape)   # sklearn returns (n,) for a (n, 1) target
     sst = ((y[test_mask] - y.mean(0)) ** 2).sum()
     return float(1 - ((y[test_mask] - pred) ** 2).sum() / max(sst, 1e-12))
+
+
+def additive_code_r2(y: np.ndarray, vals: np.ndarray, v: int, alpha: float) -> float:
+    """ALGO (diagnostic): R² of an additive code y(o) ≈ μ + Σ_c A_c[value_c(o)], fitted by ridge on every row
+    (in-sample: it describes the code, it does not test generalisation). y (n, d), vals (n, k) ints in [0, v)."""
+    n, k = vals.shape
+    X = np.zeros((n, k * v))
+    for c in range(k):
+        X[np.arange(n), c * v + vals[:, c]] = 1.0
+    pred = Ridge(alpha=alpha).fit(X, y).predict(X).reshape(y.shape)
+    sst = ((y - y.mean(0)) ** 2).sum()
+    return float(1 - ((y - pred) ** 2).sum() / max(sst, 1e-12))
+

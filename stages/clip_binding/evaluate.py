@@ -33,8 +33,9 @@ from stages.common.paths import read_json, write_json
 from stages.common.runner import StageContext
 from stages.common.sources import SourceConfig
 from stages.common.trainer import TrainerConfig, make_trainer
-from stages.clip_binding.complexity import FAMILIES, RegressorBank, additivity_r2, pair_ids, r2_score
-from stages.clip_binding.models import BindingModel, heldout_accuracy, steps_loader
+from stages.clip_binding.complexity import (FAMILIES, RegressorBank, additive_code_r2, additivity_r2, pair_ids,
+                                            r2_score)
+from stages.clip_binding.models import BindingModel, heldout_accuracy, recombination_accuracy, steps_loader
 from stages.clip_binding.prepare import frac_key
 from stages.clip_binding.scenes import World, sample_scenes
 
@@ -80,6 +81,15 @@ def bag_of_concepts_correct(world: World, objs, n, pq) -> torch.Tensor:
     return ~(present & neg).any(-1)
 
 
+def recomb_items(world: World, model: BindingModel, objs: torch.Tensor, n: torch.Tensor) -> torch.Tensor:
+    """Per-scene ``recombination_accuracy`` on the 2-object scenes among (objs, n) whose objects differ in
+    every concept (empty where there are none, or scenes hold one object)."""
+    if world.n_max < 2:
+        return torch.zeros(0, dtype=torch.bool)
+    pick = (n == 2) & (world.concepts(objs[:, 0]) != world.concepts(objs[:, 1])).all(-1)
+    return recombination_accuracy(model, objs[pick][:, :2]) if bool(pick.any()) else torch.zeros(0, dtype=torch.bool)
+
+
 @torch.no_grad()
 def coverage_eval(cfg, world, models, meta, splits, rec, device) -> dict:
     out: dict = {}
@@ -87,7 +97,8 @@ def coverage_eval(cfg, world, models, meta, splits, rec, device) -> dict:
     for i, f in enumerate(meta["train_object_fractions"]):
         acc = {k: [] for k in ("object_acc", "binding_acc", "concept_acc", "bag_binding_acc", "n_binding_items",
                                "train_binding_acc", "train_bag_binding_acc", "train_binding_acc_any_neg",
-                               "n_train_binding_items")}
+                               "n_train_binding_items", "recomb_acc", "n_recomb_items", "train_recomb_acc",
+                               "n_train_recomb_items", "probe_additive_r2")}
         for j, seed in enumerate(meta["seeds"]):
             model = models[f"{frac_key(f)}_s{seed}"]
             objs_all, n_all = splits["test_objs"][i, j].to(device), splits["test_n"][i, j].to(device)
@@ -115,6 +126,11 @@ def coverage_eval(cfg, world, models, meta, splits, rec, device) -> dict:
             acc["binding_acc"].append(float(cat["bind"].mean()))
             acc["n_binding_items"].append(int(cat["bind"].numel()))    # test scenes behind binding_acc (item noise)
             acc["bag_binding_acc"].append(float(cat["bag"].mean()))
+            # the recombination test (both objects' probes above every recombination's) on the held-out 2-object
+            # test scenes whose objects differ in every concept
+            ra = recomb_items(world, model, objs_all, n_all)
+            acc["recomb_acc"].append(float(ra.float().mean()) if ra.numel() else float("nan"))
+            acc["n_recomb_items"].append(int(ra.numel()))
             # the same binding score on scenes of SEEN objects (does the model bind at all?): negatives drawn as
             # in training (training objects only, unless heldout_negatives) and, apart, from all objects
             train_objs = torch.arange(world.n_objects, device=device)[splits["coverage_masks"][i, j].to(device)]
@@ -129,6 +145,14 @@ def coverage_eval(cfg, world, models, meta, splits, rec, device) -> dict:
             r = heldout_accuracy(model, objs, n, torch.Generator(device=device).manual_seed(cfg.seed + 7 * j), rec.backend)
             acc["train_binding_acc_any_neg"].append(float(r["object_correct"][two].float().mean()))
             rec.count("cosine_soft_ce", 4)
+            ra = recomb_items(world, model, objs, n)
+            acc["train_recomb_acc"].append(float(ra.float().mean()) if ra.numel() else float("nan"))
+            acc["n_train_recomb_items"].append(int(ra.numel()))
+            # how additive the probe's object code is (an additive code cannot pass the recombination test)
+            every = torch.arange(world.n_objects, device=device)
+            acc["probe_additive_r2"].append(additive_code_r2(
+                model.embed_objects(every).cpu().double().numpy(), world.concepts(every).cpu().numpy(), world.v,
+                cfg.ridge_alpha))
         out[frac_key(f)] = acc
     return out
 

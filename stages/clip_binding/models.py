@@ -35,13 +35,18 @@ class Encoder(nn.Module):
     """Token embedding + sinusoidal PE -> pre-LN TransformerEncoder (no final LN) -> EOS -> Linear."""
 
     def __init__(self, vocab: int, d_model: int, n_heads: int, n_layers: int, d_ff: int, d_out: int,
-                 max_len: int):
+                 max_len: int, activation: str = "gelu", xavier_init: bool = True):
         super().__init__()
         self.tok = nn.Embedding(vocab, d_model)
         self.register_buffer("pe", sinusoidal(max_len, d_model), persistent=False)
-        layer = nn.TransformerEncoderLayer(d_model, n_heads, d_ff, dropout=0.0, batch_first=True, norm_first=True)
+        layer = nn.TransformerEncoderLayer(d_model, n_heads, d_ff, dropout=0.0, batch_first=True, norm_first=True,
+                                           activation=activation)         # official models.py: GELU
         self.enc = nn.TransformerEncoder(layer, n_layers, enable_nested_tensor=False)
         self.head = nn.Linear(d_model, d_out)
+        if xavier_init:                       # official models.py: xavier_uniform_ on every parameter with dim > 1
+            for p in self.parameters():
+                if p.dim() > 1:
+                    nn.init.xavier_uniform_(p)
 
     def forward(self, tokens: torch.Tensor, eos: torch.Tensor, pad: int) -> torch.Tensor:
         T = tokens.shape[1]
@@ -56,12 +61,13 @@ class BindingModel(L.LightningModule):
     def __init__(self, world: World, train_objects: torch.Tensor, d_model: int, n_heads: int, n_layers: int,
                  d_ff: int, d_out: int, batch_size: int, lr: float, weight_decay: float, warmup: float,
                  steps: int, seed: int, backend: str = "torch", heldout_negatives: bool = False,
-                 curve_every: int = 0, curve_scenes: int = 256):
+                 curve_every: int = 0, curve_scenes: int = 256, activation: str = "gelu", xavier_init: bool = True):
         super().__init__()
         self.world = world
         self.register_buffer("train_objects", train_objects.clone(), persistent=False)
-        self.scene_enc = Encoder(world.vocab, d_model, n_heads, n_layers, d_ff, d_out, world.scene_len)
-        self.probe_enc = Encoder(world.vocab, d_model, n_heads, n_layers, d_ff, d_out, world.k + 3)
+        arch = dict(activation=activation, xavier_init=xavier_init)
+        self.scene_enc = Encoder(world.vocab, d_model, n_heads, n_layers, d_ff, d_out, world.scene_len, **arch)
+        self.probe_enc = Encoder(world.vocab, d_model, n_heads, n_layers, d_ff, d_out, world.k + 3, **arch)
         self.tau = nn.Parameter(torch.tensor(TAU0))
         self.hp = dict(batch_size=batch_size, lr=lr, weight_decay=weight_decay, warmup=warmup, steps=steps)
         self.seed, self.backend, self.heldout_negatives = seed, backend, heldout_negatives
@@ -122,6 +128,7 @@ class BindingModel(L.LightningModule):
                    "scale": float(self.scale().detach())}
             if self.curve_every and (batch_idx % self.curve_every == 0 or last):
                 row["seen_binding_acc"] = self.seen_binding_acc()
+                row["seen_recomb_acc"] = self.seen_recomb_acc()
             self.history.append(row)
         return out["loss"]
 
@@ -136,6 +143,17 @@ class BindingModel(L.LightningModule):
         self.kernel_calls += 2
         two = objs[:, 0] != objs[:, -1] if self.world.n_max > 1 else n > 0
         return float(r["object_correct"][two].float().mean())
+
+    @torch.no_grad()
+    def seen_recomb_acc(self) -> float:
+        """Learning curve: ``recombination_accuracy`` on the 2-object scenes of the same fixed set whose
+        objects differ in every concept (nan when there are none)."""
+        g = torch.Generator(device=self.device).manual_seed(10_000 + self.seed)
+        objs, _ = sample_scenes(self.world, self.train_objects, self.curve_scenes, g, n_fixed=min(2, self.world.n_max))
+        if self.world.n_max < 2:
+            return float("nan")
+        objs = objs[:, :2][(self.world.concepts(objs[:, 0]) != self.world.concepts(objs[:, 1])).all(-1)]
+        return float(recombination_accuracy(self, objs).float().mean()) if len(objs) else float("nan")
 
     def configure_optimizers(self):
         opt = torch.optim.AdamW(self.parameters(), lr=self.hp["lr"], weight_decay=self.hp["weight_decay"])
@@ -161,6 +179,36 @@ def heldout_accuracy(model: BindingModel, objs: torch.Tensor, n: torch.Tensor, g
     _, cmin, cmax = cosine_soft_ce(x, qc, pq["concept_labels"], s, backend=backend)
     _, omin, omax = cosine_soft_ce(x, qo, pq["object_labels"], s, backend=backend)
     return {"concept_correct": cmin > cmax, "object_correct": omin > omax, "inputs": (x, pq, s)}
+
+
+def recombinations(world: World, o1: torch.Tensor, o2: torch.Tensor) -> torch.Tensor:
+    """(B,), (B,) object ids -> (B, 2^k - 2): every object that takes each concept from o1 or o2, except
+    o1 and o2 themselves (the objects a scene of o1 and o2 holds every concept value of, bound wrongly)."""
+    v1, v2 = world.concepts(o1), world.concepts(o2)                                     # (B, k)
+    masks = [m for m in range(1, 2 ** world.k - 1)]                                     # not all-o1, not all-o2
+    bits = torch.tensor([[(m >> c) & 1 for c in range(world.k)] for m in masks], dtype=torch.bool,
+                        device=o1.device)                                               # (R, k)
+    vals = torch.where(bits[None], v2[:, None, :], v1[:, None, :])                      # (B, R, k)
+    return world.object_id(vals)
+
+
+@torch.no_grad()
+def recombination_accuracy(model: BindingModel, objs: torch.Tensor) -> torch.Tensor:
+    """ALGO (binding test, this project's): on 2-object scenes whose objects differ in EVERY concept, correct
+    iff both objects' probes outscore all 2^k - 2 recombination probes (cosine; the scale is positive, so it
+    does not change the order). A bag-of-concepts or additive probe code cannot do this: with
+    q(o) = Σ_c A_c[value_c] the two positive logits sum to the two complementary recombinations' logits
+    (before the cosine's norms), so the lowest positive cannot beat them both. objs (B, 2) -> (B,) bool."""
+    w = model.world
+    vals = w.concepts(objs)                                                             # (B, 2, k)
+    if not bool((vals[:, 0] != vals[:, 1]).all()):
+        raise ValueError("recombination_accuracy: the scenes' two objects must differ in every concept")
+    x = model.embed_scenes(objs, torch.full((objs.shape[0],), 2, device=objs.device))  # (B, d)
+    rec = recombinations(w, objs[:, 0], objs[:, 1])                                     # (B, R)
+    q = torch.cat([objs, rec], 1)                                                       # (B, 2 + R)
+    _, qo = model.embed_queries(q.flatten())
+    cos = torch.nn.functional.cosine_similarity(x[:, None, :], qo.view(*q.shape, -1), dim=-1)   # (B, 2 + R)
+    return cos[:, :2].min(1).values > cos[:, 2:].max(1).values
 
 
 def steps_loader(steps: int):

@@ -33,11 +33,13 @@ LEARNED = "seen_binding_learned_*"     # the params key (glob) of the per-covera
 def claims(cfg: Config, lo: str, hi: str, clo: str, chi: str, fracs: list[str]) -> list:
     learned = _th(cfg, LEARNED, "above")
     gate = [Bound(f"seen_binding_learned_{f}",
-                  f"Seen binding learned ({f}): on 2-object scenes of the model's TRAINING objects (negatives drawn as "
-                  f"in training) binding accuracy is above {learned}; gates the reading of the coverage finding",
-                  value=f"coverage.{f}.train_binding_acc", n_items=f"coverage.{f}.n_train_binding_items",
-                  refuted_by=f"seen-object binding accuracy at or below {learned}: coverage would be tested on "
-                             "encoders that do not bind even seen objects", kind="check") for f in fracs]
+                  f"Seen binding learned ({f}), the recombination test: on 2-object scenes of the model's TRAINING "
+                  f"objects that differ in every concept, both objects' probes outscore every recombination's "
+                  f"(the objects a bag of the scene's concept values also holds) on more than {learned} of the "
+                  f"scenes; gates the reading of the coverage finding",
+                  value=f"coverage.{f}.train_recomb_acc", n_items=f"coverage.{f}.n_train_recomb_items",
+                  refuted_by=f"recombination accuracy on seen objects at or below {learned}: coverage would be tested "
+                             "on encoders that do not bind even seen objects", kind="check") for f in fracs]
     sharp = _th(cfg, "coverage_sharpens_binding", "min_effect")
     gen = _th(cfg, "mult_generalizes_trained", "above")
     gen_w = _th(cfg, "mult_within_generalizes_trained", "above")
@@ -129,7 +131,8 @@ Additivity: least-squares fit y(a,b) ≈ μ + A1[a] + A2[b], R² on 20% held-out
         c = cov[frac_key(f)]
         row = {"train_object_fraction": f}
         for k in ("binding_acc", "object_acc", "concept_acc", "bag_binding_acc", "train_binding_acc",
-                  "train_bag_binding_acc", "train_binding_acc_any_neg"):
+                  "train_bag_binding_acc", "train_binding_acc_any_neg", "recomb_acc", "train_recomb_acc",
+                  "probe_additive_r2"):
             m, s = _mean_se(c[k])
             row[k] = m
             row[k + "_se"] = s
@@ -138,12 +141,16 @@ Additivity: least-squares fit y(a,b) ≈ μ + A1[a] + A2[b], R² on 20% held-out
     rep.table("Results: coverage sweep (held-out objects, mean over seeds)",
               cov_frame.select("train_object_fraction", "binding_acc", "binding_acc_se", "object_acc",
                                "concept_acc", "bag_binding_acc", "train_binding_acc", "train_binding_acc_se",
-                               "train_bag_binding_acc", "train_binding_acc_any_neg"),
+                               "train_bag_binding_acc", "train_binding_acc_any_neg", "recomb_acc",
+                               "train_recomb_acc", "train_recomb_acc_se", "probe_additive_r2"),
               "binding_acc / object_acc / concept_acc on scenes of unseen objects (bag_binding_acc: the oracle on the "
               "same queries). train_binding_acc on 2-object scenes of SEEN objects with swap negatives drawn as in "
               "training (training objects only), train_bag_binding_acc the oracle there; train_binding_acc_any_neg the "
               "same scenes with swap negatives from ALL objects (held-out objects' probes were never trained as "
-              "negatives, so this mixes seen binding with held-out probes).")
+              "negatives, so this mixes seen binding with held-out probes). recomb_acc / train_recomb_acc: the "
+              "recombination test (both objects' probes above every recombination's, 2-object scenes whose objects "
+              "differ in every concept; chance 1/6, 0 for any additive probe code) on unseen / seen objects; "
+              "probe_additive_r2: R² of the probe's object embeddings fitted as a sum of per-concept vectors.")
     rep.plot("coverage", cov_frame.select("train_object_fraction", "binding_acc", "bag_binding_acc", "train_binding_acc"),
              x="train_object_fraction", y=["binding_acc", "bag_binding_acc", "train_binding_acc"],
              title="clip_binding: binding accuracy vs coverage")
@@ -161,7 +168,9 @@ Additivity: least-squares fit y(a,b) ≈ μ + A1[a] + A2[b], R² on 20% held-out
     lc = hist.filter(pl.col("seen_binding_acc").is_not_null()) if "seen_binding_acc" in hist.columns else None
     bound = cfg.claims.get(LEARNED, {}).get("above")
     if lc is not None and lc.height:
-        curve = (lc.group_by(["fraction", "step"]).agg(pl.col("seen_binding_acc").mean(), pl.col("loss").mean())
+        has_rc = "seen_recomb_acc" in lc.columns
+        curve = (lc.group_by(["fraction", "step"]).agg(pl.col("seen_binding_acc").mean(), pl.col("loss").mean(),
+                                                       *([pl.col("seen_recomb_acc").mean()] if has_rc else []))
                  .sort(["fraction", "step"]).with_columns(pl.format("f={}", pl.col("fraction")).alias("coverage")))
         rep.plot("learning_curve", curve.select("step", "seen_binding_acc", "coverage"), x="step",
                  y="seen_binding_acc", series="coverage",
@@ -171,25 +180,38 @@ Additivity: least-squares fit y(a,b) ≈ μ + A1[a] + A2[b], R² on 20% held-out
             lab = f"f={f}" if sd == ev["seeds"][0] else None
             col = f"C{fracs.index(f)}"
             a1.plot(sub["step"], sub["seen_binding_acc"], lw=0.9, color=col, label=lab)
+            if has_rc:
+                a1.plot(sub["step"], sub["seen_recomb_acc"], lw=0.9, color=col, ls=":",
+                        label=f"{lab}, recombination test" if lab else None)
             a2.plot(sub["step"], sub["loss"], lw=0.9, color=col, label=lab)
         if bound is not None:
             a1.axhline(bound, color="k", ls="--", lw=0.7, label="'learned' bound (params)")
-        a1.set_xlabel("step"); a1.set_ylabel("seen-object binding acc"); a1.set_ylim(-0.02, 1.02); a1.legend(fontsize=7)
+        a1.set_xlabel("step"); a1.set_ylabel("seen-object binding acc"); a1.set_ylim(-0.02, 1.02)
+        a1.legend(fontsize=6, loc="upper center", bbox_to_anchor=(0.5, -0.2), ncol=3)
         a2.set_xlabel("step"); a2.set_ylabel("training loss (concept + object)"); a2.legend(fontsize=7)
         rep.figure("learning_curve", fig, "Learning curve recorded by the train stage: binding accuracy on a fixed "
-                   "set of 2-object scenes of training objects (left) and training loss (right), per coverage and seed")
+                   "set of 2-object scenes of training objects (solid: the official pooled score; dotted: the "
+                   "recombination test) and training loss (right), per coverage and seed")
     bound_txt = "the params bound" if bound is None else f"{bound:g}"
-    seen_by_f = {f: float(np.mean(cov[frac_key(f)]["train_binding_acc"])) for f in fracs}
+    mean_of = lambda f, k: float(np.nanmean(cov[frac_key(f)][k]))      # noqa: E731
+    seen_by_f = {f: mean_of(f, "train_recomb_acc") for f in fracs}
     binds = all(bound is not None and v > bound for v in seen_by_f.values())
+    per_f = "; ".join(f"{f:g}: pooled {mean_of(f, 'train_binding_acc'):.3f} (bag-of-concepts oracle "
+                      f"{mean_of(f, 'train_bag_binding_acc'):.2f}), recombination test {mean_of(f, 'train_recomb_acc'):.3f}, "
+                      f"probe additive R² {mean_of(f, 'probe_additive_r2'):.3f}" for f in fracs)
     rep.section("Were the encoders trained to bind seen objects?", f"""
-The coverage finding only tests the paper when the encoders bind the objects they were trained on. The checks
-`seen_binding_learned_*` (bound {bound_txt} in params: the paper's from-scratch encoders fit their training
-scenes, i.e. bind nearly every seen 2-object scene; the bag-of-concepts oracle scores
-{', '.join(f"{float(np.mean(cov[frac_key(f)]['train_bag_binding_acc'])):.2f}" for f in fracs)} on the same scenes)
-gate its reading. Mean seen-object binding accuracy per coverage: {', '.join(f'{f:g}: {v:.3f}' for f, v in seen_by_f.items())}
-(verdicts with seed and item noise in the Checks table). **Coverage was tested on encoders that
-{'bind' if binds else 'do NOT all bind'} seen objects** (mean over seeds {'above' if binds else 'not above'} the bound at every coverage
-level){'' if binds else '; the coverage finding is then a statement about this budget, not about the paper'}.
+The coverage finding only tests the paper when the encoders bind the objects they were trained on. The official
+accuracy (the lowest positive logit beats every negative in the batch's pooled queries, `train_binding_acc`) does
+not show that on its own: it is decided by which negatives happen to be in the pool. A red-team probe found the
+probe encoder's object embeddings close to additive in the concepts (column `probe_additive_r2`); with an additive
+code the two positives' logits sum to the two recombinations' (object (a1, b2) and (a2, b1) for a scene of (a1, b1) and (a2, b2)), so a
+scene can only be scored right when not both recombinations are in the pool. At low coverage few recombinations
+are training objects, so the pooled score is high without binding. The checks `seen_binding_learned_*` therefore
+read the **recombination test** (`train_recomb_acc`): on 2-object scenes of training objects that differ in every
+concept, both objects' probes must outscore every recombination's (random scores: 1/6; any additive probe code: 0),
+above {bound_txt} (params: the paper's from-scratch encoders fit their training scenes). Per coverage (mean over
+seeds): {per_f}. **Coverage was tested on encoders that {'bind' if binds else 'do NOT all bind'} seen objects**
+(recombination test above the bound at every coverage level: {'yes' if binds else 'no'}){'' if binds else '; the coverage finding is then a statement about this budget, not about the paper'}.
 """)
 
     lines = []
@@ -264,7 +286,7 @@ level){'' if binds else '; the coverage finding is then a statement about this b
 | --- | --- | --- | --- |
 | scale | k=2, v=20, d=256, 6 layers, FF 2048, 50k steps, bs 512, lr 3e-5 | {here} | 2-CPU budget; the full profile restores the official sizes. Steps fixed from the learning curve of this train stage (figure above; first read on a pilot of the same code, f25 and f75, seed 0, before this run): seen-object binding reaches ~0.98 by step 750 at f25 and flattens at ~0.7 at f75 from step ~1500 to 3000 (d = 32: 0.70 at 1500, 0.75 at 3000; d = 64: 0.72 at 2500; v = 6: 0.75 at 3000; d_out 64: 0.69 at 1250; 3 layers: 0.67 at 750), so steps beyond {kw['steps']} buy little here at ~9 × 0.027 s CPU per step |
 | seeds | one process per run | the 3 seeds of a coverage level trained one after the other (solo), not as the shared `SeedEnsemble` | measured: the vmapped ensemble was not faster (3 seeds × 40 steps, d = 64: 4.07 s CPU vs 3.75 s solo; d = 32: 3.19 vs 3.27 s), because `nn.MultiheadAttention`'s SDPA has no vmap batching rule on CPU and runs per member; its gradients matched the solo run's to 3e-8 |
-| seen-object binding | train accuracy on training batches | `train_binding_acc`: 2-object scenes of training objects, swap negatives from training objects (as trained); `train_binding_acc_any_neg` also lets held-out objects be negatives | held-out objects are never negatives in training (row below), so their probes are untrained as negatives: the any-negative score mixes seen binding with untrained probes |
+| seen-object binding | train accuracy on training batches | the checks read the recombination test (`train_recomb_acc`: both objects above every recombination, 2-object scenes of training objects differing in every concept); `train_binding_acc`: the official pooled score on 2-object scenes of training objects, swap negatives from training objects (as trained); `train_binding_acc_any_neg` also lets held-out objects be negatives | the pooled score passes an additive (bag-of-concepts) probe code wherever the pool lacks a scene's recombinations (Threats);  held-out objects are never negatives in training (row below), so their probes are untrained as negatives: the any-negative score mixes seen binding with untrained probes |
 | swap negatives | may be held-out objects in training (train_probe_all_objects=True, as read) | only training objects (`heldout_negatives: false`) | with held-out objects as negatives only, their probes are pushed away from every scene and held-out accuracy collapses (measured ~0 in a pilot); configurable |
 | split | random object split | redrawn until every concept value is in the training objects | failure must be about binding, not about unseen tokens |
 | checkpoint | best test checkpoint used downstream | final checkpoint | no test-set selection |
@@ -274,7 +296,21 @@ level){'' if binds else '; the coverage finding is then a statement about this b
 | additivity | AdamW on slot tables, 99/1 split | closed-form ridge least squares, 80/20 split | exact optimum of the same model |
 """)
     rep.section("Threats to validity", f"""
-Red-team pass by the author (no second reviewer was available):
+Red-team passes by the author and by a second reviewer who did not write the code (issue 52):
+
+- **The official pooled score does not show binding (second reviewer).** The probe encoder's object code is almost
+  additive in the concepts (a ridge fit q(o) ≈ μ + A1[c1] + A2[c2]: R² 0.998 on the f75 training objects in its
+  probe; 0.91–0.97 over all objects here, column `probe_additive_r2`).
+  With an additive code a scene can only be scored right by the pooled score when not both of its recombinations are
+  in the pool; on the committed splits that ceiling is 0.97–1.00 at f25, 0.84–0.85 at f50 and 0.55–0.59 at f75 —
+  where the earlier encoders' pooled seen scores sat (0.98 / 0.88 / 0.66). So the f25 encoders' high pooled
+  score was not evidence of binding. The seen-binding checks now read the recombination test (above); the pooled
+  score stays in the table. The reviewer also found no faithful change to the loss that lifts f75: the official
+  swap negatives from all objects, GELU + xavier (adopted here, official), the official FF width 2048, a positive
+  cap, other temperatures, an object-only loss and a 4x larger probe encoder all plateau at 0.56–0.65 pooled;
+  only a free per-object probe table (not the paper's model: it cannot embed unseen objects) binds f75 (0.98).
+  The official code's query pool is ~224 objects per batch (batch 512, v = 20), more competitors than here, not
+  fewer (correcting `reports/studies/clip_binding_f75_probe.md`).
 
 - **Budget and capacity decide the coverage finding.** {kw['steps']} steps of d = {kw['d_model']} encoders against the
   official 50k steps of d = 256, 6 layers: the learning curve and the `seen_binding_learned_*` checks show whether
@@ -282,20 +318,21 @@ Red-team pass by the author (no second reviewer was available):
   this budget, not the paper's effect. The curve flattens at high coverage well below the bound in 3000-step pilots,
   so a few times more steps would not obviously fix it; the official scale (`full` profile) is not run here.
 - **What the coverage verdict can and cannot say (this run).** Read with the `seen_binding_learned_*` verdicts: where
-  f25 binds its seen objects and f75 does not, `coverage_sharpens_binding` compares a low-coverage encoder that
-  memorised its training objects with a high-coverage one that has not learned binding at all; its failure is then
-  decided by the budget, not evidence against the paper. Held-out binding at or below the oracle for an encoder that
-  does bind its seen objects (low coverage) is consistent with the paper's low-coverage failure, a single observation
-  that no claim tests.
+  no coverage level passes the recombination test, `coverage_sharpens_binding` compares encoders that have not
+  learned to bind even their training objects; whatever its verdict, it is then decided by the budget and
+  capacity, not evidence for or against the paper. Held-out binding at or below the bag-of-concepts oracle at low
+  coverage is consistent with the paper's low-coverage failure, a single observation that no claim tests.
 - **Complexity analysis on the highest-coverage encoders.** The regressors read the f75 encoders (the paper's
   well-covered setting); where those do not bind seen objects, the mult / mult_within verdicts describe encoders
   without learned binding.
-- **Independent check (author, outside the pipeline).** Seen-object binding accuracy of all 9 committed encoders was
-  recomputed in float64 numpy (no kernel) on 1024 new 2-object scenes per model (another evaluation seed, one
-  pooled batch of 1024 instead of 512): f25 0.988 / 1.000 / 0.974, f50 0.869 / 0.887 / 0.888, f75 0.651 / 0.639 / 0.662
-  (seeds 0 / 1 / 2), within item noise of the table's numbers.
+- **Independent check (author, outside the pipeline, ReLU encoders of the previous run).** Seen-object pooled
+  binding accuracy of the 9 encoders was recomputed in float64 numpy (no kernel) on 1024 new 2-object scenes per
+  model: f25 0.988 / 1.000 / 0.974, f50 0.869 / 0.887 / 0.888, f75 0.651 / 0.639 / 0.662 (seeds 0 / 1 / 2), within
+  item noise of that run's table; the recombination test is checked against a per-scene loop in the tests.
 - **Seen-binding bound.** 0.9 was fixed in params from the paper's notion of "learned" (encoders fit their training
-  scenes) after the pilot curves had been seen (f25 ~0.98, f75 ~0.7); it was not moved to pass or fail a level.
+  scenes) after the pilot curves had been seen (f25 ~0.98, f75 ~0.7); it was not moved to pass or fail a level,
+  nor when the checks moved from the pooled score to the recombination test (a change of what is measured, made
+  before this run's numbers existed).
 - **Seen binding measured with training-distribution negatives.** Held-out objects are never swap negatives in
   training (Deviations); with them as negatives (`train_binding_acc_any_neg`) seen-object accuracy is lower, because
   held-out probes were never pushed away from scenes. Earlier versions of this report (500 steps) read seen binding

@@ -8,6 +8,8 @@ over the batch's pooled concept and object queries with swap negatives.
 """
 from __future__ import annotations
 
+from typing import Literal
+
 import polars as pl
 import torch
 from pydantic import Field, model_validator
@@ -39,6 +41,8 @@ class Config(StageConfig):
     warmup: Fraction = 0.1
     steps: int = Field(1500, ge=1, le=200_000)
     heldout_negatives: bool = Field(False, description="swap negatives may be held-out objects (official as read)")
+    activation: Literal["gelu", "relu"] = Field("gelu", description="transformer FF activation (official: GELU)")
+    xavier_init: bool = Field(True, description="xavier_uniform_ on every weight with dim > 1 (official)")
     curve_every: int = Field(100, ge=0, le=100_000, description="learning curve: seen-object binding accuracy "
                              "every this many steps (0: off)")
     curve_scenes: int = Field(256, ge=8, le=8192, description="fixed 2-object scenes of training objects per curve point")
@@ -55,7 +59,8 @@ def model_kwargs(cfg: Config, world: World) -> dict:
     return dict(d_model=cfg.d_model, n_heads=cfg.n_heads, n_layers=cfg.n_layers, d_ff=cfg.d_ff,
                 d_out=cfg.d_out, batch_size=cfg.batch_size, lr=cfg.lr, weight_decay=cfg.weight_decay,
                 warmup=cfg.warmup, steps=cfg.steps, heldout_negatives=cfg.heldout_negatives,
-                curve_every=cfg.curve_every, curve_scenes=cfg.curve_scenes)
+                curve_every=cfg.curve_every, curve_scenes=cfg.curve_scenes, activation=cfg.activation,
+                xavier_init=cfg.xavier_init)
 
 
 def build_model(world: World, train_objects: torch.Tensor, kwargs: dict, seed: int, backend: str) -> BindingModel:

@@ -114,7 +114,8 @@ def run(cfg: Config, ctx: StageContext) -> None:
     parity_done = False
     for seed in seeds:
         for fmt in formats:
-            for stage in ("sft", "grpo"):
+            ablation = fmt == "pf" and info["rl"].get("helpful_ablation", False)
+            for stage in ("sft", "grpo") + (("grpo_nohelp",) if ablation else ()):
                 name = f"{fmt}.{stage}"
                 model = load_model(ctx.input("train") / f"{fmt}_{stage}_s{seed}.pt", mcfg, device)
                 traces = greedy_traces(model, prompts[:n_eval], max_trace)
@@ -149,8 +150,11 @@ def run(cfg: Config, ctx: StageContext) -> None:
                 w["ttfr_tokens_stream"].append(float(np.mean([x["ttfr_tokens"] for x in walls])))
                 # Rewind-and-Repeat on both plan-first models (SFT: plans often faulty; GRPO: after RL)
                 if fmt == "pf":
+                    # the w_helpful = 0 ablation only needs the sampled plans' validity: the oracle judge alone
+                    # (the same sampling seed, so its first attempts are drawn as the other models')
                     res = rewind_and_repeat(model, prompts[:n_rr], problems[:n_rr], max_trace, cfg.rr.max_retries,
-                                            cfg.rr.t_plan, cfg.rr.top_p, cfg.rr.t_rest, cfg.rr.seed + seed, judges)
+                                            cfg.rr.t_plan, cfg.rr.top_p, cfg.rr.t_rest, cfg.rr.seed + seed,
+                                            {"oracle": validate_plan} if stage == "grpo_nohelp" else judges)
                     # sampled plans that are right (the rule-based oracle's acceptance rate)
                     M["plan_valid_sampled"].setdefault(stage, []).append(res["oracle"]["plan_accept_rate"])
                     for jname, rr in res.items():

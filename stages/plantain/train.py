@@ -70,6 +70,9 @@ class RLConfig(StageConfig):
     grpo: GRPOConfig = GRPOConfig(group_size=8, clip_eps=0.2, kl_coef=0.0, loss_norm="tokens", ppo_epochs=1,
                                   grad_clip=1.0)
     reward: RewardConfig = RewardConfig()
+    helpful_ablation: bool = Field(True, description=(
+        "also run, per seed, plan-first GRPO from the same SFT checkpoint with w_helpful = 0 (same steps, prompts, "
+        "sampling seed): the arm that isolates r_helpful (issue 47 red team)"))
 
 
 class JudgeConfig(StageConfig):
@@ -207,6 +210,16 @@ def run(cfg: Config, ctx: StageContext) -> None:
             trainer.fit(grpo, PromptLoader(rl_prompts, cfg.rl.prompts_per_step, cfg.rl.steps, seed=seed))
             torch.save(policy.model.state_dict(), ctx.out / f"{fmt}_grpo_s{seed}.pt")
             rl_hist += [dict(h, fmt=fmt, seed=seed) for h in grpo.history]
+            if fmt == "pf" and cfg.rl.helpful_ablation:
+                # --- 2b. the ablation: the same GRPO run without r_helpful (w_helpful = 0), everything else equal
+                policy = TracePolicy(copy.deepcopy(base), MAX_TRACE, cfg.rl.temperature, counter)
+                grpo = GRPOModule(policy, make_reward_fn(fmt, cfg.rl.reward.w_correct, 0.0, deployed,
+                                                           cfg.rl.reward.tta_process_reward),
+                                  cfg.rl.grpo, lr=cfg.rl.lr, seed=seed)
+                trainer = make_trainer(tcfg, ctx.tracker, max_steps=cfg.rl.steps)
+                trainer.fit(grpo, PromptLoader(rl_prompts, cfg.rl.prompts_per_step, cfg.rl.steps, seed=seed))
+                torch.save(policy.model.state_dict(), ctx.out / f"{fmt}_grpo_nohelp_s{seed}.pt")
+                rl_hist += [dict(h, fmt=f"{fmt}_nohelp", seed=seed) for h in grpo.history]
     # Triton path vs torch reference on real inputs: the last SFT model on 32 SFT sequences
     with torch.no_grad():
         x = data[cfg.formats[-1]][:32]

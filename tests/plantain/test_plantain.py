@@ -356,6 +356,18 @@ def test_smoke_pipeline_end_to_end(smoke_run):
     assert metrics["kernels"]["token_logprob"]["calls"] > 0
     assert (out["report"] / "figures" / "ttfr_distributions.png").exists()
     assert (out["report"] / "figures" / "accuracy_vs_token_budget.png").exists()
+    # the w_helpful = 0 ablation: one plan-first GRPO model per seed, evaluated on the same sampled plans, and the
+    # helpful-reward finding reads it (the comparison with SFT is a check)
+    seeds = json.loads((out["train"] / "models.json").read_text())["seeds"]
+    assert all((out["train"] / f"pf_grpo_nohelp_s{s}.pt").exists() for s in seeds)
+    assert not any((out["train"] / f"tta_grpo_nohelp_s{s}.pt").exists() for s in seeds)
+    ev = json.loads((out["evaluate"] / "eval.json").read_text())
+    assert len(ev["plan_valid_sampled"]["grpo_nohelp"]) == len(seeds)
+    assert all(0 <= x <= 1 for x in ev["plan_valid_sampled"]["grpo_nohelp"])
+    claim = {c["name"]: c for c in metrics["claims"]}
+    assert claim["helpful_reward_raises_plan_validity"]["kind"] == "finding"
+    assert "grpo_nohelp" in json.dumps(claim["helpful_reward_raises_plan_validity"])
+    assert claim["grpo_raises_plan_validity_over_sft"]["kind"] == "check"
     # the SFT learning curve: dev pass@1 at every curve step and at the last, per format and seed, in [0, 1]
     import polars as pl
     curve = pl.read_csv(out["train"] / "sft_curve.csv")
