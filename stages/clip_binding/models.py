@@ -146,14 +146,11 @@ class BindingModel(L.LightningModule):
 
     @torch.no_grad()
     def seen_recomb_acc(self) -> float:
-        """Learning curve: ``recombination_accuracy`` on the 2-object scenes of the same fixed set whose
-        objects differ in every concept (nan when there are none)."""
+        """Learning curve: the strict ``recombination_accuracy`` on a fixed set of at most ``curve_scenes``
+        ``seen_pair_scenes`` (nan when there are none)."""
         g = torch.Generator(device=self.device).manual_seed(10_000 + self.seed)
-        objs, _ = sample_scenes(self.world, self.train_objects, self.curve_scenes, g, n_fixed=min(2, self.world.n_max))
-        if self.world.n_max < 2:
-            return float("nan")
-        objs = objs[:, :2][(self.world.concepts(objs[:, 0]) != self.world.concepts(objs[:, 1])).all(-1)]
-        return float(recombination_accuracy(self, objs).float().mean()) if len(objs) else float("nan")
+        pairs = seen_pair_scenes(self.world, self.train_objects, self.curve_scenes, g)
+        return float(recombination_accuracy(self, pairs)["strict"].float().mean()) if len(pairs) else float("nan")
 
     def configure_optimizers(self):
         opt = torch.optim.AdamW(self.parameters(), lr=self.hp["lr"], weight_decay=self.hp["weight_decay"])
@@ -182,33 +179,64 @@ def heldout_accuracy(model: BindingModel, objs: torch.Tensor, n: torch.Tensor, g
 
 
 def recombinations(world: World, o1: torch.Tensor, o2: torch.Tensor) -> torch.Tensor:
-    """(B,), (B,) object ids -> (B, 2^k - 2): every object that takes each concept from o1 or o2, except
-    o1 and o2 themselves (the objects a scene of o1 and o2 holds every concept value of, bound wrongly)."""
+    """(B,), (B,) object ids -> (B, 2^k): object m takes concept c from o2 if bit c of m is set, else from o1
+    (m = 0 is o1, m = 2^k - 1 is o2; m and its complement 2^k - 1 - m hold, together, the same bag of concept
+    values as o1 and o2)."""
     v1, v2 = world.concepts(o1), world.concepts(o2)                                     # (B, k)
-    masks = [m for m in range(1, 2 ** world.k - 1)]                                     # not all-o1, not all-o2
-    bits = torch.tensor([[(m >> c) & 1 for c in range(world.k)] for m in masks], dtype=torch.bool,
-                        device=o1.device)                                               # (R, k)
-    vals = torch.where(bits[None], v2[:, None, :], v1[:, None, :])                      # (B, R, k)
+    bits = torch.tensor([[(m >> c) & 1 for c in range(world.k)] for m in range(2 ** world.k)], dtype=torch.bool,
+                        device=o1.device)                                               # (2^k, k)
+    vals = torch.where(bits[None], v2[:, None, :], v1[:, None, :])                      # (B, 2^k, k)
     return world.object_id(vals)
 
 
 @torch.no_grad()
-def recombination_accuracy(model: BindingModel, objs: torch.Tensor) -> torch.Tensor:
-    """ALGO (binding test, this project's): on 2-object scenes whose objects differ in EVERY concept, correct
-    iff both objects' probes outscore all 2^k - 2 recombination probes (cosine; the scale is positive, so it
-    does not change the order). A bag-of-concepts or additive probe code cannot do this: with
-    q(o) = Σ_c A_c[value_c] the two positive logits sum to the two complementary recombinations' logits
-    (before the cosine's norms), so the lowest positive cannot beat them both. objs (B, 2) -> (B,) bool."""
+def recombination_accuracy(model: BindingModel, objs: torch.Tensor) -> dict[str, torch.Tensor]:
+    """ALGO (binding test, this project's): 2-object scenes whose objects differ in EVERY concept. The scene's
+    2^k recombination objects split into 2^(k-1) complementary pairs, each a 2-object scene with the SAME bag of
+    concept values (for k = 2: (a1, b1) + (a2, b2) and (a1, b2) + (a2, b1)). A pair-scene passes when both its
+    objects' probes outscore the other 2^k - 2 recombination probes (cosine; the positive logit scale does not
+    change the order).
+      lenient: the given scene passes (random scores: 1/C(2^k, 2), 1/6 at k = 2);
+      strict:  every pair-scene of the bag passes — impossible for a scene encoder that sees only the bag of
+               concepts (all pair-scenes then share one embedding), whatever the probe code (random: 1/36 at k = 2).
+    The lenient test can be passed without binding when probe norms differ (an additive probe code with unequal
+    norms); the strict one cannot. objs (B, 2) -> {"lenient": (B,) bool, "strict": (B,) bool}."""
     w = model.world
     vals = w.concepts(objs)                                                             # (B, 2, k)
     if not bool((vals[:, 0] != vals[:, 1]).all()):
         raise ValueError("recombination_accuracy: the scenes' two objects must differ in every concept")
-    x = model.embed_scenes(objs, torch.full((objs.shape[0],), 2, device=objs.device))  # (B, d)
+    B, R = objs.shape[0], 2 ** w.k
     rec = recombinations(w, objs[:, 0], objs[:, 1])                                     # (B, R)
-    q = torch.cat([objs, rec], 1)                                                       # (B, 2 + R)
-    _, qo = model.embed_queries(q.flatten())
-    cos = torch.nn.functional.cosine_similarity(x[:, None, :], qo.view(*q.shape, -1), dim=-1)   # (B, 2 + R)
-    return cos[:, :2].min(1).values > cos[:, 2:].max(1).values
+    _, qo = model.embed_queries(rec.flatten())
+    qo = qo.view(B, R, -1)
+    half = torch.arange(R // 2, device=objs.device)                                    # pair-scene j = (j, R-1-j)
+    scenes = torch.stack([rec[:, half], rec[:, R - 1 - half]], -1).reshape(B * (R // 2), 2)
+    x = model.embed_scenes(scenes, torch.full((scenes.shape[0],), 2, device=objs.device)).view(B, R // 2, 1, -1)
+    cos = torch.nn.functional.cosine_similarity(x, qo[:, None], dim=-1)                # (B, R/2, R)
+    own = torch.zeros(R // 2, R, dtype=torch.bool, device=objs.device)
+    own[half, half] = True
+    own[half, R - 1 - half] = True
+    lo = cos.masked_fill(~own, float("inf")).min(-1).values
+    hi = cos.masked_fill(own, float("-inf")).max(-1).values
+    passed = lo > hi                                                                    # (B, R/2)
+    return {"lenient": passed[:, 0], "strict": passed.all(-1)}
+
+
+def seen_pair_scenes(world: World, train_objects: torch.Tensor, cap: int, gen: torch.Generator) -> torch.Tensor:
+    """The seen-object scenes of the binding test: every unordered pair of training objects that differ in every
+    concept AND whose recombinations are all training objects (so every pair-scene of its bag is a scene of
+    training objects), each once (no replacement); a random subset of ``cap`` when there are more. -> (n, 2)."""
+    if world.n_max < 2:
+        return train_objects.new_zeros((0, 2))
+    t = train_objects
+    a, b = torch.triu_indices(len(t), len(t), offset=1, device=t.device)
+    pairs = torch.stack([t[a], t[b]], 1)
+    pairs = pairs[(world.concepts(pairs[:, 0]) != world.concepts(pairs[:, 1])).all(-1)]
+    if len(pairs):
+        pairs = pairs[torch.isin(recombinations(world, pairs[:, 0], pairs[:, 1]), t).all(-1)]
+    if len(pairs) > cap:
+        pairs = pairs[torch.randperm(len(pairs), generator=gen, device=t.device)[:cap]]
+    return pairs
 
 
 def steps_loader(steps: int):
