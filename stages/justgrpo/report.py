@@ -412,11 +412,16 @@ Red-team review of this design (a reviewer who did not write it; its own validat
   curve, not tuned for the baseline; its base samples are mostly correct, so few groups carry a non-zero advantage
   (`active_frac` in `rl_history.csv`). No d1 prompt masking or inner updates.
 - **One base model.** Pretraining is most of the CPU budget, so one base (seed {pre['seed']}) serves every seed; the
-  seeds vary RL and evaluation sampling, not the pretrained weights. Every verdict is about this checkpoint.
+  seeds vary RL and evaluation sampling, not the pretrained weights. Every verdict is about this checkpoint, and
+  the checkpoint moves with float-level changes: two other bases from the same recipe (attention through the math
+  SDPA path; batch 64) stopped at dev readings 0.45 / 0.37, and `justgrpo_improves_base`, `gain_survives_parallel`,
+  the coverage finding and the trace-level comparisons changed verdict on at least one of them
+  (`reports/studies/justgrpo_base_sensitivity.md`). Only `fork_branches_ar_wider` held on all three.
 - **KL panel.** KL to the base is estimated on AR-order samples (JustGRPO's rollout law) for both arms; for the
   baseline it is not the KL of its own rollout distribution.
 - **Stop rule.** Pretraining stops when one AR sample per dev prompt reaches the target trace-level pass@1; with
-  {pre['eval_prompts']} dev prompts that reading has ±0.03 noise. The test-set `base_trace_*` checks say where it landed.
+  {pre['eval_prompts']} dev prompts that reading has ±0.03 noise, and the curve can climb by 0.15 between two checks
+  {pre['eval_every']} steps apart, so the base can overshoot the target. The test-set `base_trace_*` checks say where it landed.
 - **Budget.** RL runs {rl['steps']} steps (from the probe curve); a longer run lowers trace-level accuracy further in
   the probe. 3 seeds, not the 5 the issue asks for where affordable: the default run is already over 300 s.
 - **Item noise.** Verdicts pair arms per test prompt ({ev['eval_prompts']} for greedy accuracy, {ev['passk_prompts']}

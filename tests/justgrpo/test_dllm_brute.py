@@ -272,6 +272,40 @@ def test_policies_rollout_and_score(arm, block):
     assert DLLMPolicy(toy, 6, arm).counter.rec is None
 
 
+@pytest.mark.parametrize("arm", ["justgrpo", "arbitrary"])
+def test_scoring_only_active_rows_leaves_loss_and_gradient_unchanged(arm):
+    """score_active_only: rows with A = 0 are not scored (log-prob 0, no graph); the clipped surrogate with the
+    JustGRPO 1/(L · #A≠0) scale then has the same value and the same gradient as scoring every row (non-unit,
+    unequal advantages; a whole zero group and a zero row inside a live group)."""
+    from stages.common.grpo import GRPOConfig, grpo_loss
+    cfg = GRPOConfig(group_size=3, clip_eps=0.2, kl_coef=0.0, loss_norm="active_samples")
+    grads, losses = [], []
+    for only in (False, True):
+        toy = Toy(11, scale=0.7)
+        rec = Rec()
+        pol = DLLMPolicy(toy, 6, arm, KernelCounter(rec), score_active_only=only)
+        roll = pol.rollout(PROMPTS[:3], 3, torch.Generator().manual_seed(5))
+        roll["adv"] = torch.tensor([0.0, 0.0, 0.0, 1.3, -0.4, 0.0, -2.1, 0.6, 1.5])
+        lp = pol.token_logprobs(roll)
+        assert len(rec.calls) == 6 + 1                                     # 6 decode steps + one scoring call
+        if only:
+            assert (lp[roll["adv"] == 0] == 0).all() and (lp[roll["adv"] != 0] < 0).all()
+        loss, _ = grpo_loss(lp, lp.detach(), roll["adv"], roll["mask"], cfg)
+        loss.backward()
+        losses.append(float(loss))
+        grads.append(toy.unembed.grad.clone())
+    assert losses[1] == pytest.approx(losses[0], rel=1e-6) and abs(losses[0]) > 1e-3
+    assert torch.allclose(grads[1], grads[0], rtol=1e-5, atol=1e-7) and grads[0].abs().max() > 1e-3
+    # without advantages (evaluation) or with the flag off, every row is scored
+    toy = Toy(11, scale=0.7)
+    pol = DLLMPolicy(toy, 6, arm, score_active_only=True)
+    roll = pol.rollout(PROMPTS[:3], 3, torch.Generator().manual_seed(5))
+    assert (pol.token_logprobs(roll) < 0).all()
+    roll["adv"] = torch.zeros(9)                            # a step without signal: one row keeps the graph
+    lp = pol.token_logprobs(roll)
+    assert (lp[1:] == 0).all() and (lp[0] < 0).all() and lp.requires_grad
+
+
 def _ids(text: str, n: int) -> list[int]:
     ids = [VOCAB.index(ch) for ch in text]
     return ids + [EOS] * (n - len(ids))
@@ -361,3 +395,23 @@ def test_pretraining_logs_the_per_step_loss_through_the_trainer():
     trainer.fit(m, torch.utils.data.DataLoader(x0, batch_size=8))
     assert [h["step"] for h in m.history] == [0, 1] and m.history[0]["loss"] != m.history[1]["loss"]
     assert float(trainer.callback_metrics["pretrain/loss"]) == pytest.approx(m.history[-1]["loss"], rel=1e-6)
+
+
+def test_attention_backend_cpu_math_path_computes_the_same_attention():
+    """attention_backend: math SDPA on CPU (same logits as PyTorch's default dispatch to float rounding, and the
+    flash kernel really is off inside it); a CUDA device or cpu_math=False leaves the dispatch alone."""
+    import contextlib
+
+    from stages.common.tiny_transformer import TinyTransformer
+    from stages.justgrpo.dllm import attention_backend
+    torch.manual_seed(3)
+    model = TinyTransformer(TinyTransformerConfig(vocab_size=V, d_model=24, n_layers=2, n_heads=4, max_seq_len=11,
+                                                  causal=False)).eval()
+    x = torch.randint(0, V, (5, 11))
+    ref = model(x)
+    with attention_backend(torch.device("cpu"), True):
+        out = model(x)
+    assert torch.allclose(out, ref, atol=1e-5) and not torch.equal(out, torch.zeros_like(out))
+    assert isinstance(attention_backend(torch.device("cuda"), True), contextlib.nullcontext)
+    assert isinstance(attention_backend(torch.device("cpu"), False), contextlib.nullcontext)
+    assert not isinstance(attention_backend(torch.device("cpu"), True), contextlib.nullcontext)
