@@ -408,9 +408,11 @@ Red-team review of this design (a reviewer who did not write it; its own validat
 - **Decoder dependence.** The RL findings use semi-AR blocks of {models['eval_block']} (as the paper's evaluation);
   with fully arbitrary-order greedy decoding the base is already much stronger and the RL gains shrink (Results
   table, *full arbitrary* columns). The baseline now rolls out with semi-AR blocks too (Deviations).
-- **Baseline strength.** The baseline's learning rate and step count are JustGRPO's, fixed from JustGRPO's probe
-  curve, not tuned for the baseline; its base samples are mostly correct, so few groups carry a non-zero advantage
-  (`active_frac` in `rl_history.csv`). No d1 prompt masking or inner updates.
+- **Baseline strength.** Both arms share the learning rate, and it is each arm's own best: a dev-slice sweep of
+  lr ∈ {{1e-4, 3e-4, 1e-3}} for both arms (RL seeds disjoint from the run's) picked 3e-4 for JustGRPO (0.945 final dev
+  accuracy) and for the baseline (0.933; 0.920 at 1e-4), `reports/studies/justgrpo_lr_sweep.md`. The step count is
+  JustGRPO's, from its probe curve. The baseline's base samples are mostly correct, so few groups carry a non-zero
+  advantage (`active_frac` in `rl_history.csv`). No d1 prompt masking or inner updates.
 - **One base model.** Pretraining is most of the CPU budget, so one base (seed {pre['seed']}) serves every seed; the
   seeds vary RL and evaluation sampling, not the pretrained weights. Every verdict is about this checkpoint, and
   the checkpoint moves with float-level changes: two other bases from the same recipe (attention through the math
