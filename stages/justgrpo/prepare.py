@@ -64,7 +64,9 @@ def run(cfg: Config, ctx: StageContext) -> None:
     answer = np.array([value(*map(int, r)) for r in rows])
     frame = pl.DataFrame({"a": rows[:, 0], "b": rows[:, 1], "c": rows[:, 2], "d": rows[:, 3],
                           "answer": answer, "split": split.astype(str)})
-    frame.write_parquet(ctx.out / "prompts.parquet")
+    # rows in the split's random order: every slice downstream (test[:n], the dev slices of the stop rule and the
+    # RL curves) is then a random sample of its split, not the lexicographically first operands (review, issue 46)
+    frame.select(pl.all().gather(order)).write_parquet(ctx.out / "prompts.parquet")
     counts = {k: int((split == k).sum()) for k in ("train", "dev", "test")}
     write_json(ctx.out / "meta.json", {"gen_len": cfg.gen_len, "prompt_len": PROMPT_LEN, "vocab": VOCAB,
                                        "vocab_size": VOCAB_SIZE, "answer_len": ANSWER_LEN,
@@ -74,7 +76,7 @@ def run(cfg: Config, ctx: StageContext) -> None:
 
 
 def load_prompts(prepare_dir, split: str):
-    """(N, PROMPT_LEN) prompt tokens of one split, in the table's order."""
+    """(N, PROMPT_LEN) prompt tokens of one split, in the table's (seeded random) order."""
     import torch
 
     f = pl.read_parquet(prepare_dir / "prompts.parquet").filter(pl.col("split") == split)

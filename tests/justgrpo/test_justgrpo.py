@@ -227,3 +227,9 @@ def test_smoke_pipeline(smoke_run):
     assert "loss" not in hist.columns                              # the surrogate's value is not a learning signal
     assert hist.filter(pl.col("step") == 0)["kl_to_base"].abs().max() < 1e-5   # step 0: the policy is the base
     assert pl.read_csv(out["train"] / "pretrain_curve.csv").columns == ["step", "dev_trace_pass1"]
+    # each split is stored in a seeded random order, so test[:n] and the dev slices are random samples of their
+    # split (a sorted table made every verdict read the prompts with the smallest first operands)
+    table = pl.read_parquet(out["prepare"] / "prompts.parquet")
+    for split in ("train", "test"):
+        keys = table.filter(pl.col("split") == split).select(["a", "b", "c", "d"]).rows()
+        assert keys != sorted(keys) and len({k[0] for k in keys[:50]}) >= 5
