@@ -26,6 +26,7 @@ from kernels.token_logprob import token_logprob
 from stages.common.tiny_transformer import TinyTransformer, TinyTransformerConfig
 from stages.justgrpo.task import EOS, MASK, PROMPT_LEN, answers, correct, trace_valid
 
+
 def attention_backend(device: torch.device, cpu_math: bool = True):
     """The SDPA path for this device: on CPU with ``cpu_math``, PyTorch's math path — on these tiny 25-token
     rows (4 heads of 12) the CPU flash kernel costs more than it saves (measured: a pretraining step at batch 128
