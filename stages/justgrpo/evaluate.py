@@ -25,7 +25,7 @@ from stages.common.paths import read_json, write_json
 from stages.common.runner import StageContext
 from stages.common.tiny_transformer import TinyTransformer, TinyTransformerConfig
 from stages.justgrpo.dllm import Counter, decode, greedy_items
-from stages.justgrpo.jobs import payload, run_jobs
+from stages.common.jobs import payload, run_jobs
 from stages.justgrpo.prepare import load_prompts
 from stages.justgrpo.task import MASK, PROMPT_LEN, answers, correct, is_fork, trace_valid
 

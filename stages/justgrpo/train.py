@@ -40,7 +40,7 @@ from stages.common.trainer import TrainerConfig, make_trainer
 from stages.justgrpo.hf_source import DLLMConfig
 from stages.justgrpo.dllm import (Counter, DLLMPolicy, MaskedDiffusionLM, attention_backend, decode, greedy_items,
                                   policy_drift, reward_fn)
-from stages.justgrpo.jobs import payload, run_jobs
+from stages.common.jobs import payload, run_jobs
 from stages.justgrpo.prepare import load_prompts
 from stages.justgrpo.task import MASK, ORDERS, PROMPT_LEN, VOCAB_SIZE, operands, solution, trace_valid
 

@@ -1,46 +1,13 @@
-"""justgrpo's process pool: jobs come back in order, a worker's error reaches the caller, and an RL run or an
-evaluation piece gives the same result in a pool of two spawned processes as in this process."""
+"""justgrpo on the shared process pool (stages/common/jobs.py): an RL run or an evaluation piece gives the same
+result in a pool of two spawned processes as in this process."""
 from __future__ import annotations
 
-import pytest
 import torch
 
+from stages.common.jobs import run_jobs
 from stages.common.tiny_transformer import TinyTransformer
 from stages.justgrpo import evaluate, train
-from stages.justgrpo.jobs import payload, run_jobs
 from stages.justgrpo.task import all_prompts, prompt_batch
-
-
-def _draw(job):
-    """A job that reads the payload and draws from its own seeded generator."""
-    g = torch.Generator().manual_seed(job)
-    return {"job": job, "x": (torch.randn(5, generator=g) * payload()["scale"]).tolist(),
-            "threads": torch.get_num_threads()}
-
-
-def _fail(job):
-    if job == 2:
-        raise ValueError(f"job {job} is bad")
-    return job
-
-
-def test_jobs_in_order_and_equal_across_workers():
-    jobs = [3, 1, 2, 7]
-    solo = run_jobs(_draw, jobs, {"scale": 2.5}, workers=1)
-    pooled = run_jobs(_draw, jobs, {"scale": 2.5}, workers=2)
-    assert [r["job"] for r in pooled] == jobs
-    assert solo == pooled
-    assert all(r["threads"] == 1 for r in pooled)                   # one intra-op thread per process
-    g = torch.Generator().manual_seed(7)
-    assert solo[3]["x"] == pytest.approx((torch.randn(5, generator=g) * 2.5).tolist(), abs=0)
-    assert payload() == {}                                           # the in-process payload is dropped after
-
-
-def test_worker_error_reaches_the_caller():
-    with pytest.raises(ValueError, match="job 2 is bad"):
-        run_jobs(_fail, [1, 2, 3], {}, workers=2)
-    with pytest.raises(ValueError, match="workers"):
-        run_jobs(_fail, [1], {}, workers=0)
 
 
 def _smoke_inputs(tmp_path):

@@ -65,7 +65,11 @@ def test_smoke_pipeline_end_to_end(smoke_run):
     assert ev["visual_bugs"]["detection"]["mobile"] == 1.0 and ev["visual_bugs"]["unexposed_drop_max"] == 0.0
     synth = ev["agents"]["synth"]
     assert synth["agent_errors"] == 0 and synth["start_failures"] == 0
-    assert 20.0 < synth["overall"][0] < 100.0 and synth["L3_FS"][0] == 100.0   # its own backend passes every case
+    failed = [(f.name, w["summary"], c["objective"], c["result"], c["detail"])
+              for f in sorted((out["evaluate"] / "results" / "synth").glob("*_L3_*.json"))
+              for w in json.loads(f.read_text())["workflows"] for c in w["cases"] if c["result"] != "Pass"]
+    assert 20.0 < synth["overall"][0] < 100.0
+    assert synth["L3_FS"][0] == 100.0, failed   # its own backend passes every case
     assert len(synth["items"]["L2"]) == 1 and len(synth["items"]["all"][0]) == 3
     assert ev["calibration"]["test"]["n"] > 0 and ev["sandbox"]["stuck"] == 0
     rec = json.loads((out["evaluate"] / "kernels.json").read_text())["segmented_compare"]

@@ -1,15 +1,15 @@
-"""Independent runs (an RL arm of one seed, one sampler's pass@k stream, one model's greedy decodes) in a pool
-of single-threaded processes, one per core (issue 55: "seeds in parallel processes only where vectorizing is
+"""Independent runs (a seed's training run, one arm of one seed, one sampler's evaluation stream) in a pool of
+single-threaded processes, one per core (issue 55: "seeds in parallel processes only where vectorizing is
 impossible").
 
-Why processes and not a vectorized seed ensemble here: the work is compute-bound, not overhead-bound. A
-py-spy profile of the default train stage (``reports/profiles/justgrpo-train.txt``) puts ~97% of the time in
-the stage's own torch ops (matmuls, attention, RoPE products on (rows × 25)-token batches of 64–1,280 rows),
-where ``stages.common.ensemble`` measures no gain from stacking seeds (its benchmark: ~1.1x at d = 64,
-T = 32, B = 32, none beyond). The runs share nothing but their inputs, so two processes on two cores halve
-the wall time of that part; each run draws only from its own seeded generators, so its result does not
-depend on the pool (``workers: 1`` runs the same functions in this process, in the same order, with the same
-single intra-op thread: ``tests/justgrpo/test_jobs.py`` checks the two agree exactly).
+Where processes and not a vectorized seed ensemble (``stages.common.ensemble``): when the work is compute-bound,
+not overhead-bound. Stacking seeds saves nothing on dense transformer batches of tens to thousands of rows (the
+ensemble benchmark: ~1.1x at d = 64, T = 32, B = 32, none beyond; justgrpo's py-spy profile,
+``reports/profiles/justgrpo-train.txt``, puts ~97% of its train stage in its own torch ops). Runs that share nothing
+but their inputs then take half the wall time in two processes on two cores. Each run must draw only from its own
+seeded generators, so its result does not depend on the pool: ``workers: 1`` runs the same functions in this
+process, in the same order, with the same single intra-op thread (each paper that uses the pool tests that the two
+agree exactly).
 
     results = run_jobs(fn, jobs, payload, workers)   # [fn(job) for job in jobs], payload read via payload()
 
