@@ -21,12 +21,14 @@ from __future__ import annotations
 from typing import Any, Callable, Sequence
 
 import torch
+from threadpoolctl import threadpool_limits
 
 _PAYLOAD: dict[str, Any] = {}
 
 
 def _init_worker(payload: dict[str, Any]) -> None:
     torch.set_num_threads(1)                # one intra-op thread per process: the processes are the parallelism
+    threadpool_limits(1)                    # and one BLAS/OpenMP thread for numpy/scipy work in the jobs
     _PAYLOAD.clear()
     _PAYLOAD.update(payload)
 
@@ -43,12 +45,13 @@ def run_jobs(fn: Callable[[Any], Any], jobs: Sequence[Any], data: dict[str, Any]
         raise ValueError(f"workers: {workers} < 1")
     if workers == 1 or len(jobs) <= 1:
         threads = torch.get_num_threads()
-        _init_worker(data)
-        try:
-            return [fn(j) for j in jobs]
-        finally:
-            torch.set_num_threads(threads)
-            _PAYLOAD.clear()
+        with threadpool_limits(1):          # restored on exit, like torch's thread count below
+            _init_worker(data)
+            try:
+                return [fn(j) for j in jobs]
+            finally:
+                torch.set_num_threads(threads)
+                _PAYLOAD.clear()
     import multiprocessing as mp
     from concurrent.futures import ProcessPoolExecutor
 

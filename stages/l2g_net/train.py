@@ -42,6 +42,7 @@ from threadpoolctl import threadpool_limits
 from kernels.record import KernelRecord
 from stages.common.config import Fraction, Probability, Seeds, StageConfig, unique_items
 from stages.common.device import DeviceName, pick_device
+from stages.common.jobs import payload, run_jobs
 from stages.common.paths import write_json
 from stages.common.runner import StageContext
 from stages.common.trainer import TrainerConfig, make_trainer
@@ -210,7 +211,7 @@ def _run(cfg: Config, ctx: StageContext) -> None:
         summary["tasks"][task], payloads[task], task_jobs = _prepare_task(cfg, rec, device, prep / TASK_DIRS[task],
                                                                           ctx.out / task, task)
         jobs += task_jobs
-    results = run_jobs(jobs, payloads, cfg.workers)
+    results = run_jobs(_run_job, jobs, payloads, cfg.workers)
     for (task, kind, seed, _), r in zip(jobs, results):
         summary["tasks"][task]["runs"][kind].append(r)
         for e in r["history"]:
@@ -256,20 +257,10 @@ def model_kwargs(cfg: Config, in_features: int) -> dict:
                 cheb_k=cfg.cheb_k, cheb_k_long=cfg.cheb_k_long)
 
 
-# --- one (task, model, seed) run; in this process or in a worker process -------------------------------------
-_PAYLOAD: dict = {}
-
-
-def _init_worker(payload: dict) -> None:
-    torch.set_num_threads(1)
-    threadpool_limits(1)
-    _PAYLOAD.clear()
-    _PAYLOAD.update(payload)
-
-
+# --- one (task, model, seed) run; in this process or in a worker process of stages/common/jobs.py ----------
 def _run_job(job: tuple) -> dict:
     task, kind, seed, dim = job
-    p = _PAYLOAD[task]
+    p = payload()[task]
     cfg = Config.model_validate(p["cfg"])
     x, y = torch.tensor(p["x"]), torch.tensor(p["y"])
     masks = node_split(x.shape[0], seed, cfg.train_fraction, cfg.val_fraction, p["fixed"])
@@ -287,25 +278,3 @@ def _run_job(job: tuple) -> dict:
     torch.save(module.best["state"], f"{p['out']}/{kind}_seed{seed}.pt")
     return {"seed": seed, "params": count_parameters(model), "dim": dim, "best_val_auc": module.best["val_auc"],
             "best_step": module.best["step"], "fit_cpu_s": fit_s, "history": module.history}
-
-
-def run_jobs(jobs: list[tuple], payloads: dict, workers: int) -> list[dict]:
-    """Every (task, model, seed) run, in order; with workers > 1 in a pool of single-threaded processes."""
-    if workers <= 1 or len(jobs) <= 1:
-        _init_worker(payloads)
-        return [_run_job(j) for j in jobs]
-    import multiprocessing as mp
-    from concurrent.futures import ProcessPoolExecutor
-
-    pool = ProcessPoolExecutor(max_workers=min(workers, len(jobs)), mp_context=mp.get_context("spawn"),
-                               initializer=_init_worker, initargs=(payloads,))
-    try:
-        results = list(pool.map(_run_job, jobs))
-    except BaseException:   # an error or an interrupt (SIGINT/SIGTERM): stop now, queue nothing more
-        procs = list(getattr(pool, "_processes", {}).values())
-        pool.shutdown(wait=False, cancel_futures=True)
-        for proc in procs:      # SIGKILL: Lightning's own SIGTERM handler would let a run finish first
-            proc.kill()
-        raise
-    pool.shutdown(wait=True)
-    return results

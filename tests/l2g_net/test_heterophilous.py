@@ -54,12 +54,13 @@ def test_heterophilous_fixture_factorization_and_l2g_net(tmp_path):
     assert info["exact_eig_err_vs_true_L"] < 1e-10 and info["eig_err_vs_sparsified"] < 1e-10
     assert info["exact_cut_edges"] >= info["cut_edges_kept"]
     # L2G-Net (sparsified and exact cut) trains on it through the pipeline's own run function, on split seed % 10
-    from stages.l2g_net.train import _init_worker, _run_job
+    from stages.common.jobs import run_jobs
+    from stages.l2g_net.train import _run_job
 
-    _init_worker({"fixture": {"cfg": cfg.model_dump(mode="json"), "spec": spec, "x": data["x"], "y": data["y"],
-                              "fixed": data["splits"], "out": str(tmp_path), "device": "cpu"}})
+    payload = {"fixture": {"cfg": cfg.model_dump(mode="json"), "spec": spec, "x": data["x"], "y": data["y"],
+                           "fixed": data["splits"], "out": str(tmp_path), "device": "cpu"}}
     for kind in ("l2g", "l2g_exact"):
-        r = _run_job(("fixture", kind, 12, 8))
+        r = run_jobs(_run_job, [("fixture", kind, 12, 8)], payload, 1)[0]
         assert 0.0 <= r["best_val_auc"] <= 1.0 and (tmp_path / f"{kind}_seed12.pt").exists()
     masks = node_split(44, 12, 0.5, 0.25, data["splits"])
     assert all((masks[k] == data["splits"][k][2]).all() for k in masks)          # seed 12 -> split 2
@@ -142,7 +143,8 @@ def test_worker_processes_give_the_in_process_results(tmp_path, monkeypatch):
     real = multiprocessing.get_context
     monkeypatch.setattr(multiprocessing, "get_context", lambda method=None: real("fork"))
     from kernels.record import KernelRecord
-    from stages.l2g_net.train import run_jobs
+    from stages.common.jobs import run_jobs
+    from stages.l2g_net.train import _run_job
 
     path, _ = _fixture(tmp_path / "minesweeper.npz", n=30)
     data = load_heterophilous_npz(path)
@@ -155,7 +157,7 @@ def test_worker_processes_give_the_in_process_results(tmp_path, monkeypatch):
         out.mkdir()
         payload = {"t": {"cfg": cfg.model_dump(mode="json"), "spec": spec, "x": data["x"], "y": data["y"],
                          "fixed": data["splits"], "out": str(out), "device": "cpu"}}
-        runs[w] = run_jobs([("t", "l2g", 4, 6), ("t", "gcn", 7, 9)], payload, w)
+        runs[w] = run_jobs(_run_job, [("t", "l2g", 4, 6), ("t", "gcn", 7, 9)], payload, w)
     for a, b in zip(runs[1], runs[2]):
         assert a["history"] == b["history"] and a["best_val_auc"] == b["best_val_auc"]
     for name in ("l2g_seed4.pt", "gcn_seed7.pt"):
