@@ -13,28 +13,16 @@ Token log-probs and the sampler's confidences go through ``kernels/token_logprob
 """
 from __future__ import annotations
 
-import contextlib
 from typing import Literal
 
 import lightning as L
 import torch
 import torch.nn as nn
-from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from kernels.record import KernelCounter as Counter  # token_logprob calls
 from kernels.token_logprob import token_logprob
 from stages.common.tiny_transformer import TinyTransformer, TinyTransformerConfig
 from stages.justgrpo.task import EOS, MASK, PROMPT_LEN, answers, correct, trace_valid
-
-
-def attention_backend(device: torch.device, cpu_math: bool = True):
-    """The SDPA path for this device: on CPU with ``cpu_math``, PyTorch's math path — on these tiny 25-token
-    rows (4 heads of 12) the CPU flash kernel costs more than it saves (measured: a pretraining step at batch 128
-    39 → 31 ms on 2 threads, an RL rollout of 64 rows 0.29 → 0.19 s, its exact-likelihood pass with backward
-    0.80 → 0.65 s); the two paths compute the same attention (float rounding). Elsewhere: PyTorch's dispatch."""
-    if cpu_math and device.type == "cpu":
-        return sdpa_kernel(SDPBackend.MATH)
-    return contextlib.nullcontext()
 
 
 NEG = -1.0e4   # logit of the MASK token at decoding (never sampled); finite so 0·z stays 0

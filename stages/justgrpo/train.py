@@ -30,7 +30,7 @@ from pydantic import Field, field_validator, model_validator
 from kernels.record import KernelRecord
 from kernels.token_logprob import token_logprob
 from stages.common.config import PositiveInt, StageConfig, unique_items, TransformerShape
-from stages.common.device import DeviceName, pick_device
+from stages.common.device import DeviceName, attention_backend, pick_device
 from stages.common.grpo import GRPOConfig, GRPOModule, PromptLoader
 from stages.common.paths import read_json, write_json
 from stages.common.runner import StageContext
@@ -38,8 +38,8 @@ from stages.common.sources import SourceConfig
 from stages.common.tiny_transformer import TinyTransformer, TinyTransformerConfig
 from stages.common.trainer import TrainerConfig, make_trainer
 from stages.justgrpo.hf_source import DLLMConfig
-from stages.justgrpo.dllm import (Counter, DLLMPolicy, MaskedDiffusionLM, attention_backend, decode, greedy_items,
-                                  policy_drift, reward_fn)
+from stages.justgrpo.dllm import (Counter, DLLMPolicy, MaskedDiffusionLM, decode, greedy_items, policy_drift,
+                                  reward_fn)
 from stages.common.jobs import payload, run_jobs
 from stages.justgrpo.prepare import load_prompts
 from stages.justgrpo.task import MASK, ORDERS, PROMPT_LEN, VOCAB_SIZE, operands, solution, trace_valid
@@ -103,7 +103,8 @@ class Config(StageConfig):
     device: DeviceName = "auto"
     cpu_math_attention: bool = Field(True, description=(
         "on CPU, run the RL runs' attention through PyTorch's math SDPA path (on their 64-row rollouts and "
-        "likelihood passes it measured 20–35% faster than the CPU flash kernel: dllm.attention_backend); "
+        "likelihood passes it measured 20–35% faster than the CPU flash kernel: "
+        "stages.common.device.attention_backend); "
         "ignored on CUDA. Not in pretraining: there it did not shorten the stage, and its float-level change "
         "moves where the stop rule ends (reports/studies/justgrpo_base_sensitivity.md)"))
     model: ModelConfig = ModelConfig()

@@ -395,23 +395,3 @@ def test_pretraining_logs_the_per_step_loss_through_the_trainer():
     trainer.fit(m, torch.utils.data.DataLoader(x0, batch_size=8))
     assert [h["step"] for h in m.history] == [0, 1] and m.history[0]["loss"] != m.history[1]["loss"]
     assert float(trainer.callback_metrics["pretrain/loss"]) == pytest.approx(m.history[-1]["loss"], rel=1e-6)
-
-
-def test_attention_backend_cpu_math_path_computes_the_same_attention():
-    """attention_backend: math SDPA on CPU (same logits as PyTorch's default dispatch to float rounding, and the
-    flash kernel really is off inside it); a CUDA device or cpu_math=False leaves the dispatch alone."""
-    import contextlib
-
-    from stages.common.tiny_transformer import TinyTransformer
-    from stages.justgrpo.dllm import attention_backend
-    torch.manual_seed(3)
-    model = TinyTransformer(TinyTransformerConfig(vocab_size=V, d_model=24, n_layers=2, n_heads=4, max_seq_len=11,
-                                                  causal=False)).eval()
-    x = torch.randint(0, V, (5, 11))
-    ref = model(x)
-    with attention_backend(torch.device("cpu"), True):
-        out = model(x)
-    assert torch.allclose(out, ref, atol=1e-5) and not torch.equal(out, torch.zeros_like(out))
-    assert isinstance(attention_backend(torch.device("cuda"), True), contextlib.nullcontext)
-    assert isinstance(attention_backend(torch.device("cpu"), False), contextlib.nullcontext)
-    assert not isinstance(attention_backend(torch.device("cpu"), True), contextlib.nullcontext)
