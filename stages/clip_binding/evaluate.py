@@ -18,8 +18,15 @@ With ``source: {kind: hf, model: <CLIP checkpoint>}`` (the ``full`` profile only
 (``stages.clip_binding.clip``: captions of every scene, probes = object phrases) is a third encoder kind
 ``clip`` of the complexity analysis and the additivity fit; its embeddings and the others are zero-padded to
 one width, which leaves R² and cosine probe scores unchanged.
+
+The regressor bank of each complexity fraction and the coverage scores of each model are independent pieces (each
+draws only from generators seeded by its own indices): ``workers`` of them run at once in single-threaded processes
+(stages/common/jobs.py), the banks first (the longest); the parent assembles their results in the serial order and
+runs the parity check and the additivity fit.
 """
 from __future__ import annotations
+
+from pathlib import Path
 
 import numpy as np
 import torch
@@ -29,6 +36,7 @@ from kernels.cosine_soft_ce import cosine_soft_ce
 from kernels.record import KernelRecord
 from stages.common.config import Fraction, Seed, StageConfig
 from stages.common.device import DeviceName, pick_device
+from stages.common.jobs import payload, run_jobs
 from stages.common.paths import read_json, write_json
 from stages.common.runner import StageContext
 from stages.common.sources import SourceConfig
@@ -58,17 +66,16 @@ class Config(StageConfig):
     ridge_alpha: float = Field(1e-3, gt=0, le=1e3)
     trainer: TrainerConfig = TrainerConfig(enable_progress_bar=False)
     source: SourceConfig = SourceConfig()   # toy: no CLIP; hf/file (full only): a CLIPModel checkpoint
+    workers: int = Field(1, ge=1, le=64, description=(
+        "evaluation pieces (one regressor bank per complexity fraction, one coverage evaluation per model) run at "
+        "once, each in its own single-threaded process (stages/common/jobs.py; 1: one after another in this "
+        "process, same results)"))
 
 
 def load_models(ctx: StageContext, world: World, device) -> dict[str, BindingModel]:
     train_dir = ctx.input("train")
     info = read_json(train_dir / "models.json")
-    out = {}
-    for label in info["labels"]:
-        m = BindingModel(world, torch.arange(1), seed=0, **info["kwargs"])
-        m.load_state_dict(torch.load(train_dir / "models" / f"{label}.pt"))
-        out[label] = m.to(device).eval()
-    return out
+    return {label: load_model(train_dir, info["kwargs"], world, label, device) for label in info["labels"]}
 
 
 def bag_of_concepts_correct(world: World, objs, n, pq) -> torch.Tensor:
@@ -100,81 +107,89 @@ def recomb_items(model: BindingModel, pairs: torch.Tensor) -> dict[str, torch.Te
     return recombination_accuracy(model, pairs)
 
 
+COVERAGE_KEYS = ("object_acc", "binding_acc", "concept_acc", "bag_binding_acc", "n_binding_items",
+                 "train_binding_acc", "train_bag_binding_acc", "train_binding_acc_any_neg", "n_train_binding_items",
+                 "recomb_acc", "recomb_acc_lenient", "n_recomb_items", "train_recomb_acc", "train_recomb_acc_lenient",
+                 "n_train_recomb_items", "n_train_recomb_pairs", "probe_additive_r2")
+
+
+def _calls(rec: KernelRecord) -> int:
+    return rec.to_dict().get("cosine_soft_ce", {}).get("calls", 0)
+
+
+def load_model(train_dir: Path, kwargs: dict, world: World, label: str, device) -> BindingModel:
+    m = BindingModel(world, torch.arange(1), seed=0, **kwargs)
+    m.load_state_dict(torch.load(Path(train_dir) / "models" / f"{label}.pt"))
+    return m.to(device).eval()
+
+
 @torch.no_grad()
-def coverage_eval(cfg, world, models, meta, splits, rec, device) -> dict:
-    out: dict = {}
-    parity_done = False
-    for i, f in enumerate(meta["train_object_fractions"]):
-        acc = {k: [] for k in ("object_acc", "binding_acc", "concept_acc", "bag_binding_acc", "n_binding_items",
-                               "train_binding_acc", "train_bag_binding_acc", "train_binding_acc_any_neg",
-                               "n_train_binding_items", "recomb_acc", "recomb_acc_lenient", "n_recomb_items",
-                               "train_recomb_acc", "train_recomb_acc_lenient", "n_train_recomb_items",
-                               "n_train_recomb_pairs",
-                               "probe_additive_r2")}
-        for j, seed in enumerate(meta["seeds"]):
-            model = models[f"{frac_key(f)}_s{seed}"]
-            objs_all, n_all = splits["test_objs"][i, j].to(device), splits["test_n"][i, j].to(device)
-            g = torch.Generator(device=device).manual_seed(cfg.seed + 7 * j)
-            res = {k: [] for k in ("obj", "con", "bind", "bag")}
-            for s0 in range(0, objs_all.shape[0], cfg.eval_batch):
-                objs, n = objs_all[s0:s0 + cfg.eval_batch], n_all[s0:s0 + cfg.eval_batch]
-                r = heldout_accuracy(model, objs, n, g, rec.backend)
-                rec.count("cosine_soft_ce", 2)
-                if not parity_done:
-                    x, pq, s = r["inputs"]
-                    _, qo = model.embed_queries(pq["query_objs"])
-                    rec.parity("cosine_soft_ce", cosine_soft_ce, x[:64], qo, pq["object_labels"][:64], s,
-                               slice=f"the first 64 held-out test scenes of the {frac_key(f)} seed-{seed} model")
-                    parity_done = True
-                two = (n == 2) & (objs[:, 0] != objs[:, 1]) if world.n_max > 1 else n > 0
-                bag = bag_of_concepts_correct(world, objs, n, r["inputs"][1])
-                res["obj"].append(r["object_correct"])
-                res["con"].append(r["concept_correct"])
-                res["bind"].append(r["object_correct"][two])
-                res["bag"].append(bag[two])
-            cat = {k: torch.cat(v).float() for k, v in res.items()}
-            acc["object_acc"].append(float(cat["obj"].mean()))
-            acc["concept_acc"].append(float(cat["con"].mean()))
-            acc["binding_acc"].append(float(cat["bind"].mean()))
-            acc["n_binding_items"].append(int(cat["bind"].numel()))    # test scenes behind binding_acc (item noise)
-            acc["bag_binding_acc"].append(float(cat["bag"].mean()))
-            # the recombination test (strict and lenient) on the distinct held-out pairs of the 2-object test
-            # scenes whose objects differ in every concept
-            ra = recomb_items(model, heldout_pairs(world, objs_all, n_all))
-            for key, kind in (("recomb_acc", "strict"), ("recomb_acc_lenient", "lenient")):
-                acc[key].append(float(ra[kind].float().mean()) if ra[kind].numel() else float("nan"))
-            acc["n_recomb_items"].append(int(ra["strict"].numel()))      # diagnostic only (no claim reads it)
-            # the same binding score on scenes of SEEN objects (does the model bind at all?): negatives drawn as
-            # in training (training objects only, unless heldout_negatives) and, apart, from all objects
-            train_objs = torch.arange(world.n_objects, device=device)[splits["coverage_masks"][i, j].to(device)]
-            objs, n = sample_scenes(world, train_objs, cfg.train_scenes, g, n_fixed=min(2, world.n_max))
-            two = objs[:, 0] != objs[:, -1] if world.n_max > 1 else n > 0
-            pool = None if model.heldout_negatives else train_objs
-            r = heldout_accuracy(model, objs, n, torch.Generator(device=device).manual_seed(cfg.seed + 7 * j), rec.backend, pool)
-            bag = bag_of_concepts_correct(world, objs, n, r["inputs"][1])
-            acc["train_binding_acc"].append(float(r["object_correct"][two].float().mean()))
-            acc["train_bag_binding_acc"].append(float(bag[two].float().mean()))
-            acc["n_train_binding_items"].append(int(two.sum()))
-            r = heldout_accuracy(model, objs, n, torch.Generator(device=device).manual_seed(cfg.seed + 7 * j), rec.backend)
-            acc["train_binding_acc_any_neg"].append(float(r["object_correct"][two].float().mean()))
-            rec.count("cosine_soft_ce", 4)
-            # ... and on seen objects: distinct pairs of training objects whose whole bag (every pair-scene) is
-            # made of training objects
-            ra = recomb_items(model, seen_pair_scenes(world, train_objs, cfg.train_scenes,
-                                                      torch.Generator(device=device).manual_seed(cfg.seed + 7 * j)))
-            for key, kind in (("train_recomb_acc", "strict"), ("train_recomb_acc_lenient", "lenient")):
-                acc[key].append(float(ra[kind].float().mean()) if ra[kind].numel() else float("nan"))
-            # the true count, and the count the shared verdict rule reads (it divides by it: a seed without pairs
-            # has a null value, which makes the claim inconclusive by rule, so 1 stands in for 0 there)
-            acc["n_train_recomb_pairs"].append(int(ra["strict"].numel()))
-            acc["n_train_recomb_items"].append(max(1, int(ra["strict"].numel())))
-            # how additive the probe's object code is (an additive code cannot pass the recombination test)
-            every = torch.arange(world.n_objects, device=device)
-            acc["probe_additive_r2"].append(additive_code_r2(
-                model.embed_objects(every).cpu().double().numpy(), world.concepts(every).cpu().numpy(), world.v,
-                cfg.ridge_alpha))
-        out[frac_key(f)] = acc
-    return out
+def coverage_unit(cfg: Config, world: World, model: BindingModel, j: int, test_objs: torch.Tensor,
+                  test_n: torch.Tensor, coverage_mask: torch.Tensor, rec: KernelRecord, device,
+                  parity_inputs: bool = False) -> dict:
+    """The coverage scores of one (fraction, seed j) model: {key: value} over ``COVERAGE_KEYS``, and with
+    ``parity_inputs`` the kernel inputs of its first 64 held-out test scenes (x, object probes, labels, scale)."""
+    acc = {}
+    objs_all, n_all = test_objs.to(device), test_n.to(device)
+    g = torch.Generator(device=device).manual_seed(cfg.seed + 7 * j)
+    res = {k: [] for k in ("obj", "con", "bind", "bag")}
+    parity = None
+    for s0 in range(0, objs_all.shape[0], cfg.eval_batch):
+        objs, n = objs_all[s0:s0 + cfg.eval_batch], n_all[s0:s0 + cfg.eval_batch]
+        r = heldout_accuracy(model, objs, n, g, rec.backend)
+        rec.count("cosine_soft_ce", 2)
+        if parity_inputs and parity is None:
+            x, pq, s = r["inputs"]
+            _, qo = model.embed_queries(pq["query_objs"])
+            parity = (x[:64], qo, pq["object_labels"][:64], s)
+        two = (n == 2) & (objs[:, 0] != objs[:, 1]) if world.n_max > 1 else n > 0
+        bag = bag_of_concepts_correct(world, objs, n, r["inputs"][1])
+        res["obj"].append(r["object_correct"])
+        res["con"].append(r["concept_correct"])
+        res["bind"].append(r["object_correct"][two])
+        res["bag"].append(bag[two])
+    cat = {k: torch.cat(v).float() for k, v in res.items()}
+    acc["object_acc"] = float(cat["obj"].mean())
+    acc["concept_acc"] = float(cat["con"].mean())
+    acc["binding_acc"] = float(cat["bind"].mean())
+    acc["n_binding_items"] = int(cat["bind"].numel())    # test scenes behind binding_acc (item noise)
+    acc["bag_binding_acc"] = float(cat["bag"].mean())
+    # the recombination test (strict and lenient) on the distinct held-out pairs of the 2-object test
+    # scenes whose objects differ in every concept
+    ra = recomb_items(model, heldout_pairs(world, objs_all, n_all))
+    for key, kind in (("recomb_acc", "strict"), ("recomb_acc_lenient", "lenient")):
+        acc[key] = float(ra[kind].float().mean()) if ra[kind].numel() else float("nan")
+    acc["n_recomb_items"] = int(ra["strict"].numel())      # diagnostic only (no claim reads it)
+    # the same binding score on scenes of SEEN objects (does the model bind at all?): negatives drawn as
+    # in training (training objects only, unless heldout_negatives) and, apart, from all objects
+    train_objs = torch.arange(world.n_objects, device=device)[coverage_mask.to(device)]
+    objs, n = sample_scenes(world, train_objs, cfg.train_scenes, g, n_fixed=min(2, world.n_max))
+    two = objs[:, 0] != objs[:, -1] if world.n_max > 1 else n > 0
+    pool = None if model.heldout_negatives else train_objs
+    r = heldout_accuracy(model, objs, n, torch.Generator(device=device).manual_seed(cfg.seed + 7 * j), rec.backend, pool)
+    bag = bag_of_concepts_correct(world, objs, n, r["inputs"][1])
+    acc["train_binding_acc"] = float(r["object_correct"][two].float().mean())
+    acc["train_bag_binding_acc"] = float(bag[two].float().mean())
+    acc["n_train_binding_items"] = int(two.sum())
+    r = heldout_accuracy(model, objs, n, torch.Generator(device=device).manual_seed(cfg.seed + 7 * j), rec.backend)
+    acc["train_binding_acc_any_neg"] = float(r["object_correct"][two].float().mean())
+    rec.count("cosine_soft_ce", 4)
+    # ... and on seen objects: distinct pairs of training objects whose whole bag (every pair-scene) is
+    # made of training objects
+    ra = recomb_items(model, seen_pair_scenes(world, train_objs, cfg.train_scenes,
+                                              torch.Generator(device=device).manual_seed(cfg.seed + 7 * j)))
+    for key, kind in (("train_recomb_acc", "strict"), ("train_recomb_acc_lenient", "lenient")):
+        acc[key] = float(ra[kind].float().mean()) if ra[kind].numel() else float("nan")
+    # the true count, and the count the shared verdict rule reads (it divides by it: a seed without pairs
+    # has a null value, which makes the claim inconclusive by rule, so 1 stands in for 0 there)
+    acc["n_train_recomb_pairs"] = int(ra["strict"].numel())
+    acc["n_train_recomb_items"] = max(1, int(ra["strict"].numel()))
+    # how additive the probe's object code is (an additive code cannot pass the recombination test)
+    every = torch.arange(world.n_objects, device=device)
+    acc["probe_additive_r2"] = additive_code_r2(
+        model.embed_objects(every).cpu().double().numpy(), world.concepts(every).cpu().numpy(), world.v,
+        cfg.ridge_alpha)
+    return {"acc": acc, "parity": None if parity is None else tuple(t.cpu() for t in parity)}
 
 
 @torch.no_grad()
@@ -215,77 +230,109 @@ def _pad(x: torch.Tensor, d: int) -> torch.Tensor:
     return torch.nn.functional.pad(x, (0, d - x.shape[-1]))
 
 
-def complexity_eval(cfg, ctx, world, models, meta, splits, rec, device, d_out) -> dict:
+def complexity_inputs(cfg, world, models, meta, device, d_out) -> dict:
+    """The complexity analysis' shared inputs (CPU tensors, the payload of its jobs): every ordered 2-object scene
+    (a, b), the trained encoders' and the controls' embeddings Y (2S, P, d) and probes P (2S, n_obj, d), and with a
+    real CLIP source its scene and probe features Yc (P, dc), Pc (n_obj, dc), one model for every seed's split."""
     enc_frac = max(meta["train_object_fractions"])
     a, b, Y, P = embeddings(world, models, meta, enc_frac, device, d_out)
-    S = len(meta["seeds"])
-    kinds = {"trained": slice(0, S), "control": slice(S, 2 * S)}
+    out = {"a": a.cpu(), "b": b.cpu(), "Y": Y.cpu(), "P": P.cpu(), "d_out": d_out, "enc_frac": enc_frac}
     if cfg.source.kind != "toy":      # a real CLIP text tower: one model, analysed on every seed's split
         from stages.clip_binding.clip import clip_world, load_clip
 
         model, tok = load_clip(cfg.source)
         Yc, Pc = clip_world(model.to(device), tok, world, a, b)
+        out.update(Yc=Yc.cpu(), Pc=Pc.cpu())
+    return out
+
+
+def encoder_stack(inp: dict, S: int, device) -> tuple[torch.Tensor, torch.Tensor, dict[str, slice], int]:
+    """Y (E, P, d), P (E, n_obj, d) of every analysed encoder (trained, control, clip: S each; zero-padded to one
+    width), the slice of each kind, and that width."""
+    Y, P, d_out = inp["Y"].to(device), inp["P"].to(device), inp["d_out"]
+    kinds = {"trained": slice(0, S), "control": slice(S, 2 * S)}
+    if "Yc" in inp:
+        Yc, Pc = inp["Yc"].to(device), inp["Pc"].to(device)
         d_out = max(d_out, Yc.shape[-1])
-        Y = torch.cat([_pad(Y, d_out), _pad(Yc.to(device), d_out)[None].expand(S, -1, -1)])
-        P = torch.cat([_pad(P, d_out), _pad(Pc.to(device), d_out)[None].expand(S, -1, -1)])
+        Y = torch.cat([_pad(Y, d_out), _pad(Yc, d_out)[None].expand(S, -1, -1)])
+        P = torch.cat([_pad(P, d_out), _pad(Pc, d_out)[None].expand(S, -1, -1)])
         kinds["clip"] = slice(2 * S, 3 * S)
+    return Y, P, kinds, d_out
+
+
+def complexity_unit(cfg: Config, world: World, inp: dict, meta: dict, complexity_masks: torch.Tensor, ci: int,
+                    rec: KernelRecord, device) -> tuple[dict, list[dict]]:
+    """One complexity fraction: every regressor family × restart of every encoder (one RegressorBank seeded
+    cfg.seed + ci). -> ({kind: {family or summary: value at this fraction}}, loss curve rows)."""
+    S = len(meta["seeds"])
+    Y, P, kinds, d_out = encoder_stack(inp, S, device)
+    a, b = inp["a"].to(device), inp["b"].to(device)
+    c = meta["complexity_fractions"][ci]
     E = Y.shape[0]
     mean_all = Y.mean(1, keepdim=True)
     ids_all = pair_ids(world, a, b)                                              # (P, 2k)
-    out = {kind: {fam: {} for fam in FAMILIES} for kind in kinds}
-    curves = []
-    for ci, c in enumerate(meta["complexity_fractions"]):
-        tr_ids, tr_y, te_ids, te_y, te_a, te_b = [], [], [], [], [], []
-        for e in range(E):
-            j = e % S
-            seen = splits["complexity_masks"][ci, j].to(device)
-            tr = torch.nonzero(seen[a] & seen[b]).squeeze(1)
-            te = torch.nonzero(~seen[a] & ~seen[b]).squeeze(1)
-            g = torch.Generator(device=device).manual_seed(cfg.seed + 31 * j + ci)
-            tr = tr[torch.randperm(tr.numel(), generator=g, device=device)[: cfg.max_train_scenes]]
-            tr_ids.append(ids_all[tr]); tr_y.append(Y[e, tr])
-            te_ids.append(ids_all[te]); te_y.append(Y[e, te]); te_a.append(a[te]); te_b.append(b[te])
-        R = cfg.reg_restarts                      # slice r·E + e = restart r of encoder e (one bank)
-        rep = lambda xs: torch.stack(xs).repeat(R, *([1] * xs[0].dim()))   # noqa: E731
-        te_ids_r, te_y_r, mean_r = rep(te_ids), rep(te_y), mean_all.repeat(R, 1, 1)
-        bank = RegressorBank(E * R, world.v, d_out, cfg.hidden, cfg.mlp_hidden, cfg.reg_lr,
-                             rep(tr_ids), rep(tr_y), seed=cfg.seed + ci,
-                             test=(te_ids_r, te_y_r, mean_r), eval_every=max(1, cfg.reg_steps // 8)).to(device)
-        make_trainer(cfg.trainer, ctx.tracker, max_steps=cfg.reg_steps).fit(bank, steps_loader(cfg.reg_steps))
-        curves += [{"fraction": c, "step": 50 * t, "loss": l} for t, l in enumerate(bank.losses)]
-        bank = bank.to(device).eval()
-        by_restart = lambda xs: [[xs[r * E + e] for r in range(R)] for e in range(E)]   # noqa: E731
-        with torch.no_grad():
-            for fam in FAMILIES:
-                pred = bank.predict(fam, te_ids_r)
-                r2 = by_restart(r2_score(te_y_r, pred, mean_r).tolist())           # ALGO: R² on unseen objects
-                pacc = by_restart([probe_accuracy(pred[i:i + 1], P[i % E:i % E + 1], te_a[i % E], te_b[i % E],
-                                                  world.n_objects, rec, rec.backend)[0] for i in range(E * R)])
-                best = by_restart(bank.best_r2[fam].tolist())
-                for kind, sl in kinds.items():
-                    out[kind][fam][frac_key(c)] = {
-                        "r2": [float(np.median(x)) for x in r2[sl]], "r2_restarts": r2[sl],
-                        "probe_acc": [float(np.median(x)) for x in pacc[sl]],
-                        "best_eval_r2": [float(np.median(x)) for x in best[sl]]}
-            true_acc = [probe_accuracy(te_y[e][None], P[e:e + 1], te_a[e], te_b[e], world.n_objects, rec,
-                                       rec.backend)[0] for e in range(E)]
+    out = {kind: {fam: None for fam in FAMILIES} for kind in kinds}
+    tr_ids, tr_y, te_ids, te_y, te_a, te_b = [], [], [], [], [], []
+    for e in range(E):
+        j = e % S
+        seen = complexity_masks[ci, j].to(device)
+        tr = torch.nonzero(seen[a] & seen[b]).squeeze(1)
+        te = torch.nonzero(~seen[a] & ~seen[b]).squeeze(1)
+        g = torch.Generator(device=device).manual_seed(cfg.seed + 31 * j + ci)
+        tr = tr[torch.randperm(tr.numel(), generator=g, device=device)[: cfg.max_train_scenes]]
+        tr_ids.append(ids_all[tr]); tr_y.append(Y[e, tr])
+        te_ids.append(ids_all[te]); te_y.append(Y[e, te]); te_a.append(a[te]); te_b.append(b[te])
+    R = cfg.reg_restarts                      # slice r·E + e = restart r of encoder e (one bank)
+    rep = lambda xs: torch.stack(xs).repeat(R, *([1] * xs[0].dim()))   # noqa: E731
+    te_ids_r, te_y_r, mean_r = rep(te_ids), rep(te_y), mean_all.repeat(R, 1, 1)
+    bank = RegressorBank(E * R, world.v, d_out, cfg.hidden, cfg.mlp_hidden, cfg.reg_lr,
+                         rep(tr_ids), rep(tr_y), seed=cfg.seed + ci,
+                         test=(te_ids_r, te_y_r, mean_r), eval_every=max(1, cfg.reg_steps // 8)).to(device)
+    make_trainer(cfg.trainer, None, max_steps=cfg.reg_steps).fit(bank, steps_loader(cfg.reg_steps))
+    curves = [{"fraction": c, "step": 50 * t, "loss": l} for t, l in enumerate(bank.losses)]
+    bank = bank.to(device).eval()
+    by_restart = lambda xs: [[xs[r * E + e] for r in range(R)] for e in range(E)]   # noqa: E731
+    with torch.no_grad():
+        for fam in FAMILIES:
+            pred = bank.predict(fam, te_ids_r)
+            r2 = by_restart(r2_score(te_y_r, pred, mean_r).tolist())           # ALGO: R² on unseen objects
+            pacc = by_restart([probe_accuracy(pred[i:i + 1], P[i % E:i % E + 1], te_a[i % E], te_b[i % E],
+                                              world.n_objects, rec, rec.backend)[0] for i in range(E * R)])
+            best = by_restart(bank.best_r2[fam].tolist())
             for kind, sl in kinds.items():
-                out[kind].setdefault("true_probe_acc", {})[frac_key(c)] = true_acc[sl]
-        for kind, sl in kinds.items():   # best family per seed by final R² (does ANY regressor generalise?)
-            fams = [max(FAMILIES, key=lambda fam: out[kind][fam][frac_key(c)]["r2"][s]) for s in range(S)]
-            out[kind].setdefault("best_r2", {})[frac_key(c)] = [out[kind][f][frac_key(c)]["r2"][s] for s, f in enumerate(fams)]
-            out[kind].setdefault("best_probe_acc", {})[frac_key(c)] = [
-                out[kind][f][frac_key(c)]["probe_acc"][s] for s, f in enumerate(fams)]
-            out[kind].setdefault("best_family", {})[frac_key(c)] = fams
-    # additivity: y(a, b) ≈ μ + A_1[a] + A_2[b]
-    g = np.random.default_rng(cfg.seed)
-    test_mask = g.random(a.shape[0]) < cfg.additivity_test_fraction
-    an, bn = a.cpu().numpy(), b.cpu().numpy()
-    add = [additivity_r2(Y[e].cpu().double().numpy(), an, bn, world.n_objects, test_mask, cfg.ridge_alpha)
-           for e in range(E)]
-    out["additivity"] = {kind: add[sl] for kind, sl in kinds.items()}
-    out["encoder_fraction"] = enc_frac
+                out[kind][fam] = {
+                    "r2": [float(np.median(x)) for x in r2[sl]], "r2_restarts": r2[sl],
+                    "probe_acc": [float(np.median(x)) for x in pacc[sl]],
+                    "best_eval_r2": [float(np.median(x)) for x in best[sl]]}
+        true_acc = [probe_accuracy(te_y[e][None], P[e:e + 1], te_a[e], te_b[e], world.n_objects, rec,
+                                   rec.backend)[0] for e in range(E)]
+        for kind, sl in kinds.items():
+            out[kind]["true_probe_acc"] = true_acc[sl]
+    for kind, sl in kinds.items():   # best family per seed by final R² (does ANY regressor generalise?)
+        fams = [max(FAMILIES, key=lambda fam: out[kind][fam]["r2"][s]) for s in range(S)]
+        out[kind]["best_r2"] = [out[kind][f]["r2"][s] for s, f in enumerate(fams)]
+        out[kind]["best_probe_acc"] = [out[kind][f]["probe_acc"][s] for s, f in enumerate(fams)]
+        out[kind]["best_family"] = fams
     return out, curves
+
+
+def eval_run(job: tuple) -> dict:
+    """One piece of the evaluation (a job of ``jobs.run_jobs``: inputs from its payload): ("complexity", ci) or
+    ("coverage", i, j). Each draws only from generators seeded by its own indices, so its result is the same in
+    any process and order. -> its result and its kernel call count."""
+    p = payload()
+    cfg, meta, device = Config.model_validate(p["cfg"]), p["meta"], torch.device(p["device"])
+    world = World(meta["k"], meta["v"], meta["n_max"])
+    rec = KernelRecord(device)
+    if job[0] == "complexity":
+        out, curves = complexity_unit(cfg, world, p["complexity"], meta, p["complexity_masks"], job[1], rec, device)
+        return {"job": job, "out": out, "curves": curves, "calls": _calls(rec)}
+    _, i, j = job
+    label = f"{frac_key(meta['train_object_fractions'][i])}_s{meta['seeds'][j]}"
+    model = load_model(p["train_dir"], p["kwargs"], world, label, device)
+    r = coverage_unit(cfg, world, model, j, p["test_objs"][i, j], p["test_n"][i, j], p["coverage_masks"][i, j], rec,
+                      device, parity_inputs=(i, j) == (0, 0))
+    return {"job": job, **r, "calls": _calls(rec)}
 
 
 def run(cfg: Config, ctx: StageContext) -> None:
@@ -298,8 +345,45 @@ def run(cfg: Config, ctx: StageContext) -> None:
     models = load_models(ctx, world, device)
     d_out = next(iter(models.values())).scene_enc.head.out_features
     rec = KernelRecord(device)
-    coverage = coverage_eval(cfg, world, models, meta, splits, rec, device)
-    complexity, curves = complexity_eval(cfg, ctx, world, models, meta, splits, rec, device, d_out)
+    inp = complexity_inputs(cfg, world, models, meta, device, d_out)
+    del models
+    fracs, seeds, cfracs = meta["train_object_fractions"], meta["seeds"], meta["complexity_fractions"]
+    # independent pieces in a pool, the longest first: one regressor bank per complexity fraction, then one
+    # coverage evaluation per (fraction, seed) model
+    jobs = [("complexity", ci) for ci in reversed(range(len(cfracs)))]
+    jobs += [("coverage", i, j) for i in reversed(range(len(fracs))) for j in range(len(seeds))]
+    data = {"cfg": cfg.model_dump(mode="json"), "meta": meta, "device": str(device), "complexity": inp,
+            "complexity_masks": splits["complexity_masks"], "coverage_masks": splits["coverage_masks"],
+            "test_objs": splits["test_objs"], "test_n": splits["test_n"], "train_dir": str(ctx.input("train")),
+            "kwargs": read_json(ctx.input("train") / "models.json")["kwargs"]}
+    done = {r["job"]: r for r in run_jobs(eval_run, jobs, data, cfg.workers)}
+    for r in done.values():
+        rec.count("cosine_soft_ce", r["calls"])
+    coverage: dict = {}
+    for i, f in enumerate(fracs):                                 # assembled in (fraction, seed) order, as before
+        coverage[frac_key(f)] = {k: [done[("coverage", i, j)]["acc"][k] for j in range(len(seeds))]
+                                 for k in COVERAGE_KEYS}
+    x, qo, labels, s = (t.to(device) for t in done[("coverage", 0, 0)]["parity"])
+    rec.parity("cosine_soft_ce", cosine_soft_ce, x, qo, labels, s,
+               slice=f"the first 64 held-out test scenes of the {frac_key(fracs[0])} seed-{seeds[0]} model")
+    S = len(seeds)
+    Y, _, kinds, _ = encoder_stack(inp, S, device)
+    complexity: dict = {kind: {fam: {} for fam in FAMILIES} for kind in kinds}
+    curves = []
+    for ci, c in enumerate(cfracs):
+        r = done[("complexity", ci)]
+        for kind, d in r["out"].items():
+            for key, v in d.items():
+                complexity[kind].setdefault(key, {})[frac_key(c)] = v
+        curves += r["curves"]
+    # additivity: y(a, b) ≈ μ + A_1[a] + A_2[b]
+    g = np.random.default_rng(cfg.seed)
+    an, bn = inp["a"].numpy(), inp["b"].numpy()
+    test_mask = g.random(an.shape[0]) < cfg.additivity_test_fraction
+    add = [additivity_r2(Y[e].cpu().double().numpy(), an, bn, world.n_objects, test_mask, cfg.ridge_alpha)
+           for e in range(Y.shape[0])]
+    complexity["additivity"] = {kind: add[sl] for kind, sl in kinds.items()}
+    complexity["encoder_fraction"] = inp["enc_frac"]
     rec.save(ctx.out)
     write_json(ctx.out / "eval.json", {"coverage": coverage, "complexity": complexity, "seeds": meta["seeds"],
                                        "regression_curves": curves})

@@ -4,10 +4,14 @@
 
 Each model sees scenes built ONLY from its split's training objects (coverage sweep over
 train_object_fraction); the loss is the fused cosine × soft cross-entropy (kernels/cosine_soft_ce.py)
-over the batch's pooled concept and object queries with swap negatives.
+over the batch's pooled concept and object queries with swap negatives. The (fraction, seed) models are
+independent runs (each seeds its own init and batch generator from its seed): ``workers`` of them train at once
+in single-threaded processes (stages/common/jobs.py); each saves its own weights, and the parent counts kernel
+calls, logs (W&B) and writes the histories in (fraction, seed) order.
 """
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Literal
 
 import polars as pl
@@ -18,6 +22,7 @@ from kernels.cosine_soft_ce import cosine_soft_ce
 from kernels.record import KernelRecord
 from stages.common.config import Fraction, Seed, StageConfig
 from stages.common.device import DeviceName, pick_device
+from stages.common.jobs import payload, run_jobs
 from stages.common.paths import read_json, write_json
 from stages.common.runner import StageContext
 from stages.common.trainer import TrainerConfig, make_trainer
@@ -47,6 +52,9 @@ class Config(StageConfig):
                              "every this many steps (0: off)")
     curve_scenes: int = Field(256, ge=8, le=8192, description="fixed 2-object scenes of training objects per curve point")
     trainer: TrainerConfig = TrainerConfig(enable_progress_bar=False)
+    workers: int = Field(1, ge=1, le=64, description=(
+        "(fraction, seed) models trained at once, each in its own single-threaded process (stages/common/jobs.py; "
+        "1: one after another in this process, same results)"))
 
     @model_validator(mode="after")
     def _heads(self):
@@ -68,6 +76,26 @@ def build_model(world: World, train_objects: torch.Tensor, kwargs: dict, seed: i
     return BindingModel(world, train_objects, seed=seed, backend=backend, **kwargs)
 
 
+def train_run(job: tuple[int, int]) -> dict:
+    """One (coverage fraction i, seed j) model (a job of ``jobs.run_jobs``: inputs from its payload). Saves
+    ``models/<frac>_s<seed>.pt``; returns its history rows and kernel call count. It draws only from generators
+    seeded by its seed (init: ``build_model``; batches: the module's own generator), so the result is the same in
+    any process and order."""
+    i, j = job
+    p = payload()
+    meta, kwargs, device = p["meta"], p["kwargs"], torch.device(p["device"])
+    f, seed = meta["train_object_fractions"][i], meta["seeds"][j]
+    world = World(meta["k"], meta["v"], meta["n_max"])
+    train_objs = torch.arange(world.n_objects)[p["coverage_masks"][i, j]].to(device)
+    model = build_model(world, train_objs, kwargs, seed, p["backend"])
+    trainer = make_trainer(TrainerConfig.model_validate(p["trainer"]), None, max_steps=kwargs["steps"])
+    trainer.fit(model, steps_loader(kwargs["steps"]))                 # W&B: the parent logs the history rows
+    model = model.cpu().eval()
+    torch.save(model.state_dict(), Path(p["out"]) / "models" / f"{frac_key(f)}_s{seed}.pt")
+    return {"i": i, "j": j, "history": [dict(h, fraction=f, seed=seed) for h in model.history],
+            "calls": model.kernel_calls}
+
+
 def run(cfg: Config, ctx: StageContext) -> None:
     torch.set_num_threads(cfg.torch_threads)
     device = pick_device(cfg.device)
@@ -80,20 +108,29 @@ def run(cfg: Config, ctx: StageContext) -> None:
     rec = KernelRecord(device)
     kwargs = model_kwargs(cfg, world)
     (ctx.out / "models").mkdir()
-    history, last = [], None
-    for i, f in enumerate(meta["train_object_fractions"]):
+    F, S = len(meta["train_object_fractions"]), len(meta["seeds"])
+    # independent runs; the larger coverage fractions first (their learning-curve points score more pairs)
+    jobs = [(i, j) for i in reversed(range(F)) for j in range(S)]
+    data = {"meta": meta, "kwargs": kwargs, "device": str(device), "backend": rec.backend,
+            "trainer": cfg.trainer.model_dump(mode="json"), "coverage_masks": splits["coverage_masks"],
+            "out": str(ctx.out)}
+    done = {(r["i"], r["j"]): r for r in run_jobs(train_run, jobs, data, cfg.workers)}
+    history = []
+    for i, f in enumerate(meta["train_object_fractions"]):         # rows in (fraction, seed) order, as before
         for j, seed in enumerate(meta["seeds"]):
-            train_objs = torch.arange(world.n_objects)[splits["coverage_masks"][i, j]].to(device)
-            model = build_model(world, train_objs, kwargs, seed, rec.backend)
-            trainer = make_trainer(cfg.trainer, ctx.tracker, max_steps=cfg.steps)
-            trainer.fit(model, steps_loader(cfg.steps))
-            rec.count("cosine_soft_ce", model.kernel_calls)
-            model = model.cpu().eval()
-            torch.save(model.state_dict(), ctx.out / "models" / f"{frac_key(f)}_s{seed}.pt")
-            history += [dict(h, fraction=f, seed=seed) for h in model.history]
-            last = (model, train_objs.cpu(), f, seed)
+            r = done[(i, j)]
+            rec.count("cosine_soft_ce", r["calls"])
+            history += r["history"]
+            for h in r["history"] if ctx.tracker is not None else ():   # W&B: one curve per model
+                ctx.tracker.log({"train/step": h["step"], **{f"train/{frac_key(f)}_s{seed}/{k}": v
+                                                              for k, v in h.items()
+                                                              if k not in ("step", "fraction", "seed")}})
+    f, seed = meta["train_object_fractions"][-1], meta["seeds"][-1]     # the last model, as before
+    train_objs = torch.arange(world.n_objects)[splits["coverage_masks"][F - 1, S - 1]]
+    model = build_model(world, train_objs, kwargs, seed, rec.backend)
+    model.load_state_dict(torch.load(ctx.out / "models" / f"{frac_key(f)}_s{seed}.pt"))
+    model = model.eval()
     # parity of the Triton path on a real training batch of the last model
-    model, train_objs, f, seed = last
     g = torch.Generator().manual_seed(cfg.seed)
     objs, n = sample_scenes(world, train_objs, min(cfg.batch_size, 48), g)
     pool = None if cfg.heldout_negatives else train_objs

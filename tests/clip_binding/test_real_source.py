@@ -84,7 +84,7 @@ def test_zero_padding_to_clip_width_leaves_r2_and_probe_scores_unchanged():
 
 def test_full_profile_pipeline_on_the_clip_fixture(fixture_dir, tmp_path):
     """The `full` profile's CLIP branch end to end (issue 42): prepare/train/evaluate/report at smoke sizes with
-    `source` naming the saved CLIP checkpoint; complexity_eval embeds every scene caption with its text tower and
+    `source` naming the saved CLIP checkpoint; complexity_inputs embeds every scene caption with its text tower and
     the same regressors and probes run on them as on the trained encoders; the report shows the CLIP rows."""
     import json
 
