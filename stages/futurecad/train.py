@@ -19,6 +19,12 @@ Scripts run in the CAD sandbox (``sandbox.CadSandbox``: worker processes that di
 Query(...) operands grounded by the environment grounder (the first seed's BRepGround-mini, the same for
 every program-model seed); CD goes through kernels/chamfer.
 
+The grounder seeds and the program-model seeds are independent runs (``ground_run``, ``program_run``), each
+seeded from its own seed only, run in a pool of ``workers`` single-threaded processes
+(``stages.common.jobs``; ``workers: 1`` runs them in this process with the same results). A pooled program
+run executes its scripts in a sandbox of its own with ``sandbox_workers // workers`` CAD workers (at least 1),
+so the pool does not multiply the CAD processes; in this process it uses the stage's one sandbox.
+
     python -m stages train futurecad [--profile smoke]
 """
 from __future__ import annotations
@@ -26,6 +32,7 @@ from __future__ import annotations
 import copy
 import json
 import math
+from pathlib import Path
 
 import lightning as L
 import numpy as np
@@ -39,6 +46,7 @@ from kernels.token_logprob import token_logprob
 from stages.common.config import PositiveInt, StageConfig
 from stages.common.device import DeviceName, pick_device
 from stages.common.grpo import GRPOConfig, GRPOModule, PromptLoader
+from stages.common.jobs import payload, run_jobs
 from stages.common.paths import read_json, write_json
 from stages.common.runner import StageContext
 from stages.common.tiny_transformer import TinyTransformer, TinyTransformerConfig
@@ -109,7 +117,12 @@ class ProgramConfig(StageConfig):
 
 
 class Config(StageConfig):
-    torch_threads: int = Field(1, ge=1, le=64)
+    torch_threads: int = Field(1, ge=1, le=64, description=(
+        "intra-op threads of this process's own work (the runs themselves: one thread each, stages.common.jobs)"))
+    workers: int = Field(1, ge=1, le=64, description=(
+        "processes for the independent runs (grounder seeds, program-model seeds), one intra-op thread each "
+        "(1: in this process, same results); a pooled program-model run opens its own CAD sandbox of "
+        "max(1, sandbox_workers // workers) workers"))
     device: DeviceName = "auto"
     sandbox_workers: int = Field(2, ge=1, le=32, description="CAD worker processes")
     script_timeout_s: float = Field(120.0, gt=0, le=3600, description="a script running longer kills its worker")
@@ -304,37 +317,47 @@ def calibration_rows(tops: np.ndarray, rows, vocab, seed: int) -> list[dict]:
     return out
 
 
+_SANDBOX: CadSandbox | None = None      # the stage's own sandbox (workers: 1), used by program runs in this process
+
+
 def run(cfg: Config, ctx: StageContext) -> None:
+    global _SANDBOX
     torch.set_num_threads(cfg.torch_threads)
     device = pick_device(cfg.device)
     prep = ctx.input("prepare")
     meta = read_json(prep / "meta.json")
     pc = cfg.program
-    # the sandbox starts first: its workers import CadQuery while the grounder trains
-    sandbox = CadSandbox(meta["n_points"], cfg.sandbox_workers, timeout_s=cfg.script_timeout_s) if pc.rl_steps else None
+    # workers: 1 runs every job in this process, sharing one sandbox that starts first (its workers import
+    # CadQuery while the grounder trains); with a pool each program-model run opens its own (program_run)
+    sandbox = (CadSandbox(meta["n_points"], cfg.sandbox_workers, timeout_s=cfg.script_timeout_s)
+               if pc.rl_steps and cfg.workers == 1 else None)
+    _SANDBOX = sandbox
     phases: dict[str, float] = {}
+    pooled_sandbox: dict[str, float] = {}
     try:
-        _run(cfg, ctx, prep, meta, device, sandbox, phases)
+        _run(cfg, ctx, prep, meta, device, sandbox, phases, pooled_sandbox)
     except BaseException as err:
         exit_fast_when_interrupted(err)
         raise
     finally:
+        _SANDBOX = None
         if sandbox is not None:
             sandbox.close()
     if sandbox is not None:
         phases.update(sandbox_wait_wall=sandbox.wall_s, scripts_requested=sandbox.requested,
                       scripts_executed=sandbox.executed)
-    cputime.record(ctx, phases)
+    elif pooled_sandbox:
+        phases.update({k: pooled_sandbox[k] for k in ("sandbox_wait_wall", "scripts_requested", "scripts_executed")})
+    cputime.record(ctx, phases, sandbox_cpu_s=pooled_sandbox.get("cpu_s", 0.0) if sandbox is None else None)
 
 
-def _run(cfg: Config, ctx: StageContext, prep, meta, device, sandbox, phases: dict[str, float]) -> None:
-    import time
-
-    def tick(name, t0):
-        phases[name] = phases.get(name, 0.0) + time.process_time() - t0
-        return time.process_time()
-
-    seeds = meta["seeds"]
+# ----------------------------------------------------------------------------------------------
+# the independent runs (jobs of stages.common.jobs.run_jobs): a grounder seed, a program-model seed
+# ----------------------------------------------------------------------------------------------
+def run_inputs(cfg: Config, prep, out, device) -> dict:
+    """The payload every job reads (plain tensors, lists and dicts; CPU tensors): the grounder's training and
+    validation tensors, the program model's rows, prompts and targets, and where outputs go."""
+    seeds = read_json(prep / "meta.json")["seeds"]
     g, pc = cfg.ground, cfg.program
     parts = load_parts(prep)
     allq = pl.read_parquet(prep / "queries.parquet")
@@ -343,38 +366,7 @@ def _run(cfg: Config, ctx: StageContext, prep, meta, device, sandbox, phases: di
     vocab_list = build_vocab(r["query"] for r in q)
     vocab = {w: i for i, w in enumerate(vocab_list)}
     padded = pad_parts(parts, g.max_faces, g.max_edges)
-    words = query_tensors(q, vocab, g.max_words)
-    y = label_matrix(q, padded, g.max_faces, g.max_edges)
-    part_idx = torch.tensor([r["part"] for r in q], dtype=torch.long)
-    vwords = query_tensors(vq, vocab, g.max_words).to(device)
-    dparts = {k: v.to(device) for k, v in padded.items()}
-    vrows = torch.tensor([r["part"] for r in vq], dtype=torch.long, device=device)
-    tcfg = cfg.trainer.model_copy(update={"accelerator": "gpu" if device.type == "cuda" else cfg.trainer.accelerator})
-    ground_meta = {"vocab": vocab_list, "ground": g.model_dump(mode="json")}
-    rec = KernelRecord(device)
 
-    # ---- 1. BRepGround-mini per seed, with its validation curve and calibration table
-    ground_hist, ground_curve, calib = [], [], []
-    t0 = time.process_time()
-    for seed in seeds:
-        torch.manual_seed(seed)
-        net = BRepGround(len(vocab_list), g.d_model, g.n_heads, g.text_layers, g.fusion_layers, g.max_words)
-        module = GroundModule(net, g.lr)
-        cb = EvalEvery(lambda m: ground_val_metrics(m.net, vwords, dparts, vrows, vq, g, vocab)[0], g.eval_every)
-        make_trainer(tcfg, ctx.tracker, callbacks=[cb], max_steps=g.steps).fit(
-            module, GroundLoader(words, part_idx, y, padded, g.batch, g.steps, seed, g.per_part))
-        net = net.to(device).eval()
-        torch.save({"state": net.state_dict(), "meta": json.dumps(ground_meta)}, ctx.out / f"ground_s{seed}.pt")
-        ground_hist += [dict(h, seed=seed) for h in module.history]
-        ground_curve += [dict(r, seed=seed) for r in cb.rows]
-        _, tops = ground_val_metrics(net, vwords, dparts, vrows, vq, g, vocab)
-        calib += calibration_rows(tops, vq, vocab, seed)
-        t0 = tick("ground", t0)
-    pl.DataFrame(ground_hist).write_csv(ctx.out / "ground_history.csv")
-    pl.DataFrame(ground_curve).write_csv(ctx.out / "ground_curve.csv")
-    pl.DataFrame(calib).write_csv(ctx.out / "calibration.csv")
-
-    # ---- 2. program model: SFT (shared checkpoint) → SFT-only (equal compute) | SFT+RL (GSPO)
     progs = pl.read_parquet(prep / "programs.parquet").to_dicts()
     tg = torch.load(prep / "program_targets.pt", weights_only=True)
     by_role = {r: [i for i, p in enumerate(progs) if p["role"] == r] for r in ("sft", "rl", "val")}
@@ -392,48 +384,147 @@ def _run(cfg: Config, ctx: StageContext, prep, meta, device, sandbox, phases: di
         return torch.tensor([encode_prompt(progs[i]["description"], pvocab, pc.prompt_len) for i in idx],
                             dtype=torch.long)
 
-    t0 = time.process_time()
     mcfg = TinyTransformerConfig(vocab_size=len(pvocab_list), d_model=pc.d_model, n_layers=pc.n_layers,
                                  n_heads=pc.n_heads, max_seq_len=pc.prompt_len + pc.script_len, causal=True)
-    extra = equal_compute_sft_steps(pc) if pc.rl_steps else 0
-    scorer = None
-    if sandbox is not None:
-        sandbox.set_grounder(("model", str(ctx.out / f"ground_s{seeds[0]}.pt")))    # the environment grounder
-        scorer = ProgramScorer(sandbox, tg["points"], [p["diag"] for p in progs], rec, device)
-    val_prompts = prompts_of(by_role["val"]).to(device)
-    sft_hist, rl_hist, curves, selected = [], [], [], {}
-    lm = None
-    pseeds = seeds[: pc.n_seeds]
+    tcfg = cfg.trainer.model_copy(update={"accelerator": "gpu" if device.type == "cuda" else cfg.trainer.accelerator})
+    return {"cfg": cfg.model_dump(mode="json"), "trainer": tcfg.model_dump(mode="json"), "device": str(device),
+            "out": str(out), "seeds": seeds,
+            # grounder
+            "vocab_list": vocab_list, "val_rows": vq, "n_train_queries": len(q), "padded": padded,
+            "words": query_tensors(q, vocab, g.max_words), "y": label_matrix(q, padded, g.max_faces, g.max_edges),
+            "part_idx": torch.tensor([r["part"] for r in q], dtype=torch.long),
+            "vwords": query_tensors(vq, vocab, g.max_words),
+            "vrows": torch.tensor([r["part"] for r in vq], dtype=torch.long),
+            # program model
+            "pvocab_list": pvocab_list, "model": dict(mcfg.__dict__), "rows": rows,
+            "n_programs": {k: len(v) for k, v in by_role.items()}, "val_rids": by_role["val"],
+            "val_prompts": prompts_of(by_role["val"]),
+            "rl_prompts": torch.cat([prompts_of(by_role["rl"]), torch.tensor(by_role["rl"])[:, None]], 1),
+            "points": tg["points"], "diags": [p["diag"] for p in progs],
+            "equal_compute_sft_steps": equal_compute_sft_steps(pc) if pc.rl_steps else 0,
+            # the program runs' CAD sandbox: the environment grounder (the first seed's BRepGround-mini, the same
+            # for every program-model seed); in a pool, sandbox_workers shared out among the pool's processes
+            "env_grounder": ("model", str(out / f"ground_s{seeds[0]}.pt")),
+            "n_points": read_json(prep / "meta.json")["n_points"], "script_timeout_s": cfg.script_timeout_s,
+            "sandbox_workers": max(1, cfg.sandbox_workers // cfg.workers)}
+
+
+def train_run(job: tuple[str, int]) -> dict:
+    """One independent run: ``("ground", seed)`` (ground_run) or ``("program", seed)`` (program_run)."""
+    kind, seed = job
+    if kind == "ground":
+        return ground_run(seed)
+    if kind == "program":
+        return program_run(seed)
+    raise ValueError(f"unknown run {job!r}")
+
+
+def ground_run(seed: int) -> dict:
+    """BRepGround-mini of one seed: trains it, saves ``ground_s<seed>.pt``; returns its loss history, validation
+    curve and calibration rows (each tagged with the seed) and its CPU seconds."""
+    import time
+
+    t0 = time.process_time()
+    p = payload()
+    g, tcfg = GroundConfig.model_validate(p["cfg"]["ground"]), TrainerConfig.model_validate(p["trainer"])
+    device = torch.device(p["device"])
+    vocab_list, vq = p["vocab_list"], p["val_rows"]
+    vocab = {w: i for i, w in enumerate(vocab_list)}
+    padded = p["padded"]
+    vwords, vrows = p["vwords"].to(device), p["vrows"].to(device)
+    dparts = {k: v.to(device) for k, v in padded.items()}
+    torch.manual_seed(seed)
+    net = BRepGround(len(vocab_list), g.d_model, g.n_heads, g.text_layers, g.fusion_layers, g.max_words)
+    module = GroundModule(net, g.lr)
+    cb = EvalEvery(lambda m: ground_val_metrics(m.net, vwords, dparts, vrows, vq, g, vocab)[0], g.eval_every)
+    make_trainer(tcfg, None, callbacks=[cb], max_steps=g.steps).fit(           # W&B: the parent logs the rows
+        module, GroundLoader(p["words"], p["part_idx"], p["y"], padded, g.batch, g.steps, seed, g.per_part))
+    net = net.to(device).eval()
+    ground_meta = {"vocab": vocab_list, "ground": g.model_dump(mode="json")}
+    torch.save({"state": net.state_dict(), "meta": json.dumps(ground_meta)}, Path(p["out"]) / f"ground_s{seed}.pt")
+    _, tops = ground_val_metrics(net, vwords, dparts, vrows, vq, g, vocab)
+    return {"kind": "ground", "seed": seed, "history": [dict(h, seed=seed) for h in module.history],
+            "curve": [dict(r, seed=seed) for r in cb.rows], "calibration": calibration_rows(tops, vq, vocab, seed),
+            "cpu": {"ground": time.process_time() - t0}}
+
+
+def program_run(seed: int) -> dict:
+    """The program model of one seed: its SFT checkpoint, then (rl_steps > 0) the SFT-only arm at equal compute
+    and the SFT+RL arm from it. Saves ``sft_s<seed>.pt``, ``sft_more_s<seed>.pt``, ``rl_s<seed>.pt``; returns
+    the history rows, validation curves, selected checkpoints, kernel calls and CPU seconds.
+
+    Scripts run in the stage's sandbox when this runs in the stage process (workers: 1); in a pool process, in
+    a sandbox of its own (``sandbox_workers`` // ``workers`` CAD workers, at least 1) with the same environment
+    grounder, closed when the run ends. A script's result does not depend on which sandbox runs it."""
+    import os
+
+    p = payload()
+    pc = ProgramConfig.model_validate(p["cfg"]["program"])
+    sandbox, own = _SANDBOX, False
+    if pc.rl_steps and sandbox is None:
+        sandbox, own = CadSandbox(p["n_points"], p["sandbox_workers"], timeout_s=p["script_timeout_s"]), True
+    children0 = os.times()
+    try:
+        if own:
+            sandbox.set_grounder(p["env_grounder"])
+        out = _program(seed, p, pc, sandbox)
+    finally:
+        if own:
+            sandbox.close()
+    if own:                                       # its CAD workers, killed and reaped by close()
+        t = os.times()
+        out["sandbox"] = {"executed": sandbox.executed, "crashes": sandbox.crashes, "requested": sandbox.requested,
+                          "wait_wall": sandbox.wall_s,
+                          "cpu_s": (t.children_user + t.children_system
+                                    - children0.children_user - children0.children_system)}
+    return out
+
+
+def _program(seed: int, p: dict, pc: ProgramConfig, sandbox: CadSandbox | None) -> dict:
+    import time
+
+    cpu: dict[str, float] = {}
+    t0 = time.process_time()
+
+    def tick(name, t0):
+        cpu[name] = cpu.get(name, 0.0) + time.process_time() - t0
+        return time.process_time()
+
+    tcfg = TrainerConfig.model_validate(p["trainer"])
+    device = torch.device(p["device"])
+    out_dir = Path(p["out"])
+    rec = KernelRecord(device)
+    pvocab_list, rows, extra = p["pvocab_list"], p["rows"], p["equal_compute_sft_steps"]
+    scorer = ProgramScorer(sandbox, p["points"], p["diags"], rec, device) if sandbox is not None else None
+    val_prompts, val_rids = p["val_prompts"].to(device), p["val_rids"]
+    sft_hist, rl_hist, curves, selected = [], [], [], None
 
     def val_fn(model):
-        return greedy_eval(model, val_prompts, by_role["val"], scorer, pvocab_list, pc.script_len)
+        return greedy_eval(model, val_prompts, val_rids, scorer, pvocab_list, pc.script_len)
 
-    for seed in pseeds:
-        torch.manual_seed(seed)
-        lm = TinyTransformer(mcfg)
-        sft = SFTModule(lm, pc.prompt_len, pc.sft_lr)
-        cbs = [EvalEvery(lambda m: val_fn(m.model), max(1, pc.sft_steps // pc.curve_points))] if scorer else []
-        make_trainer(tcfg, ctx.tracker, callbacks=cbs, max_steps=pc.sft_steps).fit(
-            sft, RowLoader(rows, pc.sft_batch, pc.sft_steps, seed))
-        lm = lm.to(device).eval()
-        torch.save(lm.state_dict(), ctx.out / f"sft_s{seed}.pt")
-        sft_hist += [dict(h, seed=seed, phase="sft") for h in sft.history]
-        if cbs:
-            curves += [{"seed": seed, "arm": "sft", "compute": r["step"] - pc.sft_steps, "val_reward": r["val_reward"],
-                        "val_exec": r["val_exec"]} for r in cbs[0].rows]
-        t0 = tick("sft", t0)
-        if not pc.rl_steps:
-            continue
-
+    torch.manual_seed(seed)
+    lm = TinyTransformer(TinyTransformerConfig(**p["model"]))
+    sft = SFTModule(lm, pc.prompt_len, pc.sft_lr)
+    cbs = [EvalEvery(lambda m: val_fn(m.model), max(1, pc.sft_steps // pc.curve_points))] if scorer else []
+    make_trainer(tcfg, None, callbacks=cbs, max_steps=pc.sft_steps).fit(      # W&B: the parent logs the rows
+        sft, RowLoader(rows, pc.sft_batch, pc.sft_steps, seed))
+    lm = lm.to(device).eval()
+    torch.save(lm.state_dict(), out_dir / f"sft_s{seed}.pt")
+    sft_hist += [dict(h, seed=seed, phase="sft") for h in sft.history]
+    if cbs:
+        curves += [{"seed": seed, "arm": "sft", "compute": r["step"] - pc.sft_steps, "val_reward": r["val_reward"],
+                    "val_exec": r["val_exec"]} for r in cbs[0].rows]
+    t0 = tick("sft", t0)
+    if pc.rl_steps:
         # --- SFT-only arm: SFT continued at the compute of the RL arm (its own loader stream); the checkpoint
         #     with the best validation reward along the way is kept (the same early stopping as the RL arm)
         more = copy.deepcopy(lm).train()
         sft2 = SFTModule(more, pc.prompt_len, pc.sft_lr)
         every = max(1, extra // pc.curve_points)
         cb = EvalEvery(lambda m: val_fn(m.model), every, keep=lambda m: m.model)
-        make_trainer(tcfg, ctx.tracker, callbacks=[cb], max_steps=extra).fit(
+        make_trainer(tcfg, None, callbacks=[cb], max_steps=extra).fit(
             sft2, RowLoader(rows, pc.sft_batch, extra, seed + 7919))
-        torch.save(cb.best_state, ctx.out / f"sft_more_s{seed}.pt")
+        torch.save(cb.best_state, out_dir / f"sft_more_s{seed}.pt")
         sft_hist += [dict(h, seed=seed, phase="sft_more") for h in sft2.history]
         curves += [{"seed": seed, "arm": "sft_more", "compute": r["step"], "val_reward": r["val_reward"],
                     "val_exec": r["val_exec"]} for r in cb.rows]
@@ -459,11 +550,10 @@ def _run(cfg: Config, ctx: StageContext, prep, meta, device, sandbox, phases: di
             return r
 
         grpo = GRPOModule(policy, reward_fn, pc.grpo, lr=pc.rl_lr, seed=seed, eval_fn=rl_eval, eval_every=rl_every)
-        prompts = torch.cat([prompts_of(by_role["rl"]), torch.tensor(by_role["rl"])[:, None]], 1)
-        make_trainer(tcfg, ctx.tracker, max_steps=pc.rl_steps).fit(
-            grpo, PromptLoader(prompts, pc.prompts_per_step, pc.rl_steps, seed=seed))
-        torch.save(best["state"], ctx.out / f"rl_s{seed}.pt")
-        selected[str(seed)] = {"sft_more_step": cb.best_step, "rl_step": best["step"]}
+        make_trainer(tcfg, None, max_steps=pc.rl_steps).fit(
+            grpo, PromptLoader(p["rl_prompts"], pc.prompts_per_step, pc.rl_steps, seed=seed))
+        torch.save(best["state"], out_dir / f"rl_s{seed}.pt")
+        selected = {"sft_more_step": cb.best_step, "rl_step": best["step"]}
         t0 = tick("rl", t0)
         per_step = extra / pc.rl_steps
         for h in grpo.history:
@@ -471,11 +561,76 @@ def _run(cfg: Config, ctx: StageContext, prep, meta, device, sandbox, phases: di
             if "val_reward" in h:
                 curves.append({"seed": seed, "arm": "rl", "compute": round(h["step"] * per_step, 3),
                                "val_reward": h["val_reward"], "val_exec": h["val_exec"]})
+    return {"kind": "program", "seed": seed, "sft_history": sft_hist, "rl_history": rl_hist, "curves": curves,
+            "selected": selected, "kernels": {k: v["calls"] for k, v in rec.to_dict().items()}, "cpu": cpu}
 
+
+def _run(cfg: Config, ctx: StageContext, prep, meta, device, sandbox, phases: dict[str, float],
+         pooled_sandbox: dict[str, float]) -> None:
+    seeds = meta["seeds"]
+    g, pc = cfg.ground, cfg.program
+    data = run_inputs(cfg, prep, ctx.out, device)
+    pseeds = seeds[: pc.n_seeds]
+    rec = KernelRecord(device)
+
+    # ---- independent runs in a pool of single-threaded processes (stages.common.jobs): per seed (1) BRepGround-mini
+    #      with its validation curve and calibration table, (2) the program model: SFT (its checkpoint) → SFT-only
+    #      (equal compute) | SFT+RL (GSPO). Each run seeds itself from its seed alone. The program runs' sandbox
+    #      grounds with the first seed's grounder: that one (and the next, one per pool process) runs first; then
+    #      the program runs (the longest at default: ~65 s against ~55 s of a grounder), then the other grounders.
+    ground_jobs = [("ground", s) for s in seeds]
+    first = ground_jobs[: cfg.workers] if pc.rl_steps else []
+    results = run_jobs(train_run, first, data, cfg.workers)
+    if sandbox is not None:
+        sandbox.set_grounder(data["env_grounder"])                      # the environment grounder
+    results += run_jobs(train_run, [("program", s) for s in pseeds] + ground_jobs[len(first):], data, cfg.workers)
+    done = {(r["kind"], r["seed"]): r for r in results}
+    for r in results:
+        for k, v in r["cpu"].items():
+            phases[k] = phases.get(k, 0.0) + v
+        for k, v in r.get("sandbox", {}).items():
+            key = {"requested": "scripts_requested", "executed": "scripts_executed",
+                   "wait_wall": "sandbox_wait_wall"}.get(k, k)
+            pooled_sandbox[key] = pooled_sandbox.get(key, 0) + v
+
+    # ---- the rows, in seed order as before (W&B: one curve per seed and phase)
+    ground_hist, ground_curve, calib = [], [], []
+    for seed in seeds:
+        r = done[("ground", seed)]
+        ground_hist += r["history"]
+        ground_curve += r["curve"]
+        calib += r["calibration"]
+        for h in r["history"] if ctx.tracker is not None else ():
+            ctx.tracker.log({"ground/step": h["step"], f"ground/seed{seed}/loss": h["loss"]})
+    pl.DataFrame(ground_hist).write_csv(ctx.out / "ground_history.csv")
+    pl.DataFrame(ground_curve).write_csv(ctx.out / "ground_curve.csv")
+    pl.DataFrame(calib).write_csv(ctx.out / "calibration.csv")
+
+    sft_hist, rl_hist, curves, selected = [], [], [], {}
+    for seed in pseeds:
+        r = done[("program", seed)]
+        sft_hist += r["sft_history"]
+        rl_hist += r["rl_history"]
+        curves += r["curves"]
+        if r["selected"] is not None:
+            selected[str(seed)] = r["selected"]
+        for name, calls in r["kernels"].items():
+            rec.count(name, calls)
+        for h in r["sft_history"] if ctx.tracker is not None else ():
+            ctx.tracker.log({"sft/step": h["step"], f"sft/seed{seed}/{h['phase']}/loss": h["loss"]})
+        for h in r["rl_history"] if ctx.tracker is not None else ():
+            ctx.tracker.log({"grpo/step": h["step"], **{f"grpo/seed{seed}/{k}": v for k, v in h.items()
+                                                         if k not in ("step", "seed")}})
+
+    mcfg = TinyTransformerConfig(**data["model"])
+    rows = data["rows"]
     if pc.rl_steps:
-        x = tg["points"][:4].to(device)
+        x = data["points"][:4].to(device)
         rec.parity("chamfer", chamfer_distance, x[:, :67], x.flip(0)[:, :45],
                    slice="surface points of 4 program targets (67 vs 45 points, odd tile edges)")
+        lm = TinyTransformer(mcfg)
+        lm.load_state_dict(torch.load(ctx.out / f"sft_s{pseeds[-1]}.pt", map_location="cpu", weights_only=True))
+        lm = lm.to(device).eval()
         with torch.no_grad():
             lg = lm(rows[:8, :-1].to(device))[:, pc.prompt_len - 1:]
             rec.parity("token_logprob", token_logprob, lg.contiguous(), rows[:8, pc.prompt_len:].to(device),
@@ -485,12 +640,14 @@ def _run(cfg: Config, ctx: StageContext, prep, meta, device, sandbox, phases: di
     if rl_hist:
         pl.DataFrame(rl_hist, infer_schema_length=None).write_csv(ctx.out / "rl_history.csv")
         pl.DataFrame(curves, infer_schema_length=None).write_csv(ctx.out / "program_curves.csv")
+    executed = sandbox.executed if sandbox else int(pooled_sandbox.get("scripts_executed", 0))
+    crashes = sandbox.crashes if sandbox else int(pooled_sandbox.get("crashes", 0))
     write_json(ctx.out / "models.json", {
         "seeds": seeds, "ground": g.model_dump(mode="json"), "program": pc.model_dump(mode="json"),
-        "program_vocab": pvocab_list, "model": mcfg.__dict__, "n_train_queries": len(q),
-        "n_val_queries": len(vq), "n_programs": {k: len(v) for k, v in by_role.items()},
-        "equal_compute_sft_steps": extra, "env_grounder": f"ground_s{seeds[0]}.pt",
+        "program_vocab": data["pvocab_list"], "model": mcfg.__dict__, "n_train_queries": data["n_train_queries"],
+        "n_val_queries": len(data["val_rows"]), "n_programs": data["n_programs"],
+        "equal_compute_sft_steps": data["equal_compute_sft_steps"], "env_grounder": f"ground_s{seeds[0]}.pt",
         "program_seeds": pseeds, "selected_checkpoints": selected,
-        "sandbox": {"workers": cfg.sandbox_workers, "executed": sandbox.executed if sandbox else 0,
-                    "crashes": sandbox.crashes if sandbox else 0},
+        "sandbox": {"workers": cfg.sandbox_workers if sandbox else data["sandbox_workers"],   # pooled: per program run
+                    "executed": executed, "crashes": crashes},
         "cli_checkpoint": f"ground_s{seeds[0]}.pt"})
