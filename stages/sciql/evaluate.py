@@ -12,10 +12,14 @@ Learning curves: the actor snapshots saved by train are rolled out the same way 
 The batched policy-loss evaluation — every actor's GAWR objective −E[w log π] and the expectile
 losses of the values over ``diagnostic_rows`` dataset rows, labels relabelled with the probabilities
 train used — runs through kernels/gawr_loss.py (recorded in kernels.json).
+
+Each trained suite (and ablation suite) is evaluated by ``eval_run`` in a pool of ``workers`` single-threaded
+processes (``stages.common.jobs``): its rollouts start from fixed seeded states and its policy-loss sample has
+its own generator, so its rows do not depend on the pool; the parent joins them in the serial order.
 """
 from __future__ import annotations
 
-import time
+import os
 import numpy as np
 import polars as pl
 import torch
@@ -25,6 +29,7 @@ from kernels.gawr_loss import expectile_loss, gawr_actor_loss, gawr_weights
 from kernels.record import KernelRecord
 from stages.common.config import Seed, StageConfig
 from stages.common.device import DeviceName, pick_device
+from stages.common.jobs import payload, run_jobs
 from stages.common.paths import read_json, write_json
 from stages.sciql import algos
 from stages.sciql import data as D
@@ -36,6 +41,8 @@ METHODS = algos.METHODS
 
 class Config(StageConfig):
     seed: Seed = 1234
+    workers: int = Field(1, ge=1, le=64, description=(
+        "processes for the independent suite evaluations, one intra-op thread each (1: in this process, same results)"))
     device: DeviceName = "auto"
     episodes: int = Field(6, ge=1, le=1000)              # rollouts per commanded style, seed and method
     curve_episodes: int = Field(2, ge=1, le=1000)        # ... per learning-curve snapshot
@@ -168,55 +175,104 @@ def evaluate_suite(module, envs, env_name: str, style: str, seed_index: int, sta
     return rows, traj
 
 
+def merge_into(rec: KernelRecord, entries: dict) -> None:
+    """Add a job's KernelRecord entries to ``rec`` as if its calls had been made on ``rec`` (calls add up; the
+    job's parity, when it checked one, is the latest slice; the worst error is kept)."""
+    for name, e in entries.items():
+        o = rec._entry(name)
+        o["calls"] += e["calls"]
+        if e["slice"] is not None:
+            o["slice"] = e["slice"]
+        if e["parity_backend"] is not None:
+            o["parity_backend"] = e["parity_backend"]
+        if e["parity_max_abs_err"] is not None:
+            prev = o["parity_max_abs_err"]
+            o["parity_max_abs_err"] = e["parity_max_abs_err"] if prev is None else max(prev, e["parity_max_abs_err"])
+
+
+def eval_run(job: tuple) -> dict:
+    """Evaluate one trained suite (a job of ``jobs.run_jobs``: kind "suite" or "ablation", env, style,
+    checkpoint; inputs from its payload): rollout rows, learning-curve rows, ablation rows, offline objectives,
+    Circle2D trajectories of seed 0, and its kernel record."""
+    kind, env_name, _, path = job
+    p = payload()
+    cfg, device, seeds = Config.model_validate(p["cfg"]), torch.device(p["device"]), p["seeds"]
+    meta = p["meta"][env_name]
+    rec = KernelRecord(device)
+    ref, styles = meta["reference_return"], meta["styles"]
+    n_max = max(cfg.episodes, cfg.curve_episodes) * max(len(LABELLERS[env_name][s].promptable) for s in styles)
+    envs = [make_env(env_name, meta["max_steps"], meta.get("history", 1)) for _ in range(n_max)]
+    starts = [cfg.seed + 7919 * e for e in range(cfg.episodes)]
+    curve_starts = [cfg.seed + 104729 + 7919 * e for e in range(cfg.curve_episodes)]
+    module = load_module(path, device)
+    style = module.ckpt["style"]
+    out = {"rows": [], "curves": [], "ablation": [], "diagnostics": [], "trajectories": {}}
+    if kind == "suite":
+        print(f"evaluate@sciql: {env_name} {style}: rollouts of {len(seeds)} seeds, "
+              f"{len(module.ckpt['snapshots'])} learning-curve snapshots", flush=True)
+        final_policy = {k: v.clone() for k, v in module.policies.state_dict().items()}
+        for e, seed in enumerate(seeds):
+            r, traj = evaluate_suite(module, envs, env_name, style, e, starts, ref, device)
+            out["rows"] += [{"env": env_name, "seed": seed, **x} for x in r]
+            if e == 0 and env_name == "circle2d":
+                out["trajectories"].update(traj)
+        for step, weights in sorted(module.ckpt["snapshots"].items()):
+            module.policies.load_state_dict(weights)
+            for e, seed in enumerate(seeds):
+                r, _ = evaluate_suite(module, envs, env_name, style, e, curve_starts, ref, device)
+                out["curves"] += [{"env": env_name, "seed": seed, "step": int(step), **x} for x in r]
+        module.policies.load_state_dict(final_policy)
+        diag = offline_objectives(module, p["data"][env_name], style, cfg, rec)
+        for e, seed in enumerate(seeds):
+            out["diagnostics"].append({"env": env_name, "style": style, "seed": seed,
+                                       **{k: float(v[e]) for k, v in diag.items()}})
+    else:
+        print(f"evaluate@sciql: {env_name} {style}: relabelling ablation {module.ckpt['value_relabel']}", flush=True)
+        for e, seed in enumerate(seeds):
+            r, _ = evaluate_suite(module, envs, env_name, style, e, starts, ref, device,
+                                  methods=("cbc", "sciql", "gawr"))
+            out["ablation"] += [{"env": env_name, "seed": seed, "relabel": str(module.ckpt["value_relabel"]), **x}
+                                for x in r]
+    for env in envs:
+        env.close()
+    out["kernels"] = rec.to_dict()
+    return out
+
+
 def run(cfg: Config, ctx) -> None:
     torch.set_num_threads(1)
     device = pick_device(cfg.device)
     rec = KernelRecord(device)
     prep, trained = ctx.input("prepare"), ctx.input("train")
-    rows, curves, ablation, diagnostics, trajectories = [], [], [], [], {}
     seeds = read_json(trained / "train_summary.json")["config"]["seeds"]
+    metas, datas, jobs = {}, {}, []
     for env_name in ("circle2d", "halfcheetah"):
         if not (trained / env_name).exists():
             continue
-        meta = read_json(prep / env_name / "meta.json")
-        data = D.load_dataset(prep / env_name, meta["styles"])
-        ref = meta["reference_return"]
-        styles = meta["styles"]
-        n_max = max(cfg.episodes, cfg.curve_episodes) * max(len(LABELLERS[env_name][s].promptable) for s in styles)
-        envs = [make_env(env_name, meta["max_steps"], meta.get("history", 1)) for _ in range(n_max)]
-        starts = [cfg.seed + 7919 * e for e in range(cfg.episodes)]
-        curve_starts = [cfg.seed + 104729 + 7919 * e for e in range(cfg.curve_episodes)]
-        for style in styles:
-            module = load_module(trained / env_name / f"suite_{style}.pt", device)
-            print(f"evaluate@sciql: {env_name} {style}: rollouts of {len(seeds)} seeds, "
-                  f"{len(module.ckpt['snapshots'])} learning-curve snapshots")
-            final_policy = {k: v.clone() for k, v in module.policies.state_dict().items()}
-            for e, seed in enumerate(seeds):
-                r, traj = evaluate_suite(module, envs, env_name, style, e, starts, ref, device)
-                rows += [{"env": env_name, "seed": seed, **x} for x in r]
-                if e == 0 and env_name == "circle2d":
-                    trajectories.update(traj)
-            for step, weights in sorted(module.ckpt["snapshots"].items()):
-                module.policies.load_state_dict(weights)
-                for e, seed in enumerate(seeds):
-                    r, _ = evaluate_suite(module, envs, env_name, style, e, curve_starts, ref, device)
-                    curves += [{"env": env_name, "seed": seed, "step": int(step), **x} for x in r]
-            module.policies.load_state_dict(final_policy)
-            diag = offline_objectives(module, data, style, cfg, rec)
-            for e, seed in enumerate(seeds):
-                diagnostics.append({"env": env_name, "style": style, "seed": seed,
-                                    **{k: float(v[e]) for k, v in diag.items()}})
-        for path in sorted((trained / env_name).glob("ablation_*.pt")):
-            module = load_module(path, device)
-            style = module.ckpt["style"]
-            print(f"evaluate@sciql: {env_name} {style}: relabelling ablation {module.ckpt['value_relabel']}")
-            for e, seed in enumerate(seeds):
-                r, _ = evaluate_suite(module, envs, env_name, style, e, starts, ref, device,
-                                      methods=("cbc", "sciql", "gawr"))
-                ablation += [{"env": env_name, "seed": seed, "relabel": str(module.ckpt["value_relabel"]), **x}
-                             for x in r]
-        for env in envs:
-            env.close()
+        metas[env_name] = read_json(prep / env_name / "meta.json")
+        datas[env_name] = D.load_dataset(prep / env_name, metas[env_name]["styles"])
+        jobs += [("suite", env_name, style, str(trained / env_name / f"suite_{style}.pt"))
+                 for style in metas[env_name]["styles"]]
+        jobs += [("ablation", env_name, path.stem.split("_", 1)[1], str(path))
+                 for path in sorted((trained / env_name).glob("ablation_*.pt"))]
+    # the longest first (as measured): full suites (rollouts, learning curves, policy loss) before the ablations
+    # (3 methods' final rollouts), HalfCheetah (MuJoCo steps) before Circle2D, then the most commandable labels
+    # (a rollout set per label); ties keep the serial order
+    order = sorted(range(len(jobs)), key=lambda i: (jobs[i][0] != "suite", jobs[i][1] != "halfcheetah",
+                                                     -len(LABELLERS[jobs[i][1]][jobs[i][2]].promptable)))
+    data = {"cfg": cfg.model_dump(mode="json"), "device": str(device), "seeds": seeds, "meta": metas, "data": datas}
+    done = run_jobs(eval_run, [jobs[i] for i in order], data, cfg.workers)
+    results = [None] * len(jobs)
+    for i, r in zip(order, done):
+        results[i] = r
+    rows, curves, ablation, diagnostics, trajectories = [], [], [], [], {}
+    for r in results:                                          # the serial order
+        rows += r["rows"]
+        curves += r["curves"]
+        ablation += r["ablation"]
+        diagnostics += r["diagnostics"]
+        trajectories.update(r["trajectories"])
+        merge_into(rec, r["kernels"])
     pl.DataFrame(rows).write_parquet(ctx.out / "rollouts.parquet")
     pl.DataFrame(curves, schema_overrides={"step": pl.Int64}).write_parquet(ctx.out / "curves.parquet")
     pl.DataFrame(ablation).write_parquet(ctx.out / "ablation.parquet")
@@ -225,4 +281,5 @@ def run(cfg: Config, ctx) -> None:
     rec.save(ctx.out)
     write_json(ctx.out / "summary.json", {"rollout_episodes": len(rows), "episodes_per_style": cfg.episodes,
                                           "curve_episodes_per_style": cfg.curve_episodes})
-    write_json(ctx.out / "cpu_time.json", {"cpu_s": time.process_time()})
+    t = os.times()   # CPU seconds of this process and of the pool's (finished) workers
+    write_json(ctx.out / "cpu_time.json", {"cpu_s": t.user + t.system + t.children_user + t.children_system})

@@ -477,7 +477,7 @@ seeds, fails when the reverse holds, and is inconclusive otherwise.
     cpu["report"] = time.process_time()
     metrics["cpu_s"] = cpu
     metrics["kernel_calls"] = {k: v["calls"] for k, v in kernels.items()}
-    rep.table("CPU time per stage (process CPU seconds)", pl.DataFrame([cpu]),
+    rep.table("CPU time per stage (CPU seconds of the stage process and its pool workers)", pl.DataFrame([cpu]),
               note="Budgets are step counts; wall-clock times (Runtime table) depend on the machine's load.")
     verdicts = evaluate_claims(claims, metrics, cfg.claims, "papers.sciql.report")
     lines = [f"- `{v['name']}`: **{v['verdict']}** ({v['check']}); refuted by: {v['refuted_by']}" for v in verdicts]
