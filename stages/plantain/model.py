@@ -298,10 +298,14 @@ def rewind_and_repeat(model: TinyTransformer, prompts: torch.Tensor, problems: l
 
 
 def _plan_prefix(toks: list[int]):
-    """The plan of a (possibly unfinished) plan-first trace: the first <ans> … </ans>."""
-    if len(toks) < 4 or toks[0] != THINK or toks[2] != ETHINK or toks[3] != ANS or EANS not in toks[4:]:
+    """The plan of a (possibly unfinished) plan-first trace: the first <ans> … </ans>, right after the pre-plan
+    thought ``<think> n [draft] </think>``."""
+    if len(toks) < 4 or toks[0] != THINK or ETHINK not in toks[2:]:
         return None
-    return plan_pairs(toks[4:4 + toks[4:].index(EANS)])
+    a = toks.index(ETHINK, 2) + 1                         # the plan's <ans>
+    if a >= len(toks) or toks[a] != ANS or EANS not in toks[a + 1:]:
+        return None
+    return plan_pairs(toks[a + 1:a + 1 + toks[a + 1:].index(EANS)])
 
 
 def tokens_to_target(tokens: list[float], acc: list[float], target: float) -> float:

@@ -18,7 +18,7 @@ from stages.common.sources import SourceConfig
 from stages.plantain.task import (ERROR_KINDS, MAX_OPS, PROMPT_LEN, VOCAB, VOCAB_SIZE, Problem, corrupt_plan,
                                   decode_text, make_trace, sample_problem)
 
-MAX_TRACE = 7 * MAX_OPS + 12          # longest plan-first trace (6 ops): 54 tokens
+MAX_TRACE = 11 * MAX_OPS + 13         # longest trace (6 ops, a full draft: 1 + 4·6 more tokens): 79 tokens
 
 
 class Config(StageConfig):
@@ -31,7 +31,12 @@ class Config(StageConfig):
     judge_test: int = Field(800, ge=4, le=100_000, description="of n_judge, the last this many: the judge's held-out pairs")
     min_ops: int = Field(3, ge=1, le=MAX_OPS)
     max_ops: int = Field(5, ge=1, le=MAX_OPS)
-    plan_error_rate: Probability = Field(0.4, description="share of SFT traces with one injected plan error")
+    plan_error_rate: Probability = Field(0.8, description=(
+        "plan-error rate of an SFT trace with no draft; a draft of j of n steps lowers it to rate·(n − j)/n "
+        "(with j uniform on 0..n the share of SFT traces with an error is rate/2)"))
+    drafts: bool = Field(True, description=(
+        "SFT traces carry a pre-plan draft of a uniform number of steps (issue 47: TTFR the model decides); "
+        "false: none (the one-token pre-plan thought of the earlier design)"))
     error_kinds: list[str] = Field(default_factory=lambda: list(ERROR_KINDS), min_length=1, max_length=3)
     data_seed: Seed = 0
     seeds: Seeds = Field(default_factory=lambda: [0, 1, 2], max_length=10,
@@ -69,15 +74,20 @@ class Config(StageConfig):
 
 
 def problems_frame(probs: list[Problem], split: str, rng: np.random.Generator, err_rate: float,
-                   kinds: list[str]) -> pl.DataFrame:
+                   kinds: list[str], drafts: bool = True) -> pl.DataFrame:
+    """One row per problem; SFT rows carry both formats' traces with the same draft length and plan error:
+    draft j uniform on 0..n (``drafts``; else 0), then one plan error with probability err_rate·(n − j)/n among
+    the operations the draft did not reach (none when it reached them all)."""
     rows = []
     for p in probs:
-        err = split == "sft" and rng.random() < err_rate
+        n = len(p.ops)
+        j = int(rng.integers(n + 1)) if split == "sft" and drafts else 0
+        err = split == "sft" and j < n and rng.random() < err_rate * (n - j) / n
         kind = str(rng.choice(kinds)) if err else ""
-        plan = corrupt_plan(p.plan, kind, rng) if err else p.plan
-        rows.append({"split": split, "x": p.x, "ops": [t for od in p.ops for t in od], "n_ops": len(p.ops),
-                     "answer": p.answer, "prompt": p.prompt(), "plan_error": kind,
-                     "trace_tta": make_trace(p, "tta", plan), "trace_pf": make_trace(p, "pf", plan)})
+        plan = corrupt_plan(p.plan, kind, rng, keep=j) if err else p.plan
+        rows.append({"split": split, "x": p.x, "ops": [t for od in p.ops for t in od], "n_ops": n,
+                     "answer": p.answer, "prompt": p.prompt(), "plan_error": kind, "draft": j,
+                     "trace_tta": make_trace(p, "tta", plan, j), "trace_pf": make_trace(p, "pf", plan, j)})
     return pl.DataFrame(rows)
 
 
@@ -101,7 +111,7 @@ def run(cfg: Config, ctx: StageContext) -> None:
         splits[split] = out
         if split == "test":
             splits["_test"] = {(p.x, p.ops) for p in out}
-    frame = pl.concat([problems_frame(splits[s], s, rng, cfg.plan_error_rate, cfg.error_kinds)
+    frame = pl.concat([problems_frame(splits[s], s, rng, cfg.plan_error_rate, cfg.error_kinds, cfg.drafts)
                        for s in ("sft", "rl", "test")])
     frame.write_parquet(ctx.out / "problems.parquet")
     judge_frame(cfg, splits["_test"]).write_parquet(ctx.out / "judge.parquet")
@@ -109,7 +119,8 @@ def run(cfg: Config, ctx: StageContext) -> None:
     write_json(ctx.out / "meta.json", {
         "seeds": list(cfg.seeds), "vocab": VOCAB, "vocab_size": VOCAB_SIZE, "prompt_len": PROMPT_LEN,
         "max_trace": MAX_TRACE, "min_ops": cfg.min_ops, "max_ops": cfg.max_ops,
-        "plan_error_rate": cfg.plan_error_rate, "error_kinds": list(cfg.error_kinds),
+        "plan_error_rate": cfg.plan_error_rate, "error_kinds": list(cfg.error_kinds), "drafts": cfg.drafts,
+        "sft_draft_mean": float(frame.filter(pl.col("split") == "sft")["draft"].mean()),
         "n": {s: int((frame["split"] == s).sum()) for s in ("sft", "rl", "test")},
         "n_judge": {"train": cfg.n_judge - cfg.judge_test, "test": cfg.judge_test},
         "sft_error_share": float((frame.filter(pl.col("split") == "sft")["plan_error"] != "").mean()),

@@ -21,10 +21,18 @@ from stages.plantain.task import CHANCE, MOD
 CLAIMS = [
     Bound("ttfr_drop_60",
           "Plan-first interleaved reasoning cuts the time to first visible response by more than 60% vs "
-          "think-then-answer (TTFR in tokens, greedy decoding, both models after SFT + GRPO; value = 1 − TTFR_pf/TTFR_tta)",
-          value="derived.ttfr_reduction", 
-          refuted_by="the per-seed TTFR reduction not above 0.6 beyond 2 s.e. (e.g. a plan-first model that thinks "
-                     "at length before its first <ans>, or drifts back to think-then-answer under RL)", kind="check"),
+          "think-then-answer (TTFR in tokens on the models' own greedy traces, both after SFT + GRPO; value = "
+          "1 − TTFR_pf/TTFR_tta). Both models choose how many steps to draft before their first visible token "
+          "(SFT traces draft 0..n steps, and a longer draft means fewer plan errors), so TTFR is the models' choice",
+          value="derived.ttfr_reduction",
+          refuted_by="the per-seed TTFR reduction not above 0.6 beyond the t-bound (a plan-first model that drafts "
+                     "its whole solution before the plan, or drifts back to think-then-answer under RL)",
+          kind="finding"),
+    Bound("ttfr_format_reference",
+          "The format alone: on the test problems, reference traces with no draft (plan-first 4 tokens before the "
+          "plan, think-then-answer 7n + 7) give a TTFR reduction above 0.6. A check: it needs no model",
+          value="derived.ttfr_reduction_reference",
+          refuted_by="the no-draft reference reduction not above 0.6", kind="check"),
     Bound("pass1_no_drop",
           "pass@1 does not drop: plan-first minus think-then-answer pass@1 (greedy, held-out problems, both after "
           "SFT + GRPO) stays above minus the tolerance in params (the paper's +6% is not promised here)",
@@ -80,6 +88,7 @@ def derive(ev: dict) -> dict:
     ev["derived"] = {
         "ttfr_reduction": [1.0 - a / b for a, b in zip(tt["pf"]["grpo"], tt["tta"]["grpo"])],
         "ttfr_reduction_sft": [1.0 - a / b for a, b in zip(tt["pf"]["sft"], tt["tta"]["sft"])],
+        "ttfr_reduction_reference": [1.0 - ev["ttfr_reference"]["pf"] / ev["ttfr_reference"]["tta"]] * len(tt["pf"]["grpo"]),
         "pass1_delta": [a - b for a, b in zip(p1["pf"]["grpo"], p1["tta"]["grpo"])],
         "pass1_delta_sft": [a - b for a, b in zip(p1["pf"]["sft"], p1["tta"]["sft"])],
     }
@@ -174,12 +183,18 @@ def run(cfg: Config, ctx: StageContext) -> None:
                  "paper), and Rewind-and-Repeat at the plan level fixes bad plans with fewer tokens than repeating "
                  "whole answers.")
     ex = meta["examples"][0]
+    draft_txt = ("each with the same pre-plan DRAFT (hidden: the first j steps worked out before anything is "
+                 f"shown, j uniform on 0..n, mean {meta.get('sft_draft_mean', 0):.2f}), so both formats think for "
+                 "the same number of tokens before the plan and a model decides at generation how long to draft."
+                 if meta.get("drafts") else "with a one-token pre-plan thought (the number of operations).")
     rep.section("Setup", f"""
 Task (`prepare`): list pipelines written as compositions, `o1 d1 … on dn ( x )` = o1 d1 ∘ … ∘ on dn applied to x,
 innermost (last written) first, arithmetic mod {MOD}, o ∈ {{+, −, ×}}, {meta['min_ops']}–{meta['max_ops']} operations;
 {meta['n']['sft']} SFT problems, {meta['n']['rl']} RL prompts, {meta['n']['test']} held-out test problems. Each SFT problem has
-a trace in both formats; {meta['plan_error_rate']:.0%} of them carry ONE injected plan error ({', '.join(meta['error_kinds'])}),
-identical in both formats, and their steps execute the faulty plan. Example (`{ex['prompt']}`):
+a trace in both formats, {draft_txt} Traces carry ONE injected plan error ({', '.join(meta['error_kinds'])}) with
+probability {meta['plan_error_rate']:.0%}·(n − j)/n after a draft of j of n steps, only among the operations the draft did not
+reach ({meta['sft_error_share']:.0%} of SFT traces), identical in both formats, and their steps execute the faulty plan.
+Example (`{ex['prompt']}`):
 
 - think-then-answer: `{ex['tta']}`
 - plan-first interleaved: `{ex['pf']}`
@@ -208,11 +223,15 @@ the lower of the two levels' best accuracy (reachable by both). Seeds {seeds}.
             rows.append({"format": fmt, "model": stage, "pass@1": mean_sd(p1[fmt][stage]),
                          "format valid": mean_sd(fo[fmt][stage]), "greedy plan valid": mean_sd(pv[fmt][stage]),
                          "TTFR (tokens)": mean_sd(tk[fmt][stage], "{:.2f}"),
+                         "steps drafted": mean_sd(ev["draft_steps"][fmt][stage], "{:.2f}"),
                          "TTFR wall (ms, streamed)": mean_sd(w["ttfr_ms"], "{:.2f}"),
                          "NLL hidden": mean_sd(ev["nll"][fmt][stage]["nll_hidden"]),
                          "NLL visible": mean_sd(ev["nll"][fmt][stage]["nll_visible"])})
     rep.table("Results: pass@1 and time to first visible response (mean ± sd over seeds)", pl.DataFrame(rows),
-              note=f"Chance pass@1 = {CHANCE:.1f}. TTFR reduction after GRPO: {mean_sd(ev['derived']['ttfr_reduction'])}; "
+              note=f"Chance pass@1 = {CHANCE:.1f}. TTFR reduction after GRPO: {mean_sd(ev['derived']['ttfr_reduction'])} "
+                   f"(after SFT: {mean_sd(ev['derived']['ttfr_reduction_sft'])}; reference traces with no draft: "
+                   f"{ev['derived']['ttfr_reduction_reference'][0]:.3f}). Steps drafted: mean pre-plan draft of the "
+                   "greedy traces (0..n). "
                    f"pass@1 delta (pf − tta) after GRPO: {mean_sd(ev['derived']['pass1_delta'])} (after SFT: "
                    f"{mean_sd(ev['derived']['pass1_delta_sft'])}). Wall-clock TTFR is measured on a shared CPU and is "
                    "not used by any verdict. NLL: the model's own greedy traces, hidden vs visible tokens "
@@ -322,8 +341,10 @@ the lower of the two levels' best accuracy (reachable by both). Seeds {seeds}.
             "greedy pass@1; rollouts T = 1; R&R: plan T = 1.2 / top-p 0.9, rest T = 0.5 (so that a repeated "
             "answer can differ)",
             "model tokens before the first visible content token (no /4096 normalisation)",
-            f"{meta['plan_error_rate']:.0%} of SFT traces carry one injected plan error so that the model "
-            "samples faulty plans for Rewind-and-Repeat to fix",
+            f"{meta['sft_error_share']:.0%} of SFT traces carry one injected plan error, so that the model samples "
+            f"faulty plans for Rewind-and-Repeat to fix (rate {meta['plan_error_rate']:.0%}·(n − j)/n after a "
+            "pre-plan draft of j steps: the drafts and their error rates are this miniature's, so that a model "
+            "decides how long to think before its first visible token)",
             f"{len(seeds)} seeds (each its own SFT, GRPO and sampling)"]}))
     d = ev["derived"]
     nohelp_txt = (f" (the same GRPO without r_helpful: {np.mean(ev['plan_valid_sampled']['grpo_nohelp']):.0%})"
@@ -363,10 +384,14 @@ notion of helpfulness, unit-test rewards, nor the benchmarks; verdicts are about
 Red-team passes on this design (what could make a verdict wrong, and what remains; the issue-47 judges had their own
 pass, summarised in its bullet below):
 
-- **TTFR by construction.** Plan-first TTFR is fixed by the trace format (4 tokens) while think-then-answer's is
-  7n + 7, so reference traces with no model already give a reduction of ≈ 0.885: `ttfr_drop_60` is a **check**
-  (SFT/GRPO produce and keep the format), not a test of the paper's latency claim. TTFR as a learned behaviour
-  (variable pre-plan thinking) is open (issue 47).
+- **TTFR is the models' choice, within a range the data set.** Before the first visible token both formats may draft
+  0..n steps (SFT traces: uniform, with fewer plan errors after longer drafts); plan-first TTFR is 4 + (1 + 4j) after a
+  draft of j ≥ 1 steps, think-then-answer's 7n + 7 + the same. With no draft the format alone gives ≈
+  {ev['derived']['ttfr_reduction_reference'][0]:.3f} (check `ttfr_format_reference`); a full draft brings it to
+  1 − (4n + 5)/(11n + 8), 0.585–0.603 for n = 3..5, so `ttfr_drop_60` is decided by how long the plan-first model
+  drafts relative to the baseline. What the models draft is set by the SFT distribution of j (uniform here, a design
+  choice: greedy decoding then follows its mode) and by what GRPO does with a reward that pays for right plans and
+  answers but not for latency; the paper's teacher traces and reward may differ.
 - **Judges.** The deployed plan judge is learned ({ev['judge']['deployed']}, held-out accuracy
   {ev['judge']['heldout'][ev['judge']['deployed']]['accuracy']:.3f}) and is also the one that scores r_helpful in GRPO;
   its accuracy on the plans the SFT model actually samples is in the judge table — off the distribution it was
@@ -405,7 +430,7 @@ pass, summarised in its bullet below):
   to fix.
 - **Min effects** (params `papers.plantain.report.claims`): 2 generated tokens per problem for tokens-to-target,
   0.02 for rates, fixed as the smallest gaps that matter, not from results.
-- **Checks, not findings:** the TTFR reduction (format), the baseline above chance, GRPO raising pass@1 over SFT (machinery), and rewinding
+- **Checks, not findings:** the no-draft TTFR reduction (format), the baseline above chance, GRPO raising pass@1 over SFT (machinery), and rewinding
   raising accuracy over one attempt (the precondition of the Rewind-and-Repeat comparison), and plan-level
   rewinding costing fewer tokens than answer-level repetition (by construction with one shared plan judge).
 """)

@@ -10,11 +10,17 @@ Two trace formats (token names, space separated):
     think-then-answer (TTA):   <think> n | PLAN | STEPS </think> <ans> y </ans> <eos>
     plan-first interleaved (PF): <think> n </think> <ans> PLAN </ans> <think> STEPS </think> <ans> y </ans> <eos>
 PLAN = ``#k o d`` per operation (a numbered outline); STEPS = the start value x, then ``#k o d v`` per operation (v: value after it); ``n`` = number of
-operations (a one-token pre-plan thought, in both formats, so that the two carry the same content and
-differ only in what is visible when). Visible = inside <ans>…</ans>; everything else is hidden.
-Injected plan errors (prepare): with probability p_err the plan has one error (adjacent swap, a
-dropped operation, or a wrong operand) and the steps EXECUTE the faulty plan, so the answer follows
-it — the model learns a planner that sometimes plans wrongly, which Rewind-and-Repeat can fix.
+operations. Visible = inside <ans>…</ans>; everything else is hidden.
+
+Pre-plan thought of variable length (issue 47: a TTFR the model decides): ``n`` followed by a DRAFT of the first
+j steps worked out before anything is shown (``x #1 o d v … #j o d v``; nothing for j = 0), in both formats so that
+the two carry the same content and differ only in what is visible when:
+    TTA: <think> n DRAFT | PLAN | STEPS </think> …        PF: <think> n DRAFT </think> <ans> PLAN </ans> …
+Injected plan errors (prepare): with probability p_err·(n − j)/n the plan has one error (adjacent swap, a dropped
+operation, or a wrong operand) among the operations the draft did not reach (the drafted ones are copied from the
+draft), and the steps EXECUTE the faulty plan, so the answer follows it — the model learns a planner that sometimes
+plans wrongly, less often the longer it thought first (which Rewind-and-Repeat can also fix). How long to draft is
+the model's choice at generation: the plan-first TTFR (4 + the draft's tokens) is measured, not fixed.
 """
 from __future__ import annotations
 
@@ -92,9 +98,17 @@ def sample_problem(rng: np.random.Generator, min_ops: int, max_ops: int) -> Prob
     return Problem(int(rng.integers(MOD)), tuple(ops))
 
 
-def corrupt_plan(plan: list[tuple[int, int]], kind: str, rng: np.random.Generator) -> list[tuple[int, int]]:
-    """One injected plan-level error that the validator must catch (the plan always changes)."""
-    p = list(plan)
+def corrupt_plan(plan: list[tuple[int, int]], kind: str, rng: np.random.Generator,
+                 keep: int = 0) -> list[tuple[int, int]]:
+    """One injected plan-level error that the validator must catch (the plan always changes), among the
+    operations after the first ``keep`` (those a pre-plan draft already worked out stay as they are)."""
+    if not 0 <= keep < len(plan):
+        raise ValueError(f"keep: {keep} leaves no operation of a {len(plan)}-operation plan to corrupt")
+    head, p = list(plan[:keep]), list(plan[keep:])
+    return head + _corrupt(p, kind, rng)
+
+
+def _corrupt(p: list[tuple[int, int]], kind: str, rng: np.random.Generator) -> list[tuple[int, int]]:
     if kind == "swap":
         idx = [i for i in range(len(p) - 1) if p[i] != p[i + 1]]
         if not idx:
@@ -112,18 +126,49 @@ def corrupt_plan(plan: list[tuple[int, int]], kind: str, rng: np.random.Generato
     return p
 
 
-def make_trace(prob: Problem, fmt: str, plan: list[tuple[int, int]] | None = None) -> list[int]:
-    """Token ids of a trace in format ``fmt`` that follows ``plan`` (default: the correct plan)."""
+def draft_tokens(prob: Problem, j: int) -> list[int]:
+    """The pre-plan draft: the first ``j`` steps of the correct plan, worked out (``x #1 o d v … #j o d v``);
+    [] at j = 0."""
+    if not 0 <= j <= len(prob.ops):
+        raise ValueError(f"draft: {j} steps for a problem of {len(prob.ops)} operations")
+    if j == 0:
+        return []
+    plan = prob.plan
+    vals = execute(prob.x, plan[:j])
+    return [prob.x] + [t for k, ((o, d), v) in enumerate(zip(plan[:j], vals[1:])) for t in (MARK[k], o, d, v)]
+
+
+def make_trace(prob: Problem, fmt: str, plan: list[tuple[int, int]] | None = None, draft: int = 0) -> list[int]:
+    """Token ids of a trace in format ``fmt`` that follows ``plan`` (default: the correct plan), with a pre-plan
+    draft of the first ``draft`` steps (``draft_tokens``; the plan is not checked against it)."""
     plan = prob.plan if plan is None else plan
     vals = execute(prob.x, plan)
     plan_toks = [t for k, (o, d) in enumerate(plan) for t in (MARK[k], o, d)]
     steps = [prob.x] + [t for k, ((o, d), v) in enumerate(zip(plan, vals[1:])) for t in (MARK[k], o, d, v)]
     y = vals[-1]
+    pre = [THINK, len(prob.ops), *draft_tokens(prob, draft)]
     if fmt == "tta":
-        return [THINK, len(prob.ops), BAR, *plan_toks, BAR, *steps, ETHINK, ANS, y, EANS, EOS]
+        return [*pre, BAR, *plan_toks, BAR, *steps, ETHINK, ANS, y, EANS, EOS]
     if fmt == "pf":
-        return [THINK, len(prob.ops), ETHINK, ANS, *plan_toks, EANS, THINK, *steps, ETHINK, ANS, y, EANS, EOS]
+        return [*pre, ETHINK, ANS, *plan_toks, EANS, THINK, *steps, ETHINK, ANS, y, EANS, EOS]
     raise ValueError(f"format: {fmt!r} is not one of {FORMATS}")
+
+
+def draft_length(toks, fmt: str) -> int | None:
+    """Steps drafted before the plan in a generated trace (the tokens after ``<think> n`` up to the plan, read as
+    ``x`` then ``#k o d v`` items; values are not checked); None when the pre-plan thought is not one."""
+    toks = [int(t) for t in toks]
+    stop = ETHINK if fmt == "pf" else BAR
+    if len(toks) < 3 or toks[0] != THINK or stop not in toks[2:]:
+        return None
+    body = toks[2:2 + toks[2:].index(stop)]
+    if not body:
+        return 0
+    if (len(body) - 1) % 4 or body[0] >= 10:
+        return None
+    items = [body[1 + 4 * k:5 + 4 * k] for k in range((len(body) - 1) // 4)]
+    ok = all(m == MARK[k] and o in OPERANDS and d < 10 and v < 10 for k, (m, o, d, v) in enumerate(items))
+    return len(items) if ok else None
 
 
 def decode_text(toks) -> str:

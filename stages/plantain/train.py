@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import copy
 import pickle
+from pathlib import Path
 from typing import Literal
 
 import lightning as L
@@ -25,6 +26,7 @@ from kernels.token_logprob import token_logprob
 from stages.common.config import PositiveInt, Seed, StageConfig, unique_items, TransformerShape
 from stages.common.device import DeviceName, pick_device
 from stages.common.grpo import GRPOConfig, GRPOModule, PromptLoader
+from stages.common.jobs import payload, run_jobs
 from stages.common.paths import read_json, write_json
 from stages.common.runner import StageContext
 from stages.common.sources import SourceConfig
@@ -138,6 +140,9 @@ class SFTCurve(L.Callback):
 
 class Config(StageConfig):
     torch_threads: int = Field(1, ge=1, le=64)
+    workers: int = Field(1, ge=1, le=64, description=(
+        "processes for the (seed, format) SFT + GRPO runs, one intra-op thread each (1: in this process, same "
+        "results)"))
     device: DeviceName = "auto"
     formats: list[Fmt] = Field(default_factory=lambda: ["tta", "pf"], min_length=2, max_length=2)
     model: ModelConfig = ModelConfig()
@@ -160,6 +165,49 @@ def model_config(cfg: Config) -> TinyTransformerConfig:
                                  max_seq_len=PROMPT_LEN + MAX_TRACE, causal=True)
 
 
+def sft_grpo_run(job: tuple[int, str]) -> dict:
+    """SFT then GRPO of one (seed, format) (a job of ``jobs.run_jobs``: inputs from its payload), and for the
+    plan-first format the w_helpful = 0 ablation from the same SFT checkpoint. Seeded by its own seed only
+    (``torch.manual_seed(seed)`` before the model, seeded batch and rollout generators), so the result does not
+    depend on the order or the pool. Saves ``<fmt>_sft_s<seed>.pt``, ``<fmt>_grpo_s<seed>.pt`` (and
+    ``pf_grpo_nohelp_s<seed>.pt``); returns the SFT history and curve rows, the RL history rows and the
+    token_logprob call count."""
+    seed, fmt = job
+    p = payload()
+    cfg, tcfg = Config.model_validate(p["cfg"]), TrainerConfig.model_validate(p["trainer"])
+    device, out = torch.device(p["device"]), Path(p["out"])
+    mcfg, judge = TinyTransformerConfig(**p["model"]), p["judge"]
+    rec = KernelRecord(device)
+    counter = Counter(rec)
+    rl_prompts = p["rl_prompts"].to(device)
+    dev_prompts = rl_prompts[: cfg.sft.curve_prompts]
+    rw = cfg.rl.reward
+    # --- 1. SFT on this format's traces
+    torch.manual_seed(seed)
+    module = SFTModule(TinyTransformer(mcfg).to(device), cfg.sft.lr, cfg.sft.weight_decay, counter)
+    curve = SFTCurve(dev_prompts, p["dev_problems"], fmt, cfg.sft.curve_every, cfg.sft.steps)
+    trainer = make_trainer(tcfg, None, max_steps=cfg.sft.steps, callbacks=[curve])   # W&B: the parent logs the rows
+    trainer.fit(module, PromptLoader(p["sft"][fmt].to(device), cfg.sft.batch, cfg.sft.steps, seed=seed))
+    base = module.model.to(device).eval()
+    torch.save(base.state_dict(), out / f"{fmt}_sft_s{seed}.pt")
+    rl_hist = []
+    # --- 2. GRPO with r_format × (1 + r_correct + r_helpful); 2b. (pf) the same run without r_helpful
+    # (w_helpful = 0), everything else equal: the ablation that isolates r_helpful
+    arms = [(fmt, "grpo", rw.w_helpful)] + ([(f"{fmt}_nohelp", "grpo_nohelp", 0.0)]
+                                           if fmt == "pf" and cfg.rl.helpful_ablation else [])
+    for name, stem, w_helpful in arms:
+        policy = TracePolicy(copy.deepcopy(base), MAX_TRACE, cfg.rl.temperature, counter)
+        grpo = GRPOModule(policy, make_reward_fn(fmt, rw.w_correct, w_helpful, judge, rw.tta_process_reward),
+                          cfg.rl.grpo, lr=cfg.rl.lr, seed=seed)
+        trainer = make_trainer(tcfg, None, max_steps=cfg.rl.steps)
+        trainer.fit(grpo, PromptLoader(rl_prompts, cfg.rl.prompts_per_step, cfg.rl.steps, seed=seed))
+        torch.save(policy.model.state_dict(), out / f"{fmt}_{stem}_s{seed}.pt")
+        rl_hist += [dict(h, fmt=name, seed=seed) for h in grpo.history]
+    return {"seed": seed, "fmt": fmt, "sft_curve": [dict(r, fmt=fmt, seed=seed) for r in curve.rows],
+            "sft_history": [dict(h, fmt=fmt, seed=seed) for h in module.history], "rl_history": rl_hist,
+            "calls": rec.to_dict().get("token_logprob", {}).get("calls", 0)}
+
+
 def run(cfg: Config, ctx: StageContext) -> None:
     if cfg.source.kind != "toy":                   # full profile: SFT + GRPO on a real LM (issue 41)
         from stages.plantain.hf_source import train_real
@@ -176,9 +224,7 @@ def run(cfg: Config, ctx: StageContext) -> None:
         raise ValueError(f"sft.curve_prompts: {cfg.sft.curve_prompts} is more than the {len(rl_split)} RL-split "
                          "problems (prepare.n_rl)")
     dev_problems = to_problems(rl_split.head(cfg.sft.curve_prompts))
-    dev_prompts = rl_prompts[: cfg.sft.curve_prompts]
     rec = KernelRecord(device)
-    counter = Counter(rec)
     mcfg = model_config(cfg)
     tcfg = cfg.trainer.model_copy(update={"accelerator": "gpu" if device.type == "cuda" else cfg.trainer.accelerator})
     data = {f: sft_tensor(sft[f"trace_{f}"].to_list(), sft["prompt"].to_list(), MAX_TRACE).to(device)
@@ -188,38 +234,34 @@ def run(cfg: Config, ctx: StageContext) -> None:
     with open(ctx.out / "judges.pkl", "wb") as f:
         pickle.dump(judges, f)
     deployed = validate_plan if cfg.judge.kind == "oracle" else judges[cfg.judge.deployed]
+    # --- 1-2. per seed and format, SFT then GRPO (and the pf ablation): independent runs, each seeded by its own
+    # seed, in a pool of single-threaded processes; the longest (plan-first: one more GRPO run) first
+    jobs = [(seed, fmt) for fmt in sorted(cfg.formats, key=lambda f: f != "pf") for seed in seeds]
+    payload_ = {"cfg": cfg.model_dump(mode="json"), "trainer": tcfg.model_dump(mode="json"), "model": mcfg.__dict__,
+                "device": str(device), "sft": {f: t.cpu() for f, t in data.items()}, "rl_prompts": rl_prompts.cpu(),
+                "dev_problems": dev_problems, "judge": deployed, "out": str(ctx.out)}
+    done = {(r["seed"], r["fmt"]): r for r in run_jobs(sft_grpo_run, jobs, payload_, cfg.workers)}
     sft_hist, rl_hist, sft_curve = [], [], []
-    for seed in seeds:
+    every = tcfg.log_every_n_steps
+    for seed in seeds:                                                   # rows in (seed, format) order, as before
         for fmt in cfg.formats:
-            # --- 1. SFT on this format's traces
-            torch.manual_seed(seed)
-            module = SFTModule(TinyTransformer(mcfg).to(device), cfg.sft.lr, cfg.sft.weight_decay, counter)
-            curve = SFTCurve(dev_prompts, dev_problems, fmt, cfg.sft.curve_every, cfg.sft.steps)
-            trainer = make_trainer(tcfg, ctx.tracker, max_steps=cfg.sft.steps, callbacks=[curve])
-            trainer.fit(module, PromptLoader(data[fmt], cfg.sft.batch, cfg.sft.steps, seed=seed))
-            sft_curve += [dict(r, fmt=fmt, seed=seed) for r in curve.rows]
-            base = module.model.to(device).eval()
-            torch.save(base.state_dict(), ctx.out / f"{fmt}_sft_s{seed}.pt")
-            sft_hist += [dict(h, fmt=fmt, seed=seed) for h in module.history]
-            # --- 2. GRPO with r_format × (1 + r_correct + r_helpful)
-            policy = TracePolicy(copy.deepcopy(base), MAX_TRACE, cfg.rl.temperature, counter)
-            grpo = GRPOModule(policy, make_reward_fn(fmt, cfg.rl.reward.w_correct, cfg.rl.reward.w_helpful, deployed,
-                                                       cfg.rl.reward.tta_process_reward),
-                              cfg.rl.grpo, lr=cfg.rl.lr, seed=seed)
-            trainer = make_trainer(tcfg, ctx.tracker, max_steps=cfg.rl.steps)
-            trainer.fit(grpo, PromptLoader(rl_prompts, cfg.rl.prompts_per_step, cfg.rl.steps, seed=seed))
-            torch.save(policy.model.state_dict(), ctx.out / f"{fmt}_grpo_s{seed}.pt")
-            rl_hist += [dict(h, fmt=fmt, seed=seed) for h in grpo.history]
-            if fmt == "pf" and cfg.rl.helpful_ablation:
-                # --- 2b. the ablation: the same GRPO run without r_helpful (w_helpful = 0), everything else equal
-                policy = TracePolicy(copy.deepcopy(base), MAX_TRACE, cfg.rl.temperature, counter)
-                grpo = GRPOModule(policy, make_reward_fn(fmt, cfg.rl.reward.w_correct, 0.0, deployed,
-                                                           cfg.rl.reward.tta_process_reward),
-                                  cfg.rl.grpo, lr=cfg.rl.lr, seed=seed)
-                trainer = make_trainer(tcfg, ctx.tracker, max_steps=cfg.rl.steps)
-                trainer.fit(grpo, PromptLoader(rl_prompts, cfg.rl.prompts_per_step, cfg.rl.steps, seed=seed))
-                torch.save(policy.model.state_dict(), ctx.out / f"{fmt}_grpo_nohelp_s{seed}.pt")
-                rl_hist += [dict(h, fmt=f"{fmt}_nohelp", seed=seed) for h in grpo.history]
+            r = done[(seed, fmt)]
+            rec.count("token_logprob", r["calls"])
+            sft_curve += r["sft_curve"]
+            sft_hist += r["sft_history"]
+            rl_hist += r["rl_history"]
+            if ctx.tracker is None:
+                continue
+            for h in r["sft_history"][every - 1::every]:                  # W&B: one curve per format and seed
+                ctx.tracker.log({"sft/step": h["step"], **{f"sft/{fmt}/seed{seed}/{k}": v for k, v in h.items()
+                                                           if k not in ("step", "fmt", "seed")}})
+            for h in r["rl_history"]:
+                ctx.tracker.log({"rl/step": h["step"], **{f"rl/{h['fmt']}/seed{seed}/{k}": v for k, v in h.items()
+                                                          if k not in ("step", "fmt", "seed")}})
+    base = TinyTransformer(mcfg).to(device)                              # the last SFT model (the parity slice)
+    base.load_state_dict(torch.load(ctx.out / f"{cfg.formats[-1]}_sft_s{seeds[-1]}.pt", map_location=device,
+                                    weights_only=True))
+    base.eval()
     # Triton path vs torch reference on real inputs: the last SFT model on 32 SFT sequences
     with torch.no_grad():
         x = data[cfg.formats[-1]][:32]

@@ -347,6 +347,12 @@ def test_bad_config_is_a_one_line_error_naming_the_key(cls, block, needle):
     assert "\n" not in str(err.value)
 
 
+def pl_read(prep_dir):
+    import polars as pl
+
+    return pl.read_parquet(prep_dir / "problems.parquet")
+
+
 def test_smoke_pipeline_end_to_end(smoke_run):
     out = smoke_run("plantain")
     metrics = json.loads((out["report"] / "metrics.json").read_text())
@@ -368,6 +374,18 @@ def test_smoke_pipeline_end_to_end(smoke_run):
     assert claim["helpful_reward_raises_plan_validity"]["kind"] == "finding"
     assert "grpo_nohelp" in json.dumps(claim["helpful_reward_raises_plan_validity"])
     assert claim["grpo_raises_plan_validity_over_sft"]["kind"] == "check"
+    # issue 47: TTFR read from the models' own traces (a finding); the no-draft format reference is a check whose
+    # value is 1 − 4/mean(7n + 7) over the evaluated problems, computed here from their operation counts
+    assert claim["ttfr_drop_60"]["kind"] == "finding" and claim["ttfr_format_reference"]["kind"] == "check"
+    prep = pl_read(out["prepare"])
+    n_ops = prep.filter(prep["split"] == "test")["n_ops"].to_list()[:ev["eval_prompts"]]
+    assert ev["ttfr_reference"]["pf"] == 4.0
+    assert ev["ttfr_reference"]["tta"] == pytest.approx(sum(7 * n + 7 for n in n_ops) / len(n_ops))
+    for fmt in ("pf", "tta"):
+        for stage in ("sft", "grpo"):
+            assert len(ev["draft_steps"][fmt][stage]) == len(seeds)
+            assert all(0 <= x <= 1 for x in ev["draft_parsed"][fmt][stage])
+    assert "draft" in (out["evaluate"] / "ttfr.csv").read_text().splitlines()[0].split(",")
     # the SFT learning curve: dev pass@1 at every curve step and at the last, per format and seed, in [0, 1]
     import polars as pl
     curve = pl.read_csv(out["train"] / "sft_curve.csv")

@@ -2,7 +2,8 @@
 both formats, parser segments and every error message, plan-number parsing boundaries, the visibility
 mask / TTFR, the answer-level judge on single-token corruptions, the reward with non-unit and default
 weights, and prompt parsing. Expected values are written out by hand (comments show the working);
-nothing here is computed by the code under test. Imports only task.py, so it runs in well under a second."""
+nothing here is computed by the code under test. Imports only task.py (the draft tests at the end also read
+prepare's SFT rows and the plan-first plan prefix of model.py)."""
 from __future__ import annotations
 
 import itertools
@@ -287,3 +288,75 @@ def test_corrupt_plan_kinds_by_enumeration():
     assert got == {((TIMES, 2), (TIMES, 3)), ((TIMES, 1), (TIMES, 3)), ((TIMES, 3), (TIMES, 2)),
                    ((TIMES, 3), (TIMES, 1))}
     assert all(isinstance(d, int) for p in got for _, d in p)
+
+
+# --- pre-plan drafts (issue 47: TTFR the model decides) -------------------------------------------------------
+# P1 = "+ 2 * 3 ( 3 )": plan ×3 then +2; a draft of 1 step is "3 #1 * 3 4", of 2 steps "3 #1 * 3 4 #2 + 2 1"
+PF1_D1 = ("<think> 2 3 #1 * 3 4 </think> <ans> #1 * 3 #2 + 2 </ans> <think> 3 #1 * 3 4 #2 + 2 1 </think> "
+          "<ans> 1 </ans> <eos>")
+TTA1_D2 = ("<think> 2 3 #1 * 3 4 #2 + 2 1 | #1 * 3 #2 + 2 | 3 #1 * 3 4 #2 + 2 1 </think> <ans> 1 </ans> <eos>")
+
+
+def test_draft_traces_by_hand_and_their_ttfr():
+    assert T.draft_tokens(P1, 0) == [] and T.draft_tokens(P1, 2) == E("3 #1 * 3 4 #2 + 2 1")
+    assert make_trace(P1, "pf", draft=1) == E(PF1_D1)
+    assert make_trace(P1, "tta", draft=2) == E(TTA1_D2)
+    assert make_trace(P1, "pf", draft=0) == E(PF1) and make_trace(P1, "tta") == E(TTA1)
+    # TTFR: pf 4 + (1 + 4·1) = 9 ("<think> 2 3 #1 * 3 4 </think> <ans>"); tta 21 + (1 + 4·2) = 30
+    assert ttfr_tokens(E(PF1_D1)) == 9 and ttfr_tokens(E(TTA1)) == 21 and ttfr_tokens(E(TTA1_D2)) == 30
+    assert T.draft_length(E(PF1_D1), "pf") == 1 and T.draft_length(E(TTA1_D2), "tta") == 2
+    assert T.draft_length(E(PF1), "pf") == 0 and T.draft_length(E(TTA1), "tta") == 0
+    assert T.draft_length(E("<think> 2 3 #1 * </think> <ans>"), "pf") is None          # a broken item
+    assert T.draft_length(E("<think> 2 3 #2 * 3 4 </think> <ans>"), "pf") is None      # wrong marker
+    assert T.draft_length(E("<think> 2 3 #1 * 3 4"), "pf") is None                     # never closes
+    with pytest.raises(ValueError, match="draft: 3 steps"):
+        T.draft_tokens(P1, 3)
+
+
+def test_draft_traces_parse_judge_and_reward_like_the_plain_ones():
+    for fmt, toks in (("pf", E(PF1_D1)), ("tta", E(TTA1_D2))):
+        tr = parse_trace(toks, fmt)
+        assert tr["plan"] == [(TIMES, 3), (PLUS, 2)] and tr["answer"] == 1
+        assert validate_trace(P1, toks, fmt)
+        # weights 0.7 / 1.9: pf 1 + 0.7 + 1.9 = 3.6; tta (no process reward) 1 + 0.7 = 1.7
+        assert reward(P1, toks, fmt, 0.7, 1.9)["r"] == pytest.approx(3.6 if fmt == "pf" else 1.7)
+    from stages.plantain.model import _plan_prefix
+
+    assert _plan_prefix(E(PF1_D1)) == [(TIMES, 3), (PLUS, 2)] and _plan_prefix(E(PF1)) == [(TIMES, 3), (PLUS, 2)]
+    assert _plan_prefix(E("<think> 2 3 #1 * 3 4 </think> <ans> #1 * 3")) is None           # plan not closed yet
+    assert _plan_prefix(E("<think> 2 3 #1 * 3 4 </think> <think>")) is None
+
+
+def test_corrupt_plan_keeps_the_drafted_operations():
+    plan = [(TIMES, 3), (PLUS, 2), (MINUS, 1), (PLUS, 1)]
+    rng = np.random.default_rng(4)
+    for kind, keep in itertools.product(("swap", "drop", "operand"), range(4)):
+        for _ in range(20):
+            bad = corrupt_plan(plan, kind, rng, keep=keep)
+            assert bad[:keep] == plan[:keep] and bad != plan
+    # the last operation alone: a swap has no pair, so it changes the operand (+1 -> +2 or +0)
+    assert corrupt_plan(plan, "swap", rng, keep=3)[3] in ((PLUS, 2), (PLUS, 0))
+    assert corrupt_plan(plan, "drop", rng, keep=3) == plan[:3]
+    with pytest.raises(ValueError, match="keep: 4"):
+        corrupt_plan(plan, "swap", rng, keep=4)
+
+
+def test_sft_errors_fall_with_the_draft_length():
+    """prepare's SFT rows: draft j uniform on 0..n; an error with probability 0.8·(n − j)/n, never in the drafted
+    prefix (4,000 problems of 4 operations: at j = 0 the rate is 0.8, at j = 2 0.4, at j = 4 exactly 0)."""
+    from stages.plantain.prepare import problems_frame
+
+    rng = np.random.default_rng(11)
+    probs = [sample_problem(rng, 4, 4) for _ in range(4000)]
+    f = problems_frame(probs, "sft", np.random.default_rng(5), 0.8, ["swap", "drop", "operand"])
+    share = {j: float((f.filter(f["draft"] == j)["plan_error"] != "").mean()) for j in range(5)}
+    assert abs(share[0] - 0.8) < 0.05 and abs(share[2] - 0.4) < 0.06 and share[4] == 0.0
+    assert set(f["draft"].unique().to_list()) == {0, 1, 2, 3, 4}
+    for r in f.head(300).iter_rows(named=True):
+        p = Problem(r["x"], tuple(zip(r["ops"][::2], r["ops"][1::2])))
+        assert T.draft_length(r["trace_pf"], "pf") == r["draft"] == T.draft_length(r["trace_tta"], "tta")
+        plan = parse_trace(r["trace_pf"], "pf")["plan"]
+        assert plan[:r["draft"]] == p.plan[:r["draft"]] and (plan == p.plan) == (r["plan_error"] == "")
+    plain = problems_frame(probs[:50], "sft", np.random.default_rng(5), 0.8, ["swap"], drafts=False)
+    assert (plain["draft"] == 0).all()
+    assert (problems_frame(probs[:50], "test", np.random.default_rng(5), 0.8, ["swap"])["draft"] == 0).all()
