@@ -148,7 +148,8 @@ def run(cfg: Config, ctx: StageContext) -> None:
     n_eval, n_rr = min(cfg.eval_prompts, len(problems)), min(cfg.rr.prompts, len(problems))
     rec = KernelRecord(device)
     M: dict = {"seeds": seeds, "eval_prompts": n_eval, "rr_prompts": n_rr, "pass1": {}, "format_ok": {},
-               "plan_valid_greedy": {}, "ttfr_tokens": {}, "draft_steps": {}, "draft_parsed": {}, "nll": {},
+               "plan_valid_greedy": {}, "ttfr_tokens": {}, "draft_steps": {}, "draft_parsed": {}, "draft_full": {},
+               "nll": {},
                "ttfr_wall": {}, "plan_valid_sampled": {},
                # TTFR of reference traces with no draft on the same problems: what the format alone gives
                "ttfr_reference": {f: float(np.mean([ttfr_tokens(make_trace(q, f)) for q in problems[:n_eval]]))
@@ -179,7 +180,8 @@ def run(cfg: Config, ctx: StageContext) -> None:
         drafted = [d for d in got["draft"] if d is not None]
         for key, vals in (("pass1", ok), ("format_ok", fmt_ok), ("plan_valid_greedy", plan_ok),
                           ("ttfr_tokens", ttfr), ("draft_steps", drafted or [float("nan")]),
-                          ("draft_parsed", [d is not None for d in got["draft"]])):
+                          ("draft_parsed", [d is not None for d in got["draft"]]),
+                          ("draft_full", [d == len(q.ops) for d, q in zip(got["draft"], problems[:n_eval])])):
             M[key].setdefault(fmt, {}).setdefault(stage, []).append(float(np.mean(vals)))
         ttfr_rows += [{"seed": seed, "format": fmt, "model": stage, "ttfr_tokens": v, "draft": d,
                        "n_ops": len(p.ops)} for v, d, p in zip(ttfr, got["draft"], problems[:n_eval])]

@@ -159,12 +159,12 @@ def draft_length(toks, fmt: str) -> int | None:
     ``x`` then ``#k o d v`` items; values are not checked); None when the pre-plan thought is not one."""
     toks = [int(t) for t in toks]
     stop = ETHINK if fmt == "pf" else BAR
-    if len(toks) < 3 or toks[0] != THINK or stop not in toks[2:]:
+    if len(toks) < 3 or toks[0] != THINK or toks[1] >= 10 or stop not in toks[2:]:
         return None
     body = toks[2:2 + toks[2:].index(stop)]
     if not body:
         return 0
-    if (len(body) - 1) % 4 or body[0] >= 10:
+    if (len(body) - 1) % 4 or body[0] >= 10 or len(body) > 1 + 4 * MAX_OPS:
         return None
     items = [body[1 + 4 * k:5 + 4 * k] for k in range((len(body) - 1) // 4)]
     ok = all(m == MARK[k] and o in OPERANDS and d < 10 and v < 10 for k, (m, o, d, v) in enumerate(items))

@@ -384,7 +384,7 @@ def test_smoke_pipeline_end_to_end(smoke_run):
     for fmt in ("pf", "tta"):
         for stage in ("sft", "grpo"):
             assert len(ev["draft_steps"][fmt][stage]) == len(seeds)
-            assert all(0 <= x <= 1 for x in ev["draft_parsed"][fmt][stage])
+            assert all(0 <= x <= 1 for x in ev["draft_parsed"][fmt][stage] + ev["draft_full"][fmt][stage])
     assert "draft" in (out["evaluate"] / "ttfr.csv").read_text().splitlines()[0].split(",")
     # the SFT learning curve: dev pass@1 at every curve step and at the last, per format and seed, in [0, 1]
     import polars as pl

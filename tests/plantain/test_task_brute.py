@@ -309,6 +309,11 @@ def test_draft_traces_by_hand_and_their_ttfr():
     assert T.draft_length(E("<think> 2 3 #1 * </think> <ans>"), "pf") is None          # a broken item
     assert T.draft_length(E("<think> 2 3 #2 * 3 4 </think> <ans>"), "pf") is None      # wrong marker
     assert T.draft_length(E("<think> 2 3 #1 * 3 4"), "pf") is None                     # never closes
+    assert T.draft_length(E("<think> #1 </think> <ans>"), "pf") is None                 # no operation count
+    seven = " ".join(f"#{k} + 1 {k % 5}" for k in range(1, 7)) + " #6 + 1 0"           # 7 items: past MAX_OPS
+    assert T.draft_length(E(f"<think> 6 0 {seven} </think> <ans>"), "pf") is None
+    six = " ".join(f"#{k} + 1 {k % 5}" for k in range(1, 7))
+    assert T.draft_length(E(f"<think> 6 0 {six} </think> <ans>"), "pf") == 6
     with pytest.raises(ValueError, match="draft: 3 steps"):
         T.draft_tokens(P1, 3)
 
