@@ -96,6 +96,13 @@ def derive(ev: dict) -> dict:
     return ev
 
 
+def mean_of(v: list[float | None], fmt: str = "{:.2f}") -> str:
+    """Mean over seeds of a value that may be missing (None/NaN: e.g. no greedy trace with a readable draft)."""
+    a = np.asarray([np.nan if x is None else x for x in v], float)
+    a = a[np.isfinite(a)]
+    return fmt.format(a.mean()) if len(a) else "n/a"
+
+
 def mean_sd(v: list[float], fmt: str = "{:.3f}") -> str:
     a = np.asarray([np.nan if x is None else x for x in v], float)
     a = a[np.isfinite(a)]
@@ -361,9 +368,9 @@ target accuracy with {np.mean(ev['rr']['sft']['plan']['tokens_to_target']):.1f} 
 
 How much of the TTFR reduction is left depends on how long the models draft before their first visible token: with
 no draft the format alone gives {d['ttfr_reduction_reference'][0]:.3f}; the greedy traces draft
-{np.mean(ev['draft_steps']['pf']['sft']):.2f} steps (plan-first) and {np.mean(ev['draft_steps']['tta']['sft']):.2f}
-(think-then-answer) after SFT, {np.mean(ev['draft_steps']['pf']['grpo']):.2f} and
-{np.mean(ev['draft_steps']['tta']['grpo']):.2f} after GRPO (whose reward pays for right plans and answers, which a longer
+{mean_of(ev['draft_steps']['pf']['sft'])} steps (plan-first) and {mean_of(ev['draft_steps']['tta']['sft'])}
+(think-then-answer) after SFT, {mean_of(ev['draft_steps']['pf']['grpo'])} and
+{mean_of(ev['draft_steps']['tta']['grpo'])} after GRPO (whose reward pays for right plans and answers, which a longer
 draft makes more likely, and nothing for latency), for a reduction of {np.mean(d['ttfr_reduction_sft']):.3f} after SFT and
 {np.mean(d['ttfr_reduction']):.3f} after GRPO. The paper's pass@1 gain (+6%) comes from the plan helping a large model reason on
 real benchmarks; here both formats hold the same tokens (count, numbered plan, start value, steps, answer) and

@@ -393,3 +393,12 @@ def test_smoke_pipeline_end_to_end(smoke_run):
     assert sorted(set(curve["fmt"])) == ["pf", "tta"] and curve["dev_pass1"].is_between(0, 1).all()
     assert sorted(curve.filter(pl.col("fmt") == "pf")["step"].to_list()) == [2, 3]     # every 2, and the last (3)
     assert (out["report"] / "figures" / "sft_curve.png").exists()
+
+
+def test_report_means_skip_missing_seed_values():
+    """A seed whose greedy traces carry no readable draft stores NaN, which JSON writes as null: the report's means
+    skip it (a CI smoke run once crashed on np.mean([None]))."""
+    from stages.plantain.report import mean_of, mean_sd
+
+    assert mean_of([None]) == "n/a" and mean_of([1.0, None, 2.5]) == "1.75" and mean_of([float("nan"), 3.0]) == "3.00"
+    assert mean_sd([None]) == "n/a" and mean_sd([1.0, None, 3.0], "{:.1f}") == "2.0 ± 1.4"
