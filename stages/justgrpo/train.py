@@ -1,7 +1,8 @@
 """train: (1) masked-diffusion pretraining of one base dLLM (the shared tiny transformer in bidirectional
-mode), stopped by a rule fixed in params: the first dev-slice check at which its AR-order sampled
-(T = 1) trace-level pass@1 reaches ``pretrain.target_trace_pass1`` (or ``pretrain.steps``), the curve
-recorded; then (2) per seed, two GRPO arms from that same base (the shared prefix is computed once),
+mode), stopped by a rule fixed in params: the first dev-slice check at which its greedy answer accuracy
+(semi-AR blocks of ``rl.eval_block``, 1 token/step, T = 0: the metric the RL findings read) reaches
+``pretrain.target_greedy_acc`` (or ``pretrain.steps``), the curve recorded (with greedy trace-level
+accuracy and AR-order T = 1 trace-level pass@1 beside it); then (2) per seed, two GRPO arms from that same base (the shared prefix is computed once),
 both through the shared trainer ``stages.common.grpo`` (group advantages, clipped surrogate, no KL):
 
 - ``justgrpo``:  AR-order rollouts (block 1, T = 1) scored by the exact AR likelihood under the dLLM;
@@ -45,6 +46,7 @@ from stages.justgrpo.prepare import load_prompts
 from stages.justgrpo.task import MASK, ORDERS, PROMPT_LEN, VOCAB_SIZE, operands, solution, trace_valid
 
 Arm = Literal["justgrpo", "arbitrary"]
+PRETRAIN_CURVE = ("step", "dev_greedy_acc", "dev_greedy_trace", "dev_trace_pass1")   # pretrain_curve.csv columns
 
 
 ModelConfig = TransformerShape
@@ -57,10 +59,10 @@ class PretrainConfig(StageConfig):
     weight_decay: float = Field(0.0, ge=0, le=10.0)
     seed: int = Field(0, ge=0, lt=2**32, description="seed of the one base dLLM every RL seed starts from")
     eval_every: PositiveInt = Field(250, le=100_000, description="steps between dev-slice checks of the stop rule")
-    eval_prompts: PositiveInt = Field(200, le=10_000, description="dev prompts of the stop rule (one AR sample each)")
-    target_trace_pass1: float | None = Field(0.3, gt=0, lt=1, description=(
-        "stop at the first check whose AR-order (T = 1) trace-level pass@1 on the dev slice reaches this; "
-        "null: always run `steps`"))
+    eval_prompts: PositiveInt = Field(200, le=10_000, description="dev prompts of the stop rule")
+    target_greedy_acc: float | None = Field(0.75, gt=0, lt=1, description=(
+        "stop at the first check whose greedy answer accuracy on the dev slice (semi-AR blocks of rl.eval_block, "
+        "1 token/step: the RL findings' metric) reaches this; null: always run `steps`"))
 
     @model_validator(mode="after")
     def _eval(self):
@@ -134,13 +136,15 @@ class SolutionLoader:
 
 
 class StopAtTarget(L.Callback):
-    """The pretraining stop rule: every ``every`` steps, one AR-order (block 1, T = 1) sample per dev
-    prompt; record trace-level pass@1 and stop training once it reaches ``target`` (None: never stop)."""
+    """The pretraining stop rule: every ``every`` steps, on the dev prompts, greedy decoding (semi-AR blocks of
+    ``block``, 1 token/step) and one AR-order (block 1, T = 1) sample each; record greedy answer- and
+    trace-level accuracy and sampled trace-level pass@1, and stop training once the greedy answer accuracy
+    reaches ``target`` (None: never stop)."""
 
-    def __init__(self, prompts: torch.Tensor, gen_len: int, every: int, target: float | None, seed: int,
+    def __init__(self, prompts: torch.Tensor, gen_len: int, block: int, every: int, target: float | None, seed: int,
                  counter: Counter):
-        self.prompts, self.gen_len, self.every, self.target, self.seed = prompts, gen_len, every, target, seed
-        self.counter = counter
+        self.prompts, self.gen_len, self.block, self.every, self.target = prompts, gen_len, block, every, target
+        self.seed, self.counter = seed, counter
         self.curve: list[dict[str, float]] = []
 
     def on_train_batch_end(self, trainer, module, outputs, batch, batch_idx):
@@ -149,12 +153,14 @@ class StopAtTarget(L.Callback):
             return
         model = module.model
         model.eval()
+        items = greedy_items(model, self.prompts.to(module.device), self.gen_len, self.block, 1, self.counter)
         g = torch.Generator(device=module.device).manual_seed(self.seed + step)
         gen, _ = decode(model, self.prompts.to(module.device), self.gen_len, 1, 1, 1.0, g, self.counter)
         model.train()
-        p1 = float(trace_valid(gen, self.prompts).float().mean())
-        self.curve.append({"step": step, "dev_trace_pass1": p1})
-        if self.target is not None and p1 >= self.target:
+        acc = float(np.mean(items["answer"]))
+        self.curve.append({"step": step, "dev_greedy_acc": acc, "dev_greedy_trace": float(np.mean(items["trace"])),
+                           "dev_trace_pass1": float(trace_valid(gen, self.prompts.to(module.device)).float().mean())})
+        if self.target is not None and acc >= self.target:
             trainer.should_stop = True
 
 
@@ -181,7 +187,8 @@ def pretrain(cfg: Config, tcfg: TrainerConfig, ctx: StageContext, mcfg, train_p,
     pc = cfg.pretrain
     torch.manual_seed(pc.seed)
     mdlm = MaskedDiffusionLM(mcfg, pc.lr, pc.weight_decay, pc.seed, counter)
-    stop = StopAtTarget(dev_p[: pc.eval_prompts], gen_len, pc.eval_every, pc.target_trace_pass1, pc.seed, counter)
+    stop = StopAtTarget(dev_p[: pc.eval_prompts], gen_len, cfg.rl.eval_block, pc.eval_every, pc.target_greedy_acc,
+                        pc.seed, counter)
     trainer = make_trainer(tcfg, ctx.tracker, max_steps=pc.steps, callbacks=[stop])
     trainer.fit(mdlm, SolutionLoader(train_p, gen_len, pc.batch, pc.steps, pc.seed))
     return mdlm.model.to(device).eval(), mdlm.history, stop.curve, int(trainer.global_step)
@@ -292,7 +299,7 @@ def run(cfg: Config, ctx: StageContext) -> None:
     if ctx.tracker is not None:
         ctx.tracker.log_table("rl_history", frame)
     pl.DataFrame(pre_hist).write_csv(ctx.out / "pretrain_history.csv")
-    pl.DataFrame(pre_curve, schema={"step": pl.Int64, "dev_trace_pass1": pl.Float64}).write_csv(
+    pl.DataFrame(pre_curve, schema={"step": pl.Int64, **{c: pl.Float64 for c in PRETRAIN_CURVE[1:]}}).write_csv(
         ctx.out / "pretrain_curve.csv")
     write_json(ctx.out / "models.json", {"seeds": seeds, "gen_len": gen_len, "arms": list(cfg.rl.arms),
                                          "model": mcfg.__dict__, "eval_block": cfg.rl.eval_block,
@@ -300,5 +307,5 @@ def run(cfg: Config, ctx: StageContext) -> None:
                                          "pretrain": cfg.pretrain.model_dump(mode="json"),
                                          "pretrain_steps_run": pre_steps,
                                          "pretrain_stopped_at_target": bool(
-                                             pre_curve and cfg.pretrain.target_trace_pass1 is not None
-                                             and pre_curve[-1]["dev_trace_pass1"] >= cfg.pretrain.target_trace_pass1)})
+                                             pre_curve and cfg.pretrain.target_greedy_acc is not None
+                                             and pre_curve[-1]["dev_greedy_acc"] >= cfg.pretrain.target_greedy_acc)})

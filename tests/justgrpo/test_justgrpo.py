@@ -182,7 +182,7 @@ def test_pass_at_k_matches_enumeration():
     (prepare.Config, {"test_frac": 0.5, "dev_frac": 0.45}, "dev_frac"),
     (evaluate.Config, {"ks": [1, 2, 4], "claim_k": 8}, "claim_k"),
     (train.Config, {"pretrain": {"steps": 100, "eval_every": 200}}, "pretrain.eval_every"),
-    (train.Config, {"pretrain": {"target_trace_pass1": 1.5}}, "target_trace_pass1"),
+    (train.Config, {"pretrain": {"target_greedy_acc": 1.5}}, "target_greedy_acc"),
     (train.Config, {"rl": {"grpo": {"group_size": 1}}}, "rl.grpo.group_size"),
     (evaluate.Config, {"n_samples": 16, "ks": [1, 4, 64]}, "ks"),
     (evaluate.Config, {"tokens_per_step": [1, 8], "eval_block": 4}, "tokens_per_step"),
@@ -226,10 +226,47 @@ def test_smoke_pipeline(smoke_run):
     assert {"reward_mean", "reward_std", "dev_acc", "dev_trace_acc", "entropy", "kl_to_base"} <= set(hist.columns)
     assert "loss" not in hist.columns                              # the surrogate's value is not a learning signal
     assert hist.filter(pl.col("step") == 0)["kl_to_base"].abs().max() < 1e-5   # step 0: the policy is the base
-    assert pl.read_csv(out["train"] / "pretrain_curve.csv").columns == ["step", "dev_trace_pass1"]
+    assert pl.read_csv(out["train"] / "pretrain_curve.csv").columns == ["step", "dev_greedy_acc", "dev_greedy_trace", "dev_trace_pass1"]
     # each split is stored in a seeded random order, so test[:n] and the dev slices are random samples of their
     # split (a sorted table made every verdict read the prompts with the smallest first operands)
     table = pl.read_parquet(out["prepare"] / "prompts.parquet")
     for split in ("train", "test"):
         keys = table.filter(pl.col("split") == split).select(["a", "b", "c", "d"]).rows()
         assert keys != sorted(keys) and len({k[0] for k in keys[:50]}) >= 5
+
+
+def test_stop_rule_reads_greedy_answer_accuracy(monkeypatch):
+    """The pretraining stop rule stops at the FIRST check whose dev greedy answer accuracy reaches the target
+    (not greedy trace accuracy, not the T = 1 reading), checks only every ``every`` steps, and records all three."""
+    import types
+    script = {4: (0.5, 0.9), 8: (0.7, 0.1), 12: (0.8, 0.0), 16: (0.95, 0.0)}   # step -> (answer acc, trace acc)
+    calls = []
+
+    def fake_greedy(model, prompts, gen_len, block, tps, counter=None, batch=512):
+        calls.append((block, tps))
+        a, t = script[trainer.global_step]
+        n = prompts.shape[0]
+        return {"answer": [1] * round(a * n) + [0] * (n - round(a * n)),
+                "trace": [1] * round(t * n) + [0] * (n - round(t * n))}
+
+    monkeypatch.setattr(train, "greedy_items", fake_greedy)
+    monkeypatch.setattr(train, "decode", lambda model, p, *a, **k: (torch.zeros(p.shape[0], 20, dtype=torch.long), {}))
+    monkeypatch.setattr(train, "trace_valid", lambda gen, p: torch.tensor([True] * 3 + [False] * (p.shape[0] - 3)))
+    prompts = torch.zeros(20, 6, dtype=torch.long)
+    stop = train.StopAtTarget(prompts, 20, 5, 4, 0.75, 0, None)
+    module = types.SimpleNamespace(model=torch.nn.Linear(1, 1), device=torch.device("cpu"))
+    trainer = types.SimpleNamespace(global_step=0, should_stop=False)
+    for step in range(1, 17):
+        trainer.global_step = step
+        stop.on_train_batch_end(trainer, module, None, None, step)
+        if trainer.should_stop:
+            break
+    assert trainer.global_step == 12 and [r["step"] for r in stop.curve] == [4, 8, 12]
+    assert calls == [(5, 1)] * 3                                    # semi-AR blocks of 5, one token per step
+    assert [r["dev_greedy_acc"] for r in stop.curve] == [0.5, 0.7, 0.8]
+    assert [r["dev_greedy_trace"] for r in stop.curve] == [0.9, 0.1, 0.0]
+    assert all(abs(r["dev_trace_pass1"] - 0.15) < 1e-6 for r in stop.curve)
+    never = train.StopAtTarget(prompts, 20, 5, 4, None, 0, None)      # target null: records, never stops
+    trainer.global_step, trainer.should_stop = 16, False
+    never.on_train_batch_end(trainer, module, None, None, 16)
+    assert not trainer.should_stop and len(never.curve) == 1
