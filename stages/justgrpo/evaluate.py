@@ -142,7 +142,8 @@ def run(cfg: Config, ctx: StageContext) -> None:
     if info.get("kind") == "hf":                   # full profile: the real dLLM (issue 41; hf_source.evaluate_real)
         from stages.justgrpo.hf_source import evaluate_real
         return evaluate_real(cfg, ctx, info)
-    seeds, gen_len, arms, mcfg = info["seeds"], info["gen_len"], info["arms"], info["model"]
+    seeds, gen_len, mcfg = info["seeds"], info["gen_len"], info["model"]
+    arms = info["arms"] + info.get("controls", [])          # RL arms and the continued-pretraining control
     if cfg.eval_block > gen_len:
         raise ValueError(f"eval_block: {cfg.eval_block} exceeds gen_len {gen_len}")
     test = load_prompts(ctx.input("prepare"), "test").to(device)

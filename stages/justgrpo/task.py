@@ -49,10 +49,12 @@ def prompt_tokens(a: int, b: int, c: int, d: int) -> list[int]:
     return [a, b, PLUS, c, d]
 
 
-def solution(a: int, b: int, c: int, d: int, order: str, gen_len: int) -> list[int]:
-    """The canonical trace for one order, EOS-padded to ``gen_len``."""
+def solution(a: int, b: int, c: int, d: int, order: str, gen_len: int, drop_carry: bool = False) -> list[int]:
+    """The canonical trace for one order, EOS-padded to ``gen_len``. ``drop_carry``: the imperfect teacher's slip
+    (pretraining data only) — the tens column written without the carry, so the tens sum and the answer are one
+    ten short (an invalid trace with a wrong answer; no change where there is no carry)."""
     ones = b + d
-    carry = ones // 10
+    carry = 0 if drop_carry else ones // 10
     tens = a + c + carry
     p, q, s, t = (b, d, a, c) if order == "left" else (d, b, c, a)
     toks = ([p, PLUS, q, EQ] + digits(ones) + [SEMI]

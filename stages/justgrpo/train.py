@@ -60,6 +60,10 @@ class PretrainConfig(StageConfig):
     seed: int = Field(0, ge=0, lt=2**32, description="seed of the one base dLLM every RL seed starts from")
     eval_every: PositiveInt = Field(250, le=100_000, description="steps between dev-slice checks of the stop rule")
     eval_prompts: PositiveInt = Field(200, le=10_000, description="dev prompts of the stop rule")
+    teacher_carry_drop: float = Field(0.0, ge=0, lt=1, description=(
+        "the imperfect teacher: the share of pretraining traces of carry prompts written without the carry (a "
+        "systematic slip the base imitates, so a converged base is wrong on carry prompts under greedy decoding "
+        "while its T = 1 samples carry at rate 1 − this: the room RL can use and more pretraining cannot)"))
     target_greedy_acc: float | None = Field(0.75, gt=0, lt=1, description=(
         "stop at the first check whose greedy answer accuracy on the dev slice (semi-AR blocks of rl.eval_block, "
         "1 token/step: the RL findings' metric) reaches this; null: always run `steps`"))
@@ -85,6 +89,10 @@ class RLConfig(StageConfig):
         "the arbitrary-order arm's rollout block (low-confidence order inside each block, blocks left to right, "
         "as d1 rolls out with LLaDA's semi-AR sampler); null: one block, the whole generation"))
     arms: list[Arm] = Field(default_factory=lambda: ["justgrpo", "arbitrary"], min_length=1, max_length=2)
+    control: bool = Field(True, description=(
+        "also continue the base's own masked-diffusion training per seed for `steps` steps at `lr` on batches of "
+        "prompts_per_step × group_size teacher traces (as many sequences per step as an RL step scores): the "
+        "`continued` control, which says what the RL steps add beyond more of the base's training"))
 
     @field_validator("arms")
     @classmethod
@@ -118,10 +126,12 @@ class Config(StageConfig):
 
 
 class SolutionLoader:
-    """``steps`` batches of [prompt, solution] rows; each row's order (the fork) drawn at random."""
+    """``steps`` batches of [prompt, solution] rows; each row's order (the fork) drawn at random, and (the imperfect
+    teacher) a carry prompt's trace written without the carry with probability ``carry_drop``."""
 
-    def __init__(self, prompts: torch.Tensor, gen_len: int, batch: int, steps: int, seed: int):
+    def __init__(self, prompts: torch.Tensor, gen_len: int, batch: int, steps: int, seed: int, carry_drop: float = 0.0):
         self.prompts, self.gen_len, self.batch, self.steps, self.seed = prompts, gen_len, batch, steps, seed
+        self.carry_drop = carry_drop
 
     def __len__(self) -> int:
         return self.steps
@@ -130,8 +140,11 @@ class SolutionLoader:
         rng = np.random.default_rng(self.seed)
         rows, ops = self.prompts.tolist(), operands(self.prompts).tolist()
         for _ in range(self.steps):
-            out = [rows[i] + solution(*ops[i], ORDERS[rng.integers(len(ORDERS))], self.gen_len)
-                   for i in rng.integers(0, len(rows), self.batch)]
+            idx = rng.integers(0, len(rows), self.batch)
+            orders = rng.integers(len(ORDERS), size=self.batch)
+            drop = rng.random(self.batch) < self.carry_drop if self.carry_drop > 0 else np.zeros(self.batch, bool)
+            out = [rows[i] + solution(*ops[i], ORDERS[o], self.gen_len, drop_carry=bool(x))
+                   for i, o, x in zip(idx, orders, drop)]
             yield torch.tensor(out, dtype=torch.long)
 
 
@@ -190,8 +203,38 @@ def pretrain(cfg: Config, tcfg: TrainerConfig, ctx: StageContext, mcfg, train_p,
     stop = StopAtTarget(dev_p[: pc.eval_prompts], gen_len, cfg.rl.eval_block, pc.eval_every, pc.target_greedy_acc,
                         pc.seed, counter)
     trainer = make_trainer(tcfg, ctx.tracker, max_steps=pc.steps, callbacks=[stop])
-    trainer.fit(mdlm, SolutionLoader(train_p, gen_len, pc.batch, pc.steps, pc.seed))
+    trainer.fit(mdlm, SolutionLoader(train_p, gen_len, pc.batch, pc.steps, pc.seed, pc.teacher_carry_drop))
     return mdlm.model.to(device).eval(), mdlm.history, stop.curve, int(trainer.global_step)
+
+
+def control_run(seed: int, p: dict) -> dict:
+    """The `continued` control of one seed: the base trained on for ``rl.steps`` more masked-diffusion steps (same
+    objective and teacher as pretraining, lr ``rl.lr``, ``prompts_per_step × group_size`` traces per step, batches
+    and masks seeded by this seed); dev greedy accuracy at step 0 and at the end. Saves ``continued_s<seed>.pt``."""
+    cfg, tcfg = Config.model_validate(p["cfg"]), TrainerConfig.model_validate(p["trainer"])
+    device, gen_len = torch.device(p["device"]), p["gen_len"]
+    rec = KernelRecord(device)
+    counter = Counter(rec)
+    mdlm = MaskedDiffusionLM(TinyTransformerConfig(**p["model"]), cfg.rl.lr, cfg.pretrain.weight_decay,
+                             10_000 + seed, counter)
+    mdlm.model.load_state_dict(p["base"])
+    mdlm.to(device)
+    acc_dev = p["acc_dev"].to(device)
+
+    def point(step: int) -> dict:
+        items = greedy_items(mdlm.model.eval(), acc_dev, gen_len, cfg.rl.eval_block, 1, counter)
+        mdlm.model.train()
+        return {"step": step, "dev_acc": float(np.mean(items["answer"])), "dev_trace_acc": float(np.mean(items["trace"]))}
+
+    rows = [point(0)]
+    batch = cfg.rl.prompts_per_step * cfg.rl.grpo.group_size
+    trainer = make_trainer(tcfg, None, max_steps=cfg.rl.steps)
+    trainer.fit(mdlm, SolutionLoader(p["train_p"], gen_len, batch, cfg.rl.steps, 10_000 + seed,
+                                     cfg.pretrain.teacher_carry_drop))
+    rows.append(point(cfg.rl.steps))
+    torch.save(mdlm.model.state_dict(), Path(p["out"]) / f"continued_s{seed}.pt")
+    return {"seed": seed, "arm": "continued", "history": [dict(r, arm="continued", seed=seed) for r in rows],
+            "calls": rec.to_dict().get("token_logprob", {}).get("calls", 0)}
 
 
 def rl_run(job: tuple[int, str]) -> dict:
@@ -200,6 +243,8 @@ def rl_run(job: tuple[int, str]) -> dict:
     and its token_logprob call count."""
     seed, arm = job
     p = payload()
+    if arm == "continued":
+        return control_run(seed, p)
     cfg, tcfg = Config.model_validate(p["cfg"]), TrainerConfig.model_validate(p["trainer"])
     device, gen_len = torch.device(p["device"]), p["gen_len"]
     rec = KernelRecord(device)
@@ -270,7 +315,9 @@ def run(cfg: Config, ctx: StageContext) -> None:
         p.requires_grad_(False)
 
     # --- 2. per seed, GRPO arms from that base: independent runs, in a pool of single-threaded processes
-    jobs = [(seed, arm) for arm in sorted(cfg.rl.arms, key=lambda a: a != "justgrpo") for seed in seeds]
+    controls = ["continued"] if cfg.rl.control else []
+    jobs = ([(seed, arm) for arm in sorted(cfg.rl.arms, key=lambda a: a != "justgrpo") for seed in seeds]
+            + [(seed, c) for c in controls for seed in seeds])
     data = {"cfg": cfg.model_dump(mode="json"), "trainer": tcfg.model_dump(mode="json"), "model": mcfg.__dict__,
             "base": {k: v.cpu() for k, v in base.state_dict().items()}, "device": str(device), "gen_len": gen_len,
             "train_p": train_p, "acc_dev": dev_p[: cfg.rl.eval_prompts].cpu(),
@@ -278,7 +325,7 @@ def run(cfg: Config, ctx: StageContext) -> None:
     done = {(r["seed"], r["arm"]): r for r in run_jobs(rl_run, jobs, data, cfg.workers)}
     history = []
     for seed in seeds:                                                   # rows in (seed, arm) order, as before
-        for arm in cfg.rl.arms:
+        for arm in list(cfg.rl.arms) + controls:
             r = done[(seed, arm)]
             rec.count("token_logprob", r["calls"])
             history += r["history"]
@@ -302,6 +349,7 @@ def run(cfg: Config, ctx: StageContext) -> None:
     pl.DataFrame(pre_curve, schema={"step": pl.Int64, **{c: pl.Float64 for c in PRETRAIN_CURVE[1:]}}).write_csv(
         ctx.out / "pretrain_curve.csv")
     write_json(ctx.out / "models.json", {"seeds": seeds, "gen_len": gen_len, "arms": list(cfg.rl.arms),
+                                         "controls": controls,
                                          "model": mcfg.__dict__, "eval_block": cfg.rl.eval_block,
                                          "rl": cfg.rl.model_dump(mode="json"),
                                          "pretrain": cfg.pretrain.model_dump(mode="json"),

@@ -162,14 +162,33 @@ def sft_curve_figure(curve: pl.DataFrame):
 
 
 def rl_figure(hist: pl.DataFrame):
-    fig, ax = plt.subplots(figsize=(6, 3.8))
-    for fmt, color in (("tta", "C3"), ("pf", "C0")):
+    """Left: mean GRPO reward per step; right: the GRPO learning curve, greedy pass@1 on the held-out dev slice
+    (thin lines: seeds; thick: their mean), for every GRPO arm."""
+    has_curve = "dev_pass1" in hist.columns and hist["dev_pass1"].is_not_null().any()
+    fig, axes = plt.subplots(1, 2 if has_curve else 1, figsize=(11 if has_curve else 6, 3.8), squeeze=False)
+    arms = (("tta", "C3", "think-then-answer"), ("pf", "C0", "plan-first"), ("pf_nohelp", "C2", "plan-first, w_helpful = 0"))
+    for fmt, color, label in arms:
         s = hist.filter(pl.col("fmt") == fmt)
-        m = s.group_by("step").agg(pl.col("reward_mean").mean()).sort("step")
-        ax.plot(m["step"], m["reward_mean"], color=color, lw=2, label=f"{fmt} (mean over seeds)")
-    ax.set_xlabel("GRPO step")
-    ax.set_ylabel("mean reward r_format × (1 + r_correct + r_helpful)")
-    ax.legend()
+        if s.is_empty():
+            continue
+        m = s.filter(pl.col("reward_mean").is_not_null()).group_by("step").agg(pl.col("reward_mean").mean()).sort("step")
+        axes[0][0].plot(m["step"], m["reward_mean"], color=color, lw=2, label=f"{label} (mean over seeds)")
+        if not has_curve:
+            continue
+        c = s.filter(pl.col("dev_pass1").is_not_null())
+        for seed in c["seed"].unique().sort():
+            q = c.filter(pl.col("seed") == seed).sort("step")
+            axes[0][1].plot(q["step"], q["dev_pass1"], color=color, lw=0.8, alpha=0.5)
+        mc = c.group_by("step").agg(pl.col("dev_pass1").mean()).sort("step")
+        axes[0][1].plot(mc["step"], mc["dev_pass1"], color=color, lw=2, marker="o", label=label)
+    axes[0][0].set_xlabel("GRPO step")
+    axes[0][0].set_ylabel("mean reward r_format × (1 + r_correct + r_helpful)")
+    axes[0][0].legend(fontsize=8)
+    if has_curve:
+        axes[0][1].set_xlabel("GRPO step")
+        axes[0][1].set_ylabel("greedy pass@1 (dev slice, held out from GRPO)")
+        axes[0][1].set_ylim(0, 1.02)
+        axes[0][1].legend(fontsize=8)
     return fig
 
 
@@ -295,9 +314,10 @@ the lower of the two levels' best accuracy (reachable by both). Seeds {seeds}.
         sc = pl.read_csv(sft_curve_path)
         if len(sc):
             rep.figure("sft_curve", sft_curve_figure(sc), "SFT learning curve recorded by the train stage: greedy "
-                       "pass@1 on dev problems (the first RL-split problems, never test) per format and seed; "
+                       "pass@1 on dev problems (the last RL-split problems, held out from GRPO, never test) per format and seed; "
                        "`sft.steps` is read from it (every seed and format must leave chance)")
-    rep.figure("rl_reward", rl_figure(hist), "Mean GRPO reward per step for both formats")
+    rep.figure("rl_reward", rl_figure(hist), "GRPO: mean reward per step, and the learning curve the train stage "
+               "records (greedy pass@1 on the dev slice, held out from the GRPO prompts; thin: seeds)")
     curve = rw.group_by(["model", "level", "retries"]).agg(pl.col("tokens").mean(), pl.col("acc").mean()).sort(
         ["model", "level", "retries"])
     for stage in ("sft", "grpo"):

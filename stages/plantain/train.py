@@ -52,7 +52,8 @@ class SFTConfig(StageConfig):
     curve_every: int = Field(100, ge=0, le=100_000, description=(
         "SFT learning curve: greedy pass@1 on the dev slice every this many steps (0: off)"))
     curve_prompts: PositiveInt = Field(100, le=10_000, description=(
-        "dev slice of the SFT curve: the first this many RL-split problems (never test problems)"))
+        "dev slice of the SFT and GRPO curves: the last this many RL-split problems, held out from the GRPO "
+        "prompts (never test problems)"))
 
 
 class RewardConfig(StageConfig):
@@ -66,6 +67,9 @@ class RewardConfig(StageConfig):
 
 class RLConfig(StageConfig):
     steps: PositiveInt = Field(30, le=10_000, description="GRPO steps per format and seed")
+    eval_every: int = Field(10, ge=0, le=10_000, description=(
+        "GRPO learning curve: greedy pass@1 on the dev slice (held out from the GRPO prompts) every this many steps "
+        "and at step 0 (0: off)"))
     prompts_per_step: PositiveInt = Field(8, le=1024)
     lr: float = Field(3e-4, gt=0, le=1.0)
     temperature: float = Field(1.0, gt=0, le=5.0, description="rollout sampling temperature")
@@ -119,6 +123,15 @@ def fit_judges(cfg: JudgeConfig, prep) -> tuple[dict[int, PlanJudge], dict[str, 
     return judges, qual
 
 
+def dev_pass1(model: TinyTransformer, prompts: torch.Tensor, problems: list, fmt: str) -> float:
+    """Greedy pass@1 of ``model`` on the dev problems (answer read from the format's visible answer)."""
+    was_training = model.training
+    model.eval()
+    traces = greedy_traces(model, prompts, MAX_TRACE)
+    model.train(was_training)
+    return float(np.mean([trace_answer(t, fmt) == p.answer for p, t in zip(problems, traces)]))
+
+
 class SFTCurve(L.Callback):
     """Every ``every`` SFT steps (and at the last), greedy pass@1 of the model on the dev problems: the
     curve from which ``sft.steps`` is read (every seed and format must have learned the task)."""
@@ -131,11 +144,7 @@ class SFTCurve(L.Callback):
         step = trainer.global_step
         if not self.every or (step % self.every and step != self.last):
             return
-        module.model.eval()
-        traces = greedy_traces(module.model, self.prompts, MAX_TRACE)
-        module.model.train()
-        ok = [trace_answer(t, self.fmt) == p.answer for p, t in zip(self.problems, traces)]
-        self.rows.append({"step": step, "dev_pass1": float(np.mean(ok))})
+        self.rows.append({"step": step, "dev_pass1": dev_pass1(module.model, self.prompts, self.problems, self.fmt)})
 
 
 class Config(StageConfig):
@@ -179,8 +188,7 @@ def sft_grpo_run(job: tuple[int, str]) -> dict:
     mcfg, judge = TinyTransformerConfig(**p["model"]), p["judge"]
     rec = KernelRecord(device)
     counter = Counter(rec)
-    rl_prompts = p["rl_prompts"].to(device)
-    dev_prompts = rl_prompts[: cfg.sft.curve_prompts]
+    rl_prompts, dev_prompts = p["rl_prompts"].to(device), p["dev_prompts"].to(device)   # disjoint (run)
     rw = cfg.rl.reward
     # --- 1. SFT on this format's traces
     torch.manual_seed(seed)
@@ -195,12 +203,19 @@ def sft_grpo_run(job: tuple[int, str]) -> dict:
     # (w_helpful = 0), everything else equal: the ablation that isolates r_helpful
     arms = [(fmt, "grpo", rw.w_helpful)] + ([(f"{fmt}_nohelp", "grpo_nohelp", 0.0)]
                                            if fmt == "pf" and cfg.rl.helpful_ablation else [])
+
+    def curve_point(module, step):                                       # the GRPO learning curve (dev slice)
+        return {"dev_pass1": dev_pass1(module.policy.model, dev_prompts, p["dev_problems"], fmt)}
+
     for name, stem, w_helpful in arms:
         policy = TracePolicy(copy.deepcopy(base), MAX_TRACE, cfg.rl.temperature, counter)
         grpo = GRPOModule(policy, make_reward_fn(fmt, rw.w_correct, w_helpful, judge, rw.tta_process_reward),
-                          cfg.rl.grpo, lr=cfg.rl.lr, seed=seed)
+                          cfg.rl.grpo, lr=cfg.rl.lr, seed=seed, eval_every=cfg.rl.eval_every,
+                          eval_fn=curve_point)
         trainer = make_trainer(tcfg, None, max_steps=cfg.rl.steps)
         trainer.fit(grpo, PromptLoader(rl_prompts, cfg.rl.prompts_per_step, cfg.rl.steps, seed=seed))
+        if cfg.rl.eval_every and cfg.rl.steps % cfg.rl.eval_every:     # the curve's last point: the saved model
+            grpo.history[-1].update(curve_point(grpo, cfg.rl.steps))
         torch.save(policy.model.state_dict(), out / f"{fmt}_{stem}_s{seed}.pt")
         rl_hist += [dict(h, fmt=name, seed=seed) for h in grpo.history]
     return {"seed": seed, "fmt": fmt, "sft_curve": [dict(r, fmt=fmt, seed=seed) for r in curve.rows],
@@ -219,11 +234,13 @@ def run(cfg: Config, ctx: StageContext) -> None:
     seeds = meta["seeds"]
     sft = load_split(prep, "sft")
     rl_split = load_split(prep, "rl")
-    rl_prompts = torch.tensor(rl_split["prompt"].to_list(), dtype=torch.long, device=device)
-    if cfg.sft.curve_prompts > len(rl_split):
-        raise ValueError(f"sft.curve_prompts: {cfg.sft.curve_prompts} is more than the {len(rl_split)} RL-split "
-                         "problems (prepare.n_rl)")
-    dev_problems = to_problems(rl_split.head(cfg.sft.curve_prompts))
+    if cfg.sft.curve_prompts + cfg.rl.prompts_per_step > len(rl_split):
+        raise ValueError(f"sft.curve_prompts: {cfg.sft.curve_prompts} dev problems plus one GRPO batch "
+                         f"({cfg.rl.prompts_per_step}) is more than the {len(rl_split)} RL-split problems (prepare.n_rl)")
+    n_rl = len(rl_split) - cfg.sft.curve_prompts       # the last curve_prompts: the dev slice, never a GRPO prompt
+    rl_prompts = torch.tensor(rl_split["prompt"].to_list()[:n_rl], dtype=torch.long, device=device)
+    dev_prompts = torch.tensor(rl_split["prompt"].to_list()[n_rl:], dtype=torch.long, device=device)
+    dev_problems = to_problems(rl_split.tail(cfg.sft.curve_prompts))
     rec = KernelRecord(device)
     mcfg = model_config(cfg)
     tcfg = cfg.trainer.model_copy(update={"accelerator": "gpu" if device.type == "cuda" else cfg.trainer.accelerator})
@@ -239,7 +256,7 @@ def run(cfg: Config, ctx: StageContext) -> None:
     jobs = [(seed, fmt) for fmt in sorted(cfg.formats, key=lambda f: f != "pf") for seed in seeds]
     payload_ = {"cfg": cfg.model_dump(mode="json"), "trainer": tcfg.model_dump(mode="json"), "model": mcfg.__dict__,
                 "device": str(device), "sft": {f: t.cpu() for f, t in data.items()}, "rl_prompts": rl_prompts.cpu(),
-                "dev_problems": dev_problems, "judge": deployed, "out": str(ctx.out)}
+                "dev_prompts": dev_prompts.cpu(), "dev_problems": dev_problems, "judge": deployed, "out": str(ctx.out)}
     done = {(r["seed"], r["fmt"]): r for r in run_jobs(sft_grpo_run, jobs, payload_, cfg.workers)}
     sft_hist, rl_hist, sft_curve = [], [], []
     every = tcfg.log_every_n_steps
@@ -276,6 +293,7 @@ def run(cfg: Config, ctx: StageContext) -> None:
     pl.DataFrame(rl_hist, infer_schema_length=None).write_csv(ctx.out / "rl_history.csv")
     write_json(ctx.out / "models.json", {"seeds": seeds, "formats": list(cfg.formats), "model": mcfg.__dict__,
                                          "max_trace": MAX_TRACE, "sft": cfg.sft.model_dump(mode="json"),
+                                         "n_rl_prompts": int(len(rl_prompts)), "n_dev_prompts": int(len(dev_prompts)),
                                          "rl": cfg.rl.model_dump(mode="json"),
                                          "judge": dict(cfg.judge.model_dump(mode="json"), quality=judge_quality,
                                                        deployed_name="oracle" if cfg.judge.kind == "oracle"

@@ -199,11 +199,11 @@ def test_smoke_pipeline(smoke_run):
     metrics = json.loads((out["report"] / "metrics.json").read_text())
     names = {c["name"] for c in metrics["claims"]}
     assert {"ar_coverage_at_k", "justgrpo_beats_arbitrary_grpo", "gain_survives_parallel",
-            "justgrpo_improves_base_trace", "base_trace_above_floor", "guessing_rare"} <= names
+            "justgrpo_improves_base_trace", "base_trace_above_floor", "guessing_rare", "justgrpo_beats_continued"} <= names
     assert metrics["kernels"]["token_logprob"]["calls"] > 0
     assert (out["report"] / "figures" / "passk_curves.png").exists()
     ev = metrics["metrics"]
-    assert set(ev["acc"]) == {"base", "justgrpo", "arbitrary"} and set(ev["acc"]["base"]) == {"tps1", "tps2", "tps4", "full_arbitrary"}
+    assert set(ev["acc"]) == {"base", "justgrpo", "arbitrary", "continued"} and set(ev["acc"]["base"]) == {"tps1", "tps2", "tps4", "full_arbitrary"}
     # per-prompt 0/1 lists (paired verdicts), one per seed, on the evaluated test prompts
     items = ev["acc"]["justgrpo"]["tps1"]
     assert len(items) == len(ev["seeds"]) and all(len(v) == ev["eval_prompts"] and set(v) <= {0, 1} for v in items)
@@ -226,6 +226,10 @@ def test_smoke_pipeline(smoke_run):
     assert {"reward_mean", "reward_std", "dev_acc", "dev_trace_acc", "entropy", "kl_to_base"} <= set(hist.columns)
     assert "loss" not in hist.columns                              # the surrogate's value is not a learning signal
     assert hist.filter(pl.col("step") == 0)["kl_to_base"].abs().max() < 1e-5   # step 0: the policy is the base
+    # the continued-pretraining control: dev accuracy at step 0 (the base: the RL arms' step-0 reading) and at the end
+    ctrl = hist.filter(pl.col("arm") == "continued").sort("step")
+    assert ctrl["step"].to_list() == [0, hist["step"].max()] and ctrl["reward_mean"].is_null().all()
+    assert ctrl["dev_acc"][0] == hist.filter((pl.col("arm") == "justgrpo") & (pl.col("step") == 0))["dev_acc"][0]
     assert pl.read_csv(out["train"] / "pretrain_curve.csv").columns == ["step", "dev_greedy_acc", "dev_greedy_trace", "dev_trace_pass1"]
     # each split is stored in a seeded random order, so test[:n] and the dev slices are random samples of their
     # split (a sorted table made every verdict read the prompts with the smallest first operands)
@@ -270,3 +274,44 @@ def test_stop_rule_reads_greedy_answer_accuracy(monkeypatch):
     trainer.global_step, trainer.should_stop = 16, False
     never.on_train_batch_end(trainer, module, None, None, 16)
     assert not trainer.should_stop and len(never.curve) == 1
+
+
+def test_imperfect_teacher_drops_the_carry_only_where_there_is_one():
+    """The pretraining teacher's slip (hand-written): 47+38 written without the carry is `7+8=15;4+3=7;#75`, an
+    invalid trace whose answer is one ten short; a prompt without a carry is unchanged."""
+    slip = solution(4, 7, 3, 8, "left", 20, drop_carry=True)
+    assert render(slip) == "7+8=15;4+3=7;#75" and slip == _toks("7+8=15;4+3=7;#75")
+    assert render(solution(4, 7, 3, 8, "right", 20, drop_carry=True)) == "8+7=15;3+4=7;#75"
+    p = prompt_batch(torch.tensor([[4, 7, 3, 8]]))
+    assert not bool(trace_valid(torch.tensor([slip]), p)[0]) and int(extract_answer(torch.tensor([slip]))[0]) == 75
+    for order in ORDERS:                                              # 42+35: no carry, nothing to drop
+        assert solution(4, 2, 3, 5, order, 20, drop_carry=True) == solution(4, 2, 3, 5, order, 20)
+
+
+def test_solution_loader_drops_carries_at_the_teacher_rate():
+    """Over many batches, the share of carry-prompt rows written without the carry is the teacher's rate (binomial
+    4-sigma band), non-carry rows are always the canonical trace, and rate 0 writes every carry."""
+    rows = torch.as_tensor(all_prompts())
+    prompts = prompt_batch(rows)
+
+    def slips(rate: float) -> tuple[int, int, int]:
+        n_carry = n_drop = n_other_changed = 0
+        for batch in train.SolutionLoader(prompts, 20, 256, 20, seed=3, carry_drop=rate):
+            for row in batch.tolist():
+                a, b, _, c, d = row[:5]
+                text = render(torch.tensor(row[5:]))
+                canonical = {render(solution(a, b, c, d, o, 20)) for o in ORDERS}
+                if b + d >= 10:
+                    n_carry += 1
+                    n_drop += text not in canonical
+                    ones, tens, _ = text.split(";")                   # a slip: the tens column without "+1"
+                    assert text in canonical or (tens.count("+") == 1 and eval(tens.split("=")[0]) == a + c)
+                else:
+                    n_other_changed += text not in canonical
+        return n_carry, n_drop, n_other_changed
+
+    n, k, other = slips(0.35)
+    assert n > 1500 and other == 0
+    assert abs(k / n - 0.35) < 4 * (0.35 * 0.65 / n) ** 0.5
+    n, k, other = slips(0.0)
+    assert k == 0 and other == 0

@@ -30,7 +30,7 @@ def _smoke_inputs(tmp_path):
     data = {"cfg": cfg.model_dump(mode="json"), "trainer": cfg.trainer.model_dump(mode="json"), "model": mcfg.__dict__,
             "device": "cpu", "sft": {f: sft_tensor(sft[f"trace_{f}"].to_list(), sft["prompt"].to_list(), MAX_TRACE)
                                      for f in cfg.formats},
-            "rl_prompts": rl, "dev_problems": probs[24:28], "judge": judge, "out": str(tmp_path)}
+            "rl_prompts": rl[4:], "dev_prompts": rl[:4], "dev_problems": probs[24:28], "judge": judge, "out": str(tmp_path)}
     return cfg, mcfg, data, probs[24:], rl, judge
 
 
@@ -68,7 +68,10 @@ def test_sft_grpo_and_eval_runs_equal_in_a_pool(tmp_path):
     pooled = run_jobs(_unit, jobs, {"train": dict(data, out=str(pool_dir)), "evaluate": edata}, workers=2)
     t1, t2, e1, e2 = solo[:2], pooled[:2], solo[2:], pooled[2:]
     assert t1 == t2 and t1[0]["calls"] > 0                            # histories, curves, kernel calls
-    assert [r["fmt"] for r in t1[0]["rl_history"]] == ["pf"] * 2 + ["pf_nohelp"] * 2
+    # GRPO rows: step 0 (the curve's first point: the SFT model) and 2 steps, with the curve's last point at step 2
+    assert [r["fmt"] for r in t1[0]["rl_history"]] == ["pf"] * 3 + ["pf_nohelp"] * 3
+    assert [r["step"] for r in t1[0]["rl_history"]] == [0, 1, 2] * 2
+    assert ["dev_pass1" in r for r in t1[0]["rl_history"]] == [True, False, True] * 2
     assert [r["step"] for r in t1[1]["sft_curve"]] == [2, 3] and len(t1[1]["sft_history"]) == 3
     solo_w, pooled_w = _weights(solo_dir), _weights(pool_dir)         # the saved models agree bit for bit
     assert sorted(solo_w) == sorted(pooled_w) == ["pf_grpo_nohelp_s0.pt", "pf_grpo_s0.pt", "pf_sft_s0.pt",

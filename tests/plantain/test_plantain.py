@@ -393,6 +393,17 @@ def test_smoke_pipeline_end_to_end(smoke_run):
     assert sorted(set(curve["fmt"])) == ["pf", "tta"] and curve["dev_pass1"].is_between(0, 1).all()
     assert sorted(curve.filter(pl.col("fmt") == "pf")["step"].to_list()) == [2, 3]     # every 2, and the last (3)
     assert (out["report"] / "figures" / "sft_curve.png").exists()
+    # the GRPO learning curve: dev pass@1 at step 0 and every rl.eval_every (1 at smoke) steps, per arm and seed, on
+    # a dev slice held out from the GRPO prompts (the RL split = GRPO prompts + dev slice, disjoint)
+    hist = pl.read_csv(out["train"] / "rl_history.csv")
+    pts = hist.filter(pl.col("dev_pass1").is_not_null())
+    for arm in ("pf", "tta", "pf_nohelp"):
+        assert sorted(pts.filter(pl.col("fmt") == arm)["step"].to_list()) == sorted([0, 1, 2] * len(seeds))
+    assert pts["dev_pass1"].is_between(0, 1).all()
+    models = json.loads((out["train"] / "models.json").read_text())
+    assert models["n_dev_prompts"] == models["sft"]["curve_prompts"]
+    assert models["n_rl_prompts"] + models["n_dev_prompts"] == prep.filter(prep["split"] == "rl").height
+    assert (out["report"] / "figures" / "rl_reward.png").exists()
 
 
 def test_report_means_skip_missing_seed_values():
