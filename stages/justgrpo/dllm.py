@@ -46,16 +46,22 @@ class MaskedDiffusionLM(L.LightningModule):
     """
 
     def __init__(self, model_cfg: TinyTransformerConfig, lr: float, weight_decay: float, seed: int,
-                 counter: Counter | None = None):
+                 counter: Counter | None = None, decay: tuple[int, int] | None = None):
         super().__init__()
         self.model = TinyTransformer(model_cfg)
         self.lr, self.weight_decay, self.seed = lr, weight_decay, seed
+        self.decay = decay                      # None: constant lr; (start, n): constant, then linear to 0 over n steps
         self.counter = counter or Counter()
         self.history: list[dict[str, float]] = []
         self._gen: torch.Generator | None = None
 
     def configure_optimizers(self):
-        return torch.optim.AdamW(self.model.parameters(), lr=self.lr, weight_decay=self.weight_decay)
+        opt = torch.optim.AdamW(self.model.parameters(), lr=self.lr, weight_decay=self.weight_decay)
+        if self.decay is None:
+            return opt
+        start, n = self.decay                   # LLaDA's warmup-stable-decay without the warmup:
+        sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda t: min(1.0, max(0.0, 1.0 - (t - start) / n)))
+        return {"optimizer": opt, "lr_scheduler": {"scheduler": sched, "interval": "step"}}
 
     def training_step(self, x0, batch_idx):
         if self._gen is None:

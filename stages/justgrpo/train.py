@@ -60,6 +60,9 @@ class PretrainConfig(StageConfig):
     seed: int = Field(0, ge=0, lt=2**32, description="seed of the one base dLLM every RL seed starts from")
     eval_every: PositiveInt = Field(250, le=100_000, description="steps between dev-slice checks of the stop rule")
     eval_prompts: PositiveInt = Field(200, le=10_000, description="dev prompts of the stop rule")
+    lr_decay_frac: float = Field(0.0, ge=0, le=1, description=(
+        "0: constant lr; f > 0: constant, then linear decay to 0 over the last f · steps (LLaDA's warmup-stable-decay "
+        "without the warmup: the base ends settled, not at a point of an oscillation)"))
     teacher_carry_drop: float = Field(0.0, ge=0, lt=1, description=(
         "the imperfect teacher: the share of pretraining traces of carry prompts written without the carry (a "
         "systematic slip the base imitates, so a converged base is wrong on carry prompts under greedy decoding "
@@ -195,11 +198,18 @@ def model_config(cfg: Config, gen_len: int) -> TinyTransformerConfig:
                                  max_seq_len=PROMPT_LEN + gen_len, causal=False)
 
 
+def decay_window(steps: int, frac: float) -> tuple[int, int] | None:
+    """(first decaying step, decay length) of the pretraining lr, or None for a constant lr."""
+    n = round(steps * frac)
+    return (steps - n, n) if n > 0 else None
+
+
 def pretrain(cfg: Config, tcfg: TrainerConfig, ctx: StageContext, mcfg, train_p, dev_p, gen_len, counter, device):
     """One base dLLM with the stop rule; returns (model, loss history, stop-rule curve, steps run)."""
     pc = cfg.pretrain
     torch.manual_seed(pc.seed)
-    mdlm = MaskedDiffusionLM(mcfg, pc.lr, pc.weight_decay, pc.seed, counter)
+    mdlm = MaskedDiffusionLM(mcfg, pc.lr, pc.weight_decay, pc.seed, counter,
+                             decay=decay_window(pc.steps, pc.lr_decay_frac))
     stop = StopAtTarget(dev_p[: pc.eval_prompts], gen_len, cfg.rl.eval_block, pc.eval_every, pc.target_greedy_acc,
                         pc.seed, counter)
     trainer = make_trainer(tcfg, ctx.tracker, max_steps=pc.steps, callbacks=[stop])

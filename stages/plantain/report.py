@@ -463,6 +463,12 @@ pass, summarised in its bullet below):
   curve. Where a seed still sits near chance at the end of its curve, `pass1_no_drop` and `grpo_improves_pass1_pf`
   reflect how fast each format is learned at this budget. `pass1_no_drop` is a tolerance (params) on the delta, tested
   on the per-seed deltas without item noise (the delta is not a rate).
+- **GRPO length.** {models['rl']['steps']} GRPO steps. The train stage records a GRPO learning curve (figure: greedy
+  pass@1 every {models['rl'].get('eval_every', 0)} steps on the {models.get('n_dev_prompts', sft['curve_prompts'])} dev
+  problems held out from the GRPO prompts). A 90-step probe from less-trained SFT models (900 SFT steps, not committed)
+  raised plan-first dev pass@1 by 0.25 / 0.04 / 0.13 (seeds 0–2) while think-then-answer fell on two seeds (0.48 → 0.34,
+  0.72 → 0.52) and rose on one (0.61 → 0.78): longer GRPO would widen the formats' gap through the baseline's drop,
+  which is not understood, so it is not adopted; `grpo_improves_pass1_pf` reads the committed budget.
 - **Item noise.** Rates are over the same {ev['eval_prompts']} held-out problems (pass@1) and {ev['rr_prompts']}
   (Rewind-and-Repeat) for every seed; no per-item lists are stored, so the rate claims use the binomial item
   variance (`n_items`), unpaired — conservative. Tokens-to-target claims use seed variance only.

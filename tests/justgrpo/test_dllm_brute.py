@@ -395,3 +395,23 @@ def test_pretraining_logs_the_per_step_loss_through_the_trainer():
     trainer.fit(m, torch.utils.data.DataLoader(x0, batch_size=8))
     assert [h["step"] for h in m.history] == [0, 1] and m.history[0]["loss"] != m.history[1]["loss"]
     assert float(trainer.callback_metrics["pretrain/loss"]) == pytest.approx(m.history[-1]["loss"], rel=1e-6)
+
+
+def test_pretraining_lr_is_stable_then_decays_to_zero():
+    """decay (start, n): lr for t < start, then lr · (1 − (t − start)/n), 0 from start + n (hand values at lr 0.03,
+    start 2, n 4; and the window from `pretrain.lr_decay_frac`); without it a plain AdamW at a constant lr."""
+    from stages.justgrpo.train import decay_window
+    mcfg = TinyTransformerConfig(vocab_size=V, d_model=8, n_layers=1, n_heads=2, max_seq_len=TMAX, causal=False)
+    out = MaskedDiffusionLM(mcfg, lr=0.03, weight_decay=0.0, seed=1, decay=(2, 4)).configure_optimizers()
+    opt, sched = out["optimizer"], out["lr_scheduler"]["scheduler"]
+    assert out["lr_scheduler"]["interval"] == "step"
+    seen = []
+    for _ in range(8):
+        seen.append(opt.param_groups[0]["lr"])
+        opt.step()
+        sched.step()
+    assert seen == pytest.approx([0.03, 0.03, 0.03, 0.0225, 0.015, 0.0075, 0.0, 0.0])
+    assert isinstance(MaskedDiffusionLM(mcfg, lr=0.03, weight_decay=0.0, seed=1).configure_optimizers(),
+                      torch.optim.AdamW)
+    assert decay_window(3000, 0.2) == (2400, 600) and decay_window(3000, 0.0) is None
+    assert decay_window(10, 1.0) == (0, 10)
