@@ -1,13 +1,17 @@
 """train: (1) masked-diffusion pretraining of one base dLLM (the shared tiny transformer in bidirectional
-mode), stopped by a rule fixed in params: the first dev-slice check at which its greedy answer accuracy
-(semi-AR blocks of ``rl.eval_block``, 1 token/step, T = 0: the metric the RL findings read) reaches
-``pretrain.target_greedy_acc`` (or ``pretrain.steps``), the curve recorded (with greedy trace-level
-accuracy and AR-order T = 1 trace-level pass@1 beside it); then (2) per seed, two GRPO arms from that same base (the shared prefix is computed once),
-both through the shared trainer ``stages.common.grpo`` (group advantages, clipped surrogate, no KL):
+mode) on an imperfect teacher's traces (``pretrain.teacher_carry_drop``: the carry left out on that share of
+carry traces) for ``pretrain.steps`` steps, its lr constant and then decayed to 0 over the last
+``pretrain.lr_decay_frac`` of them; every ``pretrain.eval_every`` steps the dev readings are recorded (greedy
+answer and trace accuracy, AR-order T = 1 trace pass@1), and an optional stop rule ends pretraining at the first
+greedy reading at or above ``pretrain.target_greedy_acc`` (null at default); then (2) per seed, from that same
+base (the shared prefix is computed once), two GRPO arms through the shared trainer ``stages.common.grpo``
+(group advantages, clipped surrogate, no KL) and one control:
 
 - ``justgrpo``:  AR-order rollouts (block 1, T = 1) scored by the exact AR likelihood under the dLLM;
 - ``arbitrary``: low-confidence arbitrary-order rollouts (T = 1) scored by the d1-style one-step
-  masked surrogate (the baseline that keeps the dLLM's flexibility during RL).
+  masked surrogate (the baseline that keeps the dLLM's flexibility during RL);
+- ``continued`` (``rl.control``): ``rl.steps`` more masked-diffusion steps on the same teacher at the RL lr — what
+  the RL steps add beyond more of the base's own training.
 
 Every ``rl.eval_every`` RL steps, on the dev slice (never the test prompts): greedy answer- and
 trace-level accuracy (1 token/step, semi-AR blocks) and, on AR samples, entropy, sampled trace pass@1
