@@ -9,6 +9,7 @@ from __future__ import annotations
 import time
 
 import lightning as L
+import numpy as np
 import torch
 import torch.nn as nn
 
@@ -188,15 +189,29 @@ class TracePolicy(nn.Module):
         return seq_logprobs(self.model, roll["seqs"], roll["mask"], self.counter)
 
 
-def make_reward_fn(fmt: str, w_correct: float, w_helpful: float, judge=None, tta_process_reward: bool = False):
-    """The PLANTAIN reward of every rollout row (``task.reward``; ``judge`` scores plans, default rule-based)."""
+def make_reward_fn(fmt: str, w_correct: float, w_helpful: float, judge=None, tta_process_reward: bool = False,
+                   log: list | None = None):
+    """The PLANTAIN reward of every rollout row (``task.reward``; ``judge`` scores plans, default rule-based).
+    With ``log``, one row per call (one GRPO step): the share of rollouts whose plan the judge accepts (the r_helpful
+    indicator, also where its weight is 0), the share whose plan is right (rule-based check), and the judge's
+    false-acceptance rate on the wrong plans — a policy learning to pass a fallible judge shows as the first rising
+    while the second does not."""
     def reward_fn(prompts, roll) -> torch.Tensor:
         seqs, lens = roll["seqs"], roll["lens"]
-        out = []
+        out, accepted, right = [], [], []
         for i in range(seqs.shape[0]):
             prob = problem_from_prompt(seqs[i, :PROMPT_LEN].tolist())
-            out.append(reward(prob, generated(seqs, lens, i), fmt, w_correct, w_helpful, judge,
-                              tta_process_reward)["r"])
+            toks = generated(seqs, lens, i)
+            r = reward(prob, toks, fmt, w_correct, w_helpful, judge, tta_process_reward)
+            out.append(r["r"])
+            if log is not None:
+                plan = trace_plan(toks, fmt)
+                accepted.append(bool(r["r_helpful"]))
+                right.append(plan is not None and validate_plan(prob, plan))
+        if log is not None:
+            wrong = [a for a, t in zip(accepted, right) if not t]
+            log.append({"judge_accept": float(np.mean(accepted)), "plan_right": float(np.mean(right)),
+                        "judge_false_accept": float(np.mean(wrong)) if wrong else float("nan")})
         return torch.tensor(out, device=seqs.device)
     return reward_fn
 

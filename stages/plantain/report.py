@@ -162,33 +162,44 @@ def sft_curve_figure(curve: pl.DataFrame):
 
 
 def rl_figure(hist: pl.DataFrame):
-    """Left: mean GRPO reward per step; right: the GRPO learning curve, greedy pass@1 on the held-out dev slice
-    (thin lines: seeds; thick: their mean), for every GRPO arm."""
+    """GRPO per arm: mean reward per step; the learning curve, greedy pass@1 on the held-out dev slice (thin lines:
+    seeds; thick: their mean); and, on each step's rollouts, the judge's acceptance beside the plans' truth."""
     has_curve = "dev_pass1" in hist.columns and hist["dev_pass1"].is_not_null().any()
-    fig, axes = plt.subplots(1, 2 if has_curve else 1, figsize=(11 if has_curve else 6, 3.8), squeeze=False)
+    has_judge = "judge_accept" in hist.columns and hist["judge_accept"].is_not_null().any()
+    fig, axes = plt.subplots(1, 1 + has_curve + has_judge, figsize=(5.5 * (1 + has_curve + has_judge), 3.8),
+                             squeeze=False)
+    ax_reward = axes[0][0]
+    ax_curve = axes[0][1] if has_curve else None
+    ax_judge = axes[0][1 + has_curve] if has_judge else None
     arms = (("tta", "C3", "think-then-answer"), ("pf", "C0", "plan-first"), ("pf_nohelp", "C2", "plan-first, w_helpful = 0"))
     for fmt, color, label in arms:
         s = hist.filter(pl.col("fmt") == fmt)
         if s.is_empty():
             continue
         m = s.filter(pl.col("reward_mean").is_not_null()).group_by("step").agg(pl.col("reward_mean").mean()).sort("step")
-        axes[0][0].plot(m["step"], m["reward_mean"], color=color, lw=2, label=f"{label} (mean over seeds)")
-        if not has_curve:
-            continue
-        c = s.filter(pl.col("dev_pass1").is_not_null())
-        for seed in c["seed"].unique().sort():
-            q = c.filter(pl.col("seed") == seed).sort("step")
-            axes[0][1].plot(q["step"], q["dev_pass1"], color=color, lw=0.8, alpha=0.5)
-        mc = c.group_by("step").agg(pl.col("dev_pass1").mean()).sort("step")
-        axes[0][1].plot(mc["step"], mc["dev_pass1"], color=color, lw=2, marker="o", label=label)
-    axes[0][0].set_xlabel("GRPO step")
-    axes[0][0].set_ylabel("mean reward r_format × (1 + r_correct + r_helpful)")
-    axes[0][0].legend(fontsize=8)
-    if has_curve:
-        axes[0][1].set_xlabel("GRPO step")
-        axes[0][1].set_ylabel("greedy pass@1 (dev slice, held out from GRPO)")
-        axes[0][1].set_ylim(0, 1.02)
-        axes[0][1].legend(fontsize=8)
+        ax_reward.plot(m["step"], m["reward_mean"], color=color, lw=2, label=f"{label} (mean over seeds)")
+        if ax_curve is not None:
+            c = s.filter(pl.col("dev_pass1").is_not_null())
+            for seed in c["seed"].unique().sort():
+                q = c.filter(pl.col("seed") == seed).sort("step")
+                ax_curve.plot(q["step"], q["dev_pass1"], color=color, lw=0.8, alpha=0.5)
+            mc = c.group_by("step").agg(pl.col("dev_pass1").mean()).sort("step")
+            ax_curve.plot(mc["step"], mc["dev_pass1"], color=color, lw=2, marker="o", label=label)
+        if ax_judge is not None:
+            j = s.filter(pl.col("judge_accept").is_not_null()).group_by("step").agg(
+                pl.col("judge_accept").mean(), pl.col("plan_right").mean()).sort("step")
+            ax_judge.plot(j["step"], j["judge_accept"], color=color, lw=1.5, label=f"{label}: judge accepts")
+            ax_judge.plot(j["step"], j["plan_right"], color=color, lw=1.5, ls="--", label=f"{label}: plan right")
+    ax_reward.set_xlabel("GRPO step")
+    ax_reward.set_ylabel("mean reward r_format × (1 + r_correct + r_helpful)")
+    ax_reward.legend(fontsize=8)
+    for ax, ylabel in ((ax_curve, "greedy pass@1 (dev slice, held out from GRPO)"),
+                       (ax_judge, "share of the step's rollouts (mean over seeds)")):
+        if ax is not None:
+            ax.set_xlabel("GRPO step")
+            ax.set_ylabel(ylabel)
+            ax.set_ylim(0, 1.02)
+            ax.legend(fontsize=6 if ax is ax_judge else 8)
     return fig
 
 
@@ -316,8 +327,9 @@ the lower of the two levels' best accuracy (reachable by both). Seeds {seeds}.
             rep.figure("sft_curve", sft_curve_figure(sc), "SFT learning curve recorded by the train stage: greedy "
                        "pass@1 on dev problems (the last RL-split problems, held out from GRPO, never test) per format and seed; "
                        "`sft.steps` is read from it (every seed and format must leave chance)")
-    rep.figure("rl_reward", rl_figure(hist), "GRPO: mean reward per step, and the learning curve the train stage "
-               "records (greedy pass@1 on the dev slice, held out from the GRPO prompts; thin: seeds)")
+    rep.figure("rl_reward", rl_figure(hist), "GRPO: mean reward per step; the learning curve the train stage "
+               "records (greedy pass@1 on the dev slice, held out from the GRPO prompts; thin: seeds); and on each "
+               "step's rollouts the deployed judge's acceptance (solid) beside the share of right plans (dashed)")
     curve = rw.group_by(["model", "level", "retries"]).agg(pl.col("tokens").mean(), pl.col("acc").mean()).sort(
         ["model", "level", "retries"])
     for stage in ("sft", "grpo"):
@@ -463,12 +475,23 @@ pass, summarised in its bullet below):
   curve. Where a seed still sits near chance at the end of its curve, `pass1_no_drop` and `grpo_improves_pass1_pf`
   reflect how fast each format is learned at this budget. `pass1_no_drop` is a tolerance (params) on the delta, tested
   on the per-seed deltas without item noise (the delta is not a rate).
-- **GRPO length.** {models['rl']['steps']} GRPO steps. The train stage records a GRPO learning curve (figure: greedy
-  pass@1 every {models['rl'].get('eval_every', 0)} steps on the {models.get('n_dev_prompts', sft['curve_prompts'])} dev
-  problems held out from the GRPO prompts). A 90-step probe from less-trained SFT models (900 SFT steps, not committed)
-  raised plan-first dev pass@1 by 0.25 / 0.04 / 0.13 (seeds 0–2) while think-then-answer fell on two seeds (0.48 → 0.34,
-  0.72 → 0.52) and rose on one (0.61 → 0.78): longer GRPO would widen the formats' gap through the baseline's drop,
-  which is not understood, so it is not adopted; `grpo_improves_pass1_pf` reads the committed budget.
+- **GRPO length, and a policy that learns to pass the judge.** {models['rl']['steps']} GRPO steps. The train stage
+  records a GRPO learning curve (figure: greedy pass@1 every {models['rl'].get('eval_every', 0)} steps on the
+  {models.get('n_dev_prompts', sft['curve_prompts'])} dev problems held out from the GRPO prompts) and, on every step's
+  rollouts, how often the deployed judge accepts the plan beside how often the plan is right (figure, right panel;
+  `judge_accept`, `plan_right`, `judge_false_accept` in `rl_history.csv`). A 90-step probe from less-trained SFT models
+  (900 SFT steps, not committed) raised plan-first dev pass@1 by 0.25 / 0.04 / 0.13 (seeds 0–2) while
+  think-then-answer fell on two seeds (0.48 → 0.34, 0.72 → 0.52). A reviewer who did not write the code reproduced
+  seed 0 exactly and found reward hacking of the learned judge, not a bug: over the run the judge's acceptance of
+  think-then-answer's sampled plans rose 0.53 → 0.77 while right plans stayed at 0.18–0.31 (greedy dev: accepted
+  0.72 → 0.87, right 0.50 → 0.35); from the same checkpoint with the rule-based judge pass@1 rose 0.48 → 0.64 (one
+  seed). Think-then-answer is the more exposed arm: at 900 SFT steps only 0.28 of its sampled answers were right, so
+  r_correct is mostly noise and the judge's false positives drive its advantages, while a plan-first answer executes
+  its plan, so r_correct pushes back against a wrong accepted plan. The reviewer ruled out the reward code, format
+  failures (≤ 0.8%), parsing, the length cap and the loss normalisation. At the committed SFT budget both formats
+  start stronger and improve; longer GRPO is not adopted, and `grpo_improves_pass1_pf` reads the committed budget.
+  An SFT gate before RL, a w_helpful = 0 arm for think-then-answer, and an r_helpful paid only when the steps
+  follow the plan are not built.
 - **Item noise.** Rates are over the same {ev['eval_prompts']} held-out problems (pass@1) and {ev['rr_prompts']}
   (Rewind-and-Repeat) for every seed; no per-item lists are stored, so the rate claims use the binomial item
   variance (`n_items`), unpaired — conservative. Tokens-to-target claims use seed variance only.

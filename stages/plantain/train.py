@@ -209,7 +209,9 @@ def sft_grpo_run(job: tuple[int, str]) -> dict:
 
     for name, stem, w_helpful in arms:
         policy = TracePolicy(copy.deepcopy(base), MAX_TRACE, cfg.rl.temperature, counter)
-        grpo = GRPOModule(policy, make_reward_fn(fmt, rw.w_correct, w_helpful, judge, rw.tta_process_reward),
+        judge_log: list[dict] = []
+        grpo = GRPOModule(policy, make_reward_fn(fmt, rw.w_correct, w_helpful, judge, rw.tta_process_reward,
+                                                 log=judge_log),
                           cfg.rl.grpo, lr=cfg.rl.lr, seed=seed, eval_every=cfg.rl.eval_every,
                           eval_fn=curve_point)
         trainer = make_trainer(tcfg, None, max_steps=cfg.rl.steps)
@@ -217,6 +219,8 @@ def sft_grpo_run(job: tuple[int, str]) -> dict:
         if cfg.rl.eval_every and cfg.rl.steps % cfg.rl.eval_every:     # the curve's last point: the saved model
             grpo.history[-1].update(curve_point(grpo, cfg.rl.steps))
         torch.save(policy.model.state_dict(), out / f"{fmt}_{stem}_s{seed}.pt")
+        for h, j in zip([h for h in grpo.history if h["step"] > 0], judge_log):   # one reward call per step
+            h.update(j)
         rl_hist += [dict(h, fmt=name, seed=seed) for h in grpo.history]
     return {"seed": seed, "fmt": fmt, "sft_curve": [dict(r, fmt=fmt, seed=seed) for r in curve.rows],
             "sft_history": [dict(h, fmt=fmt, seed=seed) for h in module.history], "rl_history": rl_hist,

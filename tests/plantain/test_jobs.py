@@ -72,6 +72,8 @@ def test_sft_grpo_and_eval_runs_equal_in_a_pool(tmp_path):
     assert [r["fmt"] for r in t1[0]["rl_history"]] == ["pf"] * 3 + ["pf_nohelp"] * 3
     assert [r["step"] for r in t1[0]["rl_history"]] == [0, 1, 2] * 2
     assert ["dev_pass1" in r for r in t1[0]["rl_history"]] == [True, False, True] * 2
+    # every GRPO step (not the step-0 curve point) logs the judge's acceptance beside the plans' truth
+    assert [{"judge_accept", "plan_right"} <= set(r) for r in t1[0]["rl_history"]] == [False, True, True] * 2
     assert [r["step"] for r in t1[1]["sft_curve"]] == [2, 3] and len(t1[1]["sft_history"]) == 3
     solo_w, pooled_w = _weights(solo_dir), _weights(pool_dir)         # the saved models agree bit for bit
     assert sorted(solo_w) == sorted(pooled_w) == ["pf_grpo_nohelp_s0.pt", "pf_grpo_s0.pt", "pf_sft_s0.pt",

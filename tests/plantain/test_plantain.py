@@ -400,6 +400,8 @@ def test_smoke_pipeline_end_to_end(smoke_run):
     for arm in ("pf", "tta", "pf_nohelp"):
         assert sorted(pts.filter(pl.col("fmt") == arm)["step"].to_list()) == sorted([0, 1, 2] * len(seeds))
     assert pts["dev_pass1"].is_between(0, 1).all()
+    steps = hist.filter(pl.col("step") > 0)
+    assert steps["judge_accept"].is_between(0, 1).all() and steps["plan_right"].is_between(0, 1).all()
     models = json.loads((out["train"] / "models.json").read_text())
     assert models["n_dev_prompts"] == models["sft"]["curve_prompts"]
     assert models["n_rl_prompts"] + models["n_dev_prompts"] == prep.filter(prep["split"] == "rl").height
@@ -413,3 +415,28 @@ def test_report_means_skip_missing_seed_values():
 
     assert mean_of([None]) == "n/a" and mean_of([1.0, None, 2.5]) == "1.75" and mean_of([float("nan"), 3.0]) == "3.00"
     assert mean_sd([None]) == "n/a" and mean_sd([1.0, None, 3.0], "{:.1f}") == "2.0 ± 1.4"
+
+
+def test_reward_log_separates_judge_acceptance_from_plan_truth():
+    """The GRPO reward's per-step log: with a judge that accepts every plan, on 4 rollouts of which 1 has the right
+    plan, 2 a corrupted one and 1 no parseable trace, judge_accept = 3/4 (the unparsed one gets no r_helpful),
+    plan_right = 1/4, and the false-acceptance rate on the 3 wrong (or missing) plans is 2/3; the rewards returned
+    are those of ``task.reward`` (w_c = 1.5, w_h = 0.5)."""
+    from stages.plantain.model import make_reward_fn
+    from stages.plantain.task import make_trace, reward, sample_problem
+    rng = np.random.default_rng(7)
+    probs = [sample_problem(rng, 3, 5) for _ in range(4)]
+    bad = [corrupt_plan(probs[1].plan, "swap", rng), corrupt_plan(probs[2].plan, "drop", rng)]
+    assert not validate_plan(probs[1], bad[0]) and not validate_plan(probs[2], bad[1])
+    traces = [make_trace(probs[0], "pf"), make_trace(probs[1], "pf", bad[0]), make_trace(probs[2], "pf", bad[1]),
+              [0, 0, 0]]
+    rows = [p.prompt() + t for p, t in zip(probs, traces)]
+    width = max(map(len, rows))
+    seqs = torch.tensor([r + [0] * (width - len(r)) for r in rows])
+    lens = torch.tensor([len(r) for r in rows])
+    log: list = []
+    fn = make_reward_fn("pf", 1.5, 0.5, judge=lambda prob, plan: True, log=log)
+    r = fn(None, {"seqs": seqs, "lens": lens})
+    want = [reward(p, t, "pf", 1.5, 0.5, lambda prob, plan: True)["r"] for p, t in zip(probs, traces)]
+    assert r.tolist() == pytest.approx(want)
+    assert log == [{"judge_accept": 0.75, "plan_right": 0.25, "judge_false_accept": pytest.approx(2 / 3)}]
