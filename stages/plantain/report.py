@@ -192,7 +192,7 @@ def rl_figure(hist: pl.DataFrame):
             ax_judge.plot(j["step"], j["plan_right"], color=color, lw=1.5, ls="--", label=f"{label}: plan right")
     ax_reward.set_xlabel("GRPO step")
     ax_reward.set_ylabel("mean reward r_format × (1 + r_correct + r_helpful)")
-    ax_reward.legend(fontsize=8)
+    ax_reward.legend(fontsize=8, loc="lower right")
     for ax, ylabel in ((ax_curve, "greedy pass@1 (dev slice, held out from GRPO)"),
                        (ax_judge, "share of the step's rollouts (mean over seeds)")):
         if ax is not None:
@@ -327,6 +327,19 @@ the lower of the two levels' best accuracy (reachable by both). Seeds {seeds}.
             rep.figure("sft_curve", sft_curve_figure(sc), "SFT learning curve recorded by the train stage: greedy "
                        "pass@1 on dev problems (the last RL-split problems, held out from GRPO, never test) per format and seed; "
                        "`sft.steps` is read from it (every seed and format must leave chance)")
+    judge_note = "the judge log is not in this run's history"
+    if "judge_accept" in hist.columns:
+        parts = []
+        for fmt, label in (("tta", "think-then-answer"), ("pf", "plan-first")):
+            h = hist.filter((pl.col("fmt") == fmt) & pl.col("judge_accept").is_not_null())
+            last = int(h["step"].max()) if h.height else 0
+            first10, last10 = h.filter(pl.col("step") <= 10), h.filter(pl.col("step") > last - 10)
+            if first10.height and last10.height:
+                parts.append(f"{label}: the judge accepts {first10['judge_accept'].mean():.2f} → "
+                             f"{last10['judge_accept'].mean():.2f} of sampled plans while "
+                             f"{first10['plan_right'].mean():.2f} → {last10['plan_right'].mean():.2f} are right, "
+                             "first vs last 10 steps")
+        judge_note = "; ".join(parts) or judge_note
     rep.figure("rl_reward", rl_figure(hist), "GRPO: mean reward per step; the learning curve the train stage "
                "records (greedy pass@1 on the dev slice, held out from the GRPO prompts; thin: seeds); and on each "
                "step's rollouts the deployed judge's acceptance (solid) beside the share of right plans (dashed)")
@@ -489,7 +502,8 @@ pass, summarised in its bullet below):
   r_correct is mostly noise and the judge's false positives drive its advantages, while a plan-first answer executes
   its plan, so r_correct pushes back against a wrong accepted plan. The reviewer ruled out the reward code, format
   failures (≤ 0.8%), parsing, the length cap and the loss normalisation. At the committed SFT budget both formats
-  start stronger and improve; longer GRPO is not adopted, and `grpo_improves_pass1_pf` reads the committed budget.
+  start stronger and improve ({judge_note}); longer GRPO is not adopted, and `grpo_improves_pass1_pf` reads the
+  committed budget.
   An SFT gate before RL, a w_helpful = 0 arm for think-then-answer, and an r_helpful paid only when the steps
   follow the plan are not built.
 - **Item noise.** Rates are over the same {ev['eval_prompts']} held-out problems (pass@1) and {ev['rr_prompts']}
