@@ -440,9 +440,10 @@ tokens per step, on {ev['eval_prompts']} prompts, every verdict paired per test 
             "gap 0.096, item noise dominant), so the same sampling budget now covers 4× the prompts (k unchanged)",
             f"one pretrained base shared by all {len(seeds)} seeds (the CPU budget: pretraining is most of the stage); "
             "seeds vary RL and evaluation sampling",
-            f"{rl['steps']} steps, fixed from a 200-step learning-curve probe of this pipeline "
-            "(reports/studies/justgrpo_rl_probe.csv): JustGRPO's dev accuracy rose within 40–60 steps and then "
-            "stayed flat, while trace-level accuracy fell further the longer RL ran; lr "
+            f"{rl['steps']} steps, fixed from a 200-step learning-curve probe of this pipeline on an earlier, "
+            "teacher-free base (reports/studies/justgrpo_rl_probe.csv): JustGRPO's dev accuracy rose within 40–60 "
+            "steps and then stayed flat, while trace-level accuracy fell further the longer RL ran; not re-derived on "
+            "this base (its dev curves: RL figure); lr "
             f"{rl['lr']} from both arms' dev sweep (reports/studies/justgrpo_lr_sweep.md)",
             f"an imperfect teacher's traces: the carry left out on {pre.get('teacher_carry_drop', 0.0):.0%} of carry "
             f"traces, for a fixed {models['pretrain_steps_run']} steps — a built-in, systematic error that gives the base "
