@@ -16,6 +16,7 @@ from __future__ import annotations
 from typing import Literal
 
 import lightning as L
+import numpy as np
 import torch
 import torch.nn as nn
 
@@ -223,6 +224,13 @@ def greedy_items(model: TinyTransformer, prompts: torch.Tensor, gen_len: int, bl
     return {"answer": ans, "trace": trace}
 
 
+def greedy_rates(model: TinyTransformer, prompts: torch.Tensor, gen_len: int, block_len: int,
+                 counter: Counter | None = None) -> dict[str, float]:
+    """Greedy decoding (1 token/step, semi-AR blocks of ``block_len``): answer- and trace-level accuracy."""
+    items = greedy_items(model, prompts, gen_len, block_len, 1, counter)
+    return {"answer": float(np.mean(items["answer"])), "trace": float(np.mean(items["trace"]))}
+
+
 def greedy_accuracy(model: TinyTransformer, prompts: torch.Tensor, gen_len: int, block_len: int,
                     tokens_per_step: int, counter: Counter | None = None, batch: int = 512) -> float:
     """Answer-level greedy accuracy (share of prompts whose number after '#' is right)."""
@@ -245,4 +253,4 @@ def policy_drift(model: TinyTransformer, base: TinyTransformer, prompts: torch.T
 
 
 __all__ = ["EOS", "MaskedDiffusionLM", "decode", "ar_logprobs", "onestep_logprobs", "DLLMPolicy",
-           "reward_fn", "greedy_accuracy", "greedy_items", "policy_drift", "Counter"]
+           "reward_fn", "greedy_accuracy", "greedy_items", "greedy_rates", "policy_drift", "Counter"]

@@ -168,6 +168,11 @@ def nmean(v) -> float:
     return float(np.nanmean(a)) if np.isfinite(a).any() else float("nan")
 
 
+def stratum(per_seed: list[list[float]], mask: np.ndarray) -> list[float]:
+    """Per seed, the mean of its per-prompt values over the prompts ``mask`` selects (a carry stratum)."""
+    return [float(np.asarray(v)[mask].mean()) for v in per_seed]
+
+
 def mean_sd(v: list[float]) -> str:
     a = _arr(v)
     a = a[np.isfinite(a)]
@@ -370,12 +375,11 @@ tokens per step, on {ev['eval_prompts']} prompts, every verdict paired per test 
     for name in ["base"] + models["arms"] + models.get("controls", []):
         row = {"model": name}
         for label, mask in (("carry", carry), ("no carry", ~carry)):
-            row[f"answer, {label}"] = mean_sd([float(np.asarray(v)[mask].mean()) for v in ev["acc"][name]["tps1"]])
-            row[f"trace, {label}"] = mean_sd([float(np.asarray(v)[mask].mean()) for v in ev["trace_acc"][name]["tps1"]])
+            row[f"answer, {label}"] = mean_sd(stratum(ev["acc"][name]["tps1"], mask))
+            row[f"trace, {label}"] = mean_sd(stratum(ev["trace_acc"][name]["tps1"], mask))
         rows.append(row)
-    strat = lambda name, mask: nmean([float(np.asarray(v)[mask].mean()) for v in ev["trace_acc"][name]["tps1"]])  # noqa: E731
-    nc_trace = {name: strat(name, ~carry) for name in ["base"] + models["arms"]}
-    c_trace = {name: strat(name, carry) for name in ["base"] + models["arms"]}
+    nc_trace = {name: nmean(stratum(ev["trace_acc"][name]["tps1"], ~carry)) for name in ["base"] + models["arms"]}
+    c_trace = {name: nmean(stratum(ev["trace_acc"][name]["tps1"], carry)) for name in ["base"] + models["arms"]}
     rep.table("Results: greedy accuracy (1 tok/step) on test prompts with and without a carry (mean ± sd over seeds)",
               pl.DataFrame(rows), note=f"{int(carry.sum())} of the {len(carry)} evaluated prompts have a carry "
               "(the column where the imperfect teacher slips).")
@@ -387,7 +391,7 @@ tokens per step, on {ev['eval_prompts']} prompts, every verdict paired per test 
         for level in ("trace", "answer"):
             per_seed = ev["passk_items"][smp].get(f"{level}_at_claim_k", [])
             for label, mask in (("carry", pk_carry), ("no carry", ~pk_carry)):
-                row[f"{level} pass@{kc}, {label}"] = mean_sd([float(np.asarray(v)[mask].mean()) for v in per_seed])
+                row[f"{level} pass@{kc}, {label}"] = mean_sd(stratum(per_seed, mask))
         rows.append(row)
     rep.table(f"Results: pass@{kc} of the base on pass@k prompts with and without a carry (mean ± sd over seeds)",
               pl.DataFrame(rows), note=f"{int(pk_carry.sum())} of the {len(pk_carry)} pass@k prompts have a carry; "

@@ -43,7 +43,7 @@ from stages.common.sources import SourceConfig
 from stages.common.tiny_transformer import TinyTransformer, TinyTransformerConfig
 from stages.common.trainer import TrainerConfig, make_trainer
 from stages.justgrpo.hf_source import DLLMConfig
-from stages.justgrpo.dllm import (Counter, DLLMPolicy, MaskedDiffusionLM, decode, greedy_items, policy_drift,
+from stages.justgrpo.dllm import (Counter, DLLMPolicy, MaskedDiffusionLM, decode, greedy_rates, policy_drift,
                                   reward_fn)
 from stages.common.jobs import payload, run_jobs
 from stages.justgrpo.prepare import load_prompts
@@ -173,12 +173,12 @@ class StopAtTarget(L.Callback):
             return
         model = module.model
         model.eval()
-        items = greedy_items(model, self.prompts.to(module.device), self.gen_len, self.block, 1, self.counter)
+        rates = greedy_rates(model, self.prompts.to(module.device), self.gen_len, self.block, self.counter)
         g = torch.Generator(device=module.device).manual_seed(self.seed + step)
         gen, _ = decode(model, self.prompts.to(module.device), self.gen_len, 1, 1, 1.0, g, self.counter)
         model.train()
-        acc = float(np.mean(items["answer"]))
-        self.curve.append({"step": step, "dev_greedy_acc": acc, "dev_greedy_trace": float(np.mean(items["trace"])),
+        acc = rates["answer"]
+        self.curve.append({"step": step, "dev_greedy_acc": acc, "dev_greedy_trace": rates["trace"],
                            "dev_trace_pass1": float(trace_valid(gen, self.prompts.to(module.device)).float().mean())})
         if self.target is not None and acc >= self.target:
             trainer.should_stop = True
@@ -236,9 +236,9 @@ def control_run(seed: int, p: dict) -> dict:
     acc_dev = p["acc_dev"].to(device)
 
     def point(step: int) -> dict:
-        items = greedy_items(mdlm.model.eval(), acc_dev, gen_len, cfg.rl.eval_block, 1, counter)
+        rates = greedy_rates(mdlm.model.eval(), acc_dev, gen_len, cfg.rl.eval_block, counter)
         mdlm.model.train()
-        return {"step": step, "dev_acc": float(np.mean(items["answer"])), "dev_trace_acc": float(np.mean(items["trace"]))}
+        return {"step": step, "dev_acc": rates["answer"], "dev_trace_acc": rates["trace"]}
 
     rows = [point(0)]
     batch = cfg.rl.prompts_per_step * cfg.rl.grpo.group_size
@@ -276,9 +276,9 @@ def rl_run(job: tuple[int, str]) -> dict:
 
     def eval_fn(module, step):
         model = module.policy.model
-        items = greedy_items(model, acc_dev, gen_len, cfg.rl.eval_block, 1, counter)
+        rates = greedy_rates(model, acc_dev, gen_len, cfg.rl.eval_block, counter)
         g = torch.Generator(device=device).manual_seed(10_000 * seed + step)
-        return {"dev_acc": float(np.mean(items["answer"])), "dev_trace_acc": float(np.mean(items["trace"])),
+        return {"dev_acc": rates["answer"], "dev_trace_acc": rates["trace"],
                 **policy_drift(model, base, drift_dev, gen_len, g, counter)}
 
     rewards = RewardLog()

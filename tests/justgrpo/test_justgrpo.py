@@ -253,7 +253,8 @@ def test_stop_rule_reads_greedy_answer_accuracy(monkeypatch):
         return {"answer": [1] * round(a * n) + [0] * (n - round(a * n)),
                 "trace": [1] * round(t * n) + [0] * (n - round(t * n))}
 
-    monkeypatch.setattr(train, "greedy_items", fake_greedy)
+    from stages.justgrpo import dllm
+    monkeypatch.setattr(dllm, "greedy_items", fake_greedy)            # what train's greedy_rates decodes with
     monkeypatch.setattr(train, "decode", lambda model, p, *a, **k: (torch.zeros(p.shape[0], 20, dtype=torch.long), {}))
     monkeypatch.setattr(train, "trace_valid", lambda gen, p: torch.tensor([True] * 3 + [False] * (p.shape[0] - 3)))
     prompts = torch.zeros(20, 6, dtype=torch.long)
