@@ -230,6 +230,8 @@ def _operand(env: Mapping[str, Any], ref: float | str, n: int, claim: str) -> _O
 def _binomial(op: _Operand, m: float | None) -> _Operand:
     if m is None or op.items is not None:
         return op
+    if not m >= 2:   # 0 or 1 items (or NaN): the item variance is undefined, as in _var -> inconclusive
+        return dataclasses.replace(op, item_var=[math.inf] * len(op.values), m=[0] * len(op.values))
     var = [min(max(p, 0.0), 1.0) * (1 - min(max(p, 0.0), 1.0)) / m for p in op.values]
     return dataclasses.replace(op, item_var=var, m=[int(m)] * len(op.values))
 
@@ -262,10 +264,10 @@ def _result(claim, verdict: str, values: dict[str, Any], stats: dict[str, float]
 
 
 def _m(env: Mapping[str, Any], n_items: float | str | None, claim: str) -> float | None:
+    """The item count of a binomial rate: the smallest over seeds (a NaN count counts as the smallest)."""
     if n_items is None or _is_num(n_items):
         return n_items
-    vals = _seed_values(env, n_items, claim)
-    return min(vals)
+    return min(_seed_values(env, n_items, claim), key=lambda c: c if c == c else -math.inf)
 
 
 class _Base:

@@ -159,8 +159,10 @@ def run(cfg: Config, ctx: StageContext) -> None:
     runs = runs.with_columns(pl.Series("gap_at_stop", gaps))
     first = runs.row(0, named=True)
     A0 = games["chain"][first["m"]].to(device)[None]
-    rec.parity("ne_gap", ne_gap, A0.expand(4, *A0.shape[1:]).contiguous(), torch.stack(its["x"][:4]).to(device),
-               torch.stack(its["y"][:4]).to(device), slice="the first 4 stored iterates (chain, smallest m)")
+    same = [i for i, m in enumerate(runs["m"].to_list()) if m == first["m"]][:4]   # iterates of the first run's m
+    rec.parity("ne_gap", ne_gap, A0.expand(len(same), *A0.shape[1:]).contiguous(),
+               torch.stack([its["x"][i] for i in same]).to(device), torch.stack([its["y"][i] for i in same]).to(device),
+               slice=f"the first {len(same)} stored iterates (chain, smallest m)")
     hit_bad = runs.filter((pl.col("hit") > 0) & (pl.col("gap_at_stop") > pl.col("eps") * (1 + 1e-9))).height
     cap_bad = runs.filter((pl.col("hit") < 0) & (pl.col("gap_at_stop") <= pl.col("eps"))).height
     runs.write_parquet(ctx.out / "runs.parquet")

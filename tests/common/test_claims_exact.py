@@ -172,6 +172,20 @@ def test_binomial_item_noise_from_n_items():
     assert out0["verdict"] == "inconclusive"                    # 100 items: 0.10 - 1.66 * 0.070 < 0
 
 
+@pytest.mark.parametrize("count", [0, 1, float("nan")])
+def test_binomial_with_fewer_than_two_items_is_inconclusive(count):
+    """A rate over 0 or 1 items has no item variance (like a per-item list of one, `_var`): the verdict is
+    inconclusive, not a ZeroDivisionError (m = 0) or a t-quantile at 0 df (m = 1) deep in the rule. The same gaps
+    with 400 items hold (above)."""
+    m = {"acc_a": [0.6, 0.62, 0.58], "acc_b": [0.5, 0.52, 0.48], "m": [400, count, 400]}
+    for n_items in ("m", count):
+        for claim in (Better("x", "s", kind="finding", a="acc_a", b="acc_b", n_items=n_items),
+                      Bound("x", "s", kind="check", value="acc_a", n_items=n_items)):
+            th = {"above": 0.1} if isinstance(claim, Bound) else {"min_effect": 0.0}
+            out = evaluate_claims([claim], m, {"x": th})[0]
+            assert out["verdict"] == "inconclusive", (n_items, type(claim).__name__)
+
+
 # --- Within / Bound / Near on the same bounds -----------------------------------------------------
 def test_within_tost_edges():
     # gaps 0.01, 0.02, 0.03: mean 0.02, se 0.01/sqrt(3) = 0.0057735; bounds 0.02 -/+ 0.016859
