@@ -352,6 +352,13 @@ Red-team passes by the author and by a second reviewer who did not write the cod
   learned to bind even their training objects; whatever its verdict, it is then decided by the budget and
   capacity, not evidence for or against the paper. Held-out binding at or below the bag-of-concepts oracle at low
   coverage is consistent with the paper's low-coverage failure, a single observation that no claim tests.
+- **Where seen binding is learned: the v = 6 study.** The binding search (`reports/studies/clip_binding_binding_search.md`)
+  found one miniature that binds its training objects: v = 6, d = 64, 4 layers, d_ff 256, batch 128, 3000 steps
+  (~150–200 CPU-s per encoder, 9 encoders: ~5x this default's budget). That configuration runs THIS pipeline
+  (same code, claims and thresholds) as a committed study outside the DVC graph,
+  [`reports/studies/clip_binding_v6_binding/report.md`](../studies/clip_binding_v6_binding/report.md)
+  (its `study.json` names the overrides and the command that regenerates it); read its `seen_binding_learned_*`
+  gate before its coverage verdict. It is not re-run by `dvc repro`.
 - **Complexity analysis on the highest-coverage encoders.** The regressors read the f75 encoders (the paper's
   well-covered setting); where those do not bind seen objects, the mult / mult_within verdicts describe encoders
   without learned binding.

@@ -68,6 +68,22 @@ def apply_overrides(params: dict, slug: str, overrides: list[str]) -> dict:
     return out
 
 
+def _shown(path: Path) -> str:
+    """The path relative to the checkout when inside it (the command then runs from any clone)."""
+    try:
+        return str(path.resolve().relative_to(ROOT.resolve()))
+    except ValueError:
+        return str(path)
+
+
+def study_banner(info: dict) -> str:
+    sets = ", ".join(f"`{o}`" for o in info["overrides"]) or "none"
+    return (f"> **Study, not the default run** (`stages/common/study.py`; not re-run by `dvc repro`). Overrides of "
+            f"`papers.{info['slug']}` in params.yaml: {sets}; profile `{info['profile']}`. Every number and verdict "
+            f"below is this run's; prose written for the default configuration (e.g. how its budget was chosen) may "
+            f"not describe this one. Regenerate: `{info['command']}`.\n\n")
+
+
 def run_study(slug: str, overrides: list[str], out: Path, scratch: Path | None = None,
               profile: str = "default") -> dict:
     """Run the four stages with the overrides under a scratch root; copy the report folder to ``out``.
@@ -90,9 +106,12 @@ def run_study(slug: str, overrides: list[str], out: Path, scratch: Path | None =
         shutil.rmtree(tmp, ignore_errors=True)
         shutil.copytree(root / "reports" / slug, tmp)
         info = {"slug": slug, "profile": profile, "overrides": overrides, "stage_wall_s": times,
-                "command": " ".join(["python -m stages.common.study", slug, "--out", str(out)]
+                "command": " ".join(["python -m stages.common.study", slug, "--out", _shown(out)]
                                    + [f"--set {shlex.quote(o)}" for o in overrides])}
         write_json(tmp / "study.json", info)
+        report = tmp / "report.md"
+        if report.is_file():      # a banner: the prose was written for the default configuration, the numbers not
+            report.write_text(study_banner(info) + report.read_text())
         shutil.rmtree(out, ignore_errors=True)
         tmp.rename(out)
         return info

@@ -24,8 +24,6 @@ Part B       test ROC AUC of every trained model and seed (best-validation state
 """
 from __future__ import annotations
 
-from pathlib import Path
-
 import numpy as np
 import scipy.linalg
 import scipy.sparse as sp
@@ -41,7 +39,6 @@ from kernels.cauchy_apply import cauchy_apply
 from kernels.record import KernelRecord
 from stages.common.config import Seed, StageConfig, unique_items
 from stages.common.device import DeviceName, pick_device
-from stages.common.jobs import payload, run_jobs
 from stages.common.paths import read_json, write_json
 from stages.common.runner import StageContext
 from stages.l2g_net.gft import Factorization, factorize, resolve_partitioner
@@ -70,8 +67,6 @@ class Config(StageConfig):
         description="scaling: recursive bisection; auto = METIS (pymetis, the paper's) when installed, else "
                     "spectral; the first entry is the primary one (claims), duplicates after resolving dropped")
     device: DeviceName = "auto"
-    workers: int = Field(1, ge=1, le=64, description="scaling: graphs timed in this many single-threaded processes "
-                         "(CPU seconds per process; 2 on 2 cores)")
 
     @field_validator("partitioners")
     @classmethod
@@ -148,14 +143,13 @@ def _run(cfg: Config, ctx: StageContext) -> None:
     largest = {}
     for meta in manifest["scaling"]:
         largest.setdefault(meta["family"], []).append(meta["n"])
-    # one job per graph, largest first, in ``workers`` single-threaded processes (CPU seconds are per process);
-    # the rows are kept in the manifest's order
-    order = sorted(range(len(manifest["scaling"])), key=lambda i: -manifest["scaling"][i]["n"])
-    jobs = [(manifest["scaling"][i], sorted(largest[manifest["scaling"][i]["family"]])) for i in order]
-    rows = run_jobs(_scaling_job, jobs, {"prep": str(prep), "cfg": cfg.model_dump(mode="json"), "ran": ran},
-                    cfg.workers)
-    for i in sorted(range(len(order)), key=lambda j: order[j]):
-        results["scaling"] += rows[i]
+    for meta in tqdm(manifest["scaling"], desc="scaling"):
+        L = sp.load_npz(prep / "scaling" / meta["file"]).tocsr()
+        sizes = sorted(largest[meta["family"]])
+        results["scaling"] += measure(L, meta["family"], ran, part_size=cfg.part_size,
+                                      target_cut=cfg.target_cut, seed=cfg.seed, exact_max_cut=cfg.exact_max_cut,
+                                      memory=meta["n"] in sizes[len(sizes) - cfg.memory_sizes:],
+                                      eig_check_max_n=20000, repeats=cfg.timing_repeats)
     results["scaling_fits"] = fits(results["scaling"])
 
     # ---- Part A: scaling in the cut size (blocks as parts, every bridge kept) ----
@@ -196,20 +190,6 @@ def _run(cfg: Config, ctx: StageContext) -> None:
     results["device"] = str(device)
     write_json(ctx.out / "results.json", results)
     rec.save(ctx.out)
-
-
-def _scaling_job(job: tuple[dict, list[int]]) -> list[dict]:
-    """The scaling rows of one graph (a job of ``jobs.run_jobs``; inputs from its payload)."""
-    meta, sizes = job
-    p = payload()
-    cfg = Config.model_validate(p["cfg"])
-    L = sp.load_npz(Path(p["prep"]) / "scaling" / meta["file"]).tocsr()
-    rows = measure(L, meta["family"], p["ran"], part_size=cfg.part_size, target_cut=cfg.target_cut, seed=cfg.seed,
-                   exact_max_cut=cfg.exact_max_cut, memory=meta["n"] in sizes[len(sizes) - cfg.memory_sizes:],
-                   eig_check_max_n=20000, repeats=cfg.timing_repeats)
-    print(f"[l2g_net] scaling {meta['family']} n = {meta['n']}: eigh {rows[0]['eigh_s']:.2f} s, L2G "
-          f"{rows[0]['l2g_s']:.2f} s (CPU, median of {cfg.timing_repeats})", flush=True)
-    return rows
 
 
 def _test_auc(tcfg: TrainConfig, summary: dict, trained, src, A, device) -> dict:

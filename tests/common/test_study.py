@@ -52,7 +52,9 @@ def test_study_runs_the_four_stages_with_the_override(tmp_path):
     info = run_study("ftrl_potential", ["train.start_seeds=[3, 4]"], out, scratch=root, profile="smoke")
     assert yaml.safe_load((root / "params.yaml").read_text())["papers"]["ftrl_potential"]["train"]["start_seeds"] \
         == [3, 4]
-    assert (out / "report.md").is_file() and (out / "metrics.json").is_file()
+    assert (out / "metrics.json").is_file()
+    assert (out / "report.md").read_text().startswith("> **Study, not the default run**")
+    assert "`train.start_seeds=[3, 4]`" in (out / "report.md").read_text().split("\n")[0]
     saved = json.loads((out / "study.json").read_text())
     assert saved == info and saved["overrides"] == ["train.start_seeds=[3, 4]"] and saved["profile"] == "smoke"
     assert set(saved["stage_wall_s"]) == {"prepare", "train", "evaluate", "report"}

@@ -164,32 +164,3 @@ def test_worker_processes_give_the_in_process_results(tmp_path, monkeypatch):
         sa, sb = torch.load(tmp_path / "w1" / name), torch.load(tmp_path / "w2" / name)
         dense = lambda t: t.to_dense() if t.is_sparse else t  # noqa: E731  (GCN's propagation matrix is sparse)
         assert all(torch.equal(dense(sa[k]), dense(sb[k])) for k in sa)
-
-
-def test_scaling_jobs_in_a_pool_equal_the_in_process_rows(tmp_path, monkeypatch):
-    """evaluate's scaling graphs timed in worker processes give the in-process rows (timings aside: CPU seconds).
-    Forked workers, as above."""
-    import multiprocessing
-
-    import scipy.sparse as sp
-
-    real = multiprocessing.get_context
-    monkeypatch.setattr(multiprocessing, "get_context", lambda method=None: real("fork"))
-    from stages.common.jobs import run_jobs
-    from stages.l2g_net.evaluate import Config as EvalConfig
-    from stages.l2g_net.evaluate import _scaling_job
-    from stages.l2g_net.graphs import ba_graph, grid_graph, laplacian
-
-    (tmp_path / "scaling").mkdir()
-    metas = []
-    for fam, G in (("ba", ba_graph(90, 2, 3)), ("grid", grid_graph(100))):
-        sp.save_npz(tmp_path / "scaling" / f"{fam}.npz", laplacian(G))
-        metas.append({"family": fam, "n": G.number_of_nodes(), "file": f"{fam}.npz"})
-    cfg = EvalConfig.model_validate({"part_size": 30, "target_cut": 2, "exact_max_cut": 40, "timing_repeats": 1})
-    data = {"prep": str(tmp_path), "cfg": cfg.model_dump(mode="json"), "ran": ["spectral"]}
-    jobs = [(m, [m["n"]]) for m in metas]
-    untimed = lambda rows: [{k: v for k, v in r.items() if not (k.endswith("_s") or k.endswith("_s_runs")  # noqa: E731
-                                                                 or k == "sparsify_speedup")} for r in rows]
-    one, two = run_jobs(_scaling_job, jobs, data, 1), run_jobs(_scaling_job, jobs, data, 2)
-    assert [untimed(r) for r in one] == [untimed(r) for r in two]
-    assert [r[0]["family"] for r in two] == ["ba", "grid"] and all(r[0]["n"] == m["n"] for r, m in zip(two, metas))

@@ -58,10 +58,6 @@ def test_smoke_pipeline(smoke_run):
         assert all(len(v) == 3 for v in task["auc"].values())
     wall = {c["name"] for c in metrics["claims"] if c.get("wallclock")}
     assert wall == {"scaling_exponent_ba", "faster_than_eigh_ba", "linear_in_cut"}
-    # the scaling graphs run largest first (a pool's load balance); the rows come back in the manifest's order
-    manifest = json.loads((out["prepare"] / "manifest.json").read_text())["scaling"]
-    rows = json.loads((out["evaluate"] / "results.json").read_text())["scaling"]
-    assert [(r["family"], r["n"]) for r in rows] == [(m["family"], m["n"]) for m in manifest]
     assert metrics["metrics"]["scaling_partitioner"] in {"metis", "spectral"}
     gap = metrics["metrics"]["scaling"]["ba"]
     assert gap["exponent_gap"] == pytest.approx(gap["eigh_exponent"] - gap["l2g_exponent"])
