@@ -42,6 +42,7 @@ def claims(cfg: Config, lo: str, hi: str, clo: str, chi: str, fracs: list[str]) 
                   refuted_by=f"recombination accuracy on seen objects at or below {learned}: coverage would be tested "
                              "on encoders that do not bind even seen objects", kind="check") for f in fracs]
     sharp = _th(cfg, "coverage_sharpens_binding", "min_effect")
+    sharp_d = _th(cfg, "coverage_sharpens_binding_distinct", "min_effect")
     gen = _th(cfg, "mult_generalizes_trained", "above")
     gen_w = _th(cfg, "mult_within_generalizes_trained", "above")
     fail = _th(cfg, "nothing_generalizes_control", "below")
@@ -54,6 +55,14 @@ def claims(cfg: Config, lo: str, hi: str, clo: str, chi: str, fracs: list[str]) 
                n_items=f"coverage.{hi}.n_binding_items", paired_items=False, items_shared=False,
                refuted_by=f"{hi} binding accuracy not above {lo} + {sharp} on a majority of seeds "
                           "(or the gap within the one-sided t-bound)", kind="finding"),
+        Better("coverage_sharpens_binding_distinct",
+               f"... on the 2-object scenes of unseen objects that differ in EVERY concept (a scene sharing a concept "
+               f"value is passed by the bag-of-concepts oracle, so there the official score reads concept recognition, "
+               f"not binding): the {hi} models beat the {lo} models by more than {sharp_d}",
+               a=f"coverage.{hi}.binding_acc_distinct", b=f"coverage.{lo}.binding_acc_distinct",
+               n_items=f"coverage.{hi}.n_binding_distinct_items", paired_items=False, items_shared=False,
+               refuted_by=f"{hi} accuracy on every-concept-differing scenes not above {lo} + {sharp_d} on a majority "
+                          "of seeds (or the gap within the one-sided t-bound)", kind="finding"),
         Bound("mult_generalizes_trained",
               f"For the trained encoder the multiplicative slot model generalizes to unseen objects from "
               f"a low split fraction ({clo}): R² above {gen}",
@@ -135,7 +144,8 @@ Additivity: least-squares fit y(a,b) ≈ μ + A1[a] + A2[b], R² on 20% held-out
     for f in fracs:
         c = cov[frac_key(f)]
         row = {"train_object_fraction": f}
-        for k in ("binding_acc", "object_acc", "concept_acc", "bag_binding_acc", "train_binding_acc",
+        for k in ("binding_acc", "binding_acc_distinct", "bag_binding_acc_distinct", "object_acc", "concept_acc",
+                  "bag_binding_acc", "train_binding_acc",
                   "train_bag_binding_acc", "train_binding_acc_any_neg", "recomb_acc", "recomb_acc_lenient",
                   "train_recomb_acc", "train_recomb_acc_lenient", "probe_additive_r2"):
             m, s = _mean_se(c[k])
@@ -144,13 +154,15 @@ Additivity: least-squares fit y(a,b) ≈ μ + A1[a] + A2[b], R² on 20% held-out
         rows.append(row)
     cov_frame = pl.DataFrame(rows)
     rep.table("Results: coverage sweep (held-out objects, mean over seeds)",
-              cov_frame.select("train_object_fraction", "binding_acc", "binding_acc_se", "object_acc",
+              cov_frame.select("train_object_fraction", "binding_acc", "binding_acc_se", "binding_acc_distinct",
+                               "binding_acc_distinct_se", "bag_binding_acc_distinct", "object_acc",
                                "concept_acc", "bag_binding_acc", "train_binding_acc", "train_binding_acc_se",
                                "train_bag_binding_acc", "train_binding_acc_any_neg", "recomb_acc",
                                "recomb_acc_lenient", "train_recomb_acc", "train_recomb_acc_se",
                                "train_recomb_acc_lenient", "probe_additive_r2"),
               "binding_acc / object_acc / concept_acc on scenes of unseen objects (bag_binding_acc: the oracle on the "
-              "same queries). train_binding_acc on 2-object scenes of SEEN objects with swap negatives drawn as in "
+              "same queries); *_distinct: the same scores on the 2-object scenes whose objects differ in every "
+              "concept (the others are passed by the oracle without binding). train_binding_acc on 2-object scenes of SEEN objects with swap negatives drawn as in "
               "training (training objects only), train_bag_binding_acc the oracle there; train_binding_acc_any_neg the "
               "same scenes with swap negatives from ALL objects (held-out objects' probes were never trained as "
               "negatives, so this mixes seen binding with held-out probes). recomb_acc / train_recomb_acc: the "
@@ -163,7 +175,9 @@ Additivity: least-squares fit y(a,b) ≈ μ + A1[a] + A2[b], R² on 20% held-out
              x="train_object_fraction", y=["binding_acc", "bag_binding_acc", "train_binding_acc"],
              title="clip_binding: binding accuracy vs coverage")
     fig, ax = plt.subplots(figsize=(5, 3.5))
-    for k, lab in (("binding_acc", "held-out binding acc"), ("train_binding_acc", "seen-object binding acc"),
+    for k, lab in (("binding_acc", "held-out binding acc"),
+                   ("binding_acc_distinct", "held-out, every concept differs"),
+                   ("train_binding_acc", "seen-object binding acc"),
                    ("bag_binding_acc", "bag-of-concepts oracle")):
         ax.errorbar(fracs, cov_frame[k].to_list(), yerr=(2 * cov_frame[k + "_se"]).to_list(), marker="o", label=lab, capsize=3)
     ax.set_xlabel("train object fraction (coverage)")
@@ -205,7 +219,9 @@ Additivity: least-squares fit y(a,b) ≈ μ + A1[a] + A2[b], R² on 20% held-out
     mean_of = lambda f, k: _mean_se(cov[frac_key(f)][k])[0]              # noqa: E731
     seen_by_f = {f: mean_of(f, "train_recomb_acc") for f in fracs}
     pairs_by_f = {f: cov[frac_key(f)]["n_train_recomb_pairs"] for f in fracs}
-    binds = all(bound is not None and v > bound for v in seen_by_f.values())
+    # every seed of every level above the bound (a seed without a qualifying pair does not count as binding)
+    binds = all(bound is not None and all(v is not None and v == v and v > bound
+                                          for v in cov[frac_key(f)]["train_recomb_acc"]) for f in fracs)
     per_f = "; ".join(f"{f:g}: pooled {mean_of(f, 'train_binding_acc'):.3f} (bag-of-concepts oracle "
                       f"{mean_of(f, 'train_bag_binding_acc'):.2f}), strict recombination test {mean_of(f, 'train_recomb_acc'):.3f} "
                       f"on {pairs_by_f[f]} pairs per seed (lenient {mean_of(f, 'train_recomb_acc_lenient'):.3f}), "
@@ -226,7 +242,7 @@ code. (The lenient version, only the given scene, can be passed without binding 
 the table.) At f25 few training pairs qualify (their recombinations are mostly held-out objects), so that check
 has few items or none (non-finite: inconclusive by rule). The bound is {bound_txt} (params: the paper's from-scratch
 encoders fit their training scenes). Per coverage (mean over seeds): {per_f}. **Coverage was tested on encoders that {'bind' if binds else 'do NOT all bind'} seen objects**
-(strict recombination test above the bound at every coverage level: {'yes' if binds else 'no'}){'' if binds else '; the coverage finding is then a statement about this budget, not about the paper'}.
+(strict recombination test above the bound on every seed at every coverage level: {'yes' if binds else 'no'}){'' if binds else '; the coverage finding is then a statement about this budget, not about the paper'}.
 """)
 
     lines = []
@@ -359,6 +375,19 @@ Red-team passes by the author and by a second reviewer who did not write the cod
   [`reports/studies/clip_binding_v6_binding/report.md`](../studies/clip_binding_v6_binding/report.md)
   (its `study.json` names the overrides and the command that regenerates it); read its `seen_binding_learned_*`
   gate before its coverage verdict. It is not re-run by `dvc repro`.
+- **Red team of that study (a reviewer who did not write it; its own numpy recount of the held-out pools and one
+  re-trained encoder matched the study's numbers exactly).** (1) The official pooled score mixes concept
+  recognition with binding: 2-object scenes whose objects share a concept value (23–37% of the items) are passed
+  by the bag-of-concepts oracle, and the f25 encoders fail many of them because they misread the concept values
+  of unseen objects; on the scenes that need binding the reviewer put the binding part of the coverage gap near
+  0.03–0.12. Hence `coverage_sharpens_binding_distinct` (the same 0.2 minimum effect, every-concept-differing
+  scenes only), beside the paper's pooled score. (2) The held-out recombination tests sit near chance at every
+  coverage (lenient: 1/6 by chance; at f75 the strict test equals the lenient one because the partner scene is made
+  of training objects). (3) The seen-binding gate's item noise p(1 − p)/m is 0 when every pair passes, so a level
+  with 16–20 pairs per seed reads a zero-width bound (an exact per-seed 95% lower bound for 16 of 16 is 0.83);
+  the number of qualifying pairs also grows with coverage (about 2 / 17 / 136 at v = 6), so the f25 gate can
+  barely be tested. (4) The configuration is an existence result of a search (35 probes, seed 0, training
+  curves only): binding there is fragile (the same model with 1,200 steps or at v = 8 does not bind).
 - **Complexity analysis on the highest-coverage encoders.** The regressors read the f75 encoders (the paper's
   well-covered setting); where those do not bind seen objects, the mult / mult_within verdicts describe encoders
   without learned binding.

@@ -546,6 +546,11 @@ Red-team review of this design (a reviewer who did not write it; its own validat
   one). With the base as the unit of replication (those three bases, the second reviewer's computation)
   `justgrpo_improves_base` had t-bounds [−0.023, +0.132]: inconclusive. So the RL findings are stated for this
   checkpoint; a design with one pretraining per seed does not fit the CPU budget.
+- **Three seeds, and the 5-seed study.** {len(seeds)} RL seeds leave the headline JustGRPO-vs-baseline gap
+  undetectable unless it is large (each finding's smallest detectable gap is in its row). This pipeline, unchanged
+  but for seeds 0–4 (`prepare.seeds`), is committed as a study outside the DVC graph:
+  [`reports/studies/justgrpo_5seeds/report.md`](../studies/justgrpo_5seeds/report.md) (same base recipe, claims
+  and thresholds; its `study.json` gives the command). It is not re-run by `dvc repro`; read its verdicts there.
 - **KL panel.** KL to the base is estimated on AR-order samples (JustGRPO's rollout law) for both arms; for the
   baseline it is not the KL of its own rollout distribution.
 - **The base (imperfect teacher, fixed steps).** The first stop rule read one T = 1 sample's trace-level pass@1

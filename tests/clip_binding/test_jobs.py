@@ -70,6 +70,14 @@ def test_train_and_eval_units_equal_in_a_pool(tmp_path):
     assert set(cx["out"]) == {"trained", "control"} and len(cx["out"]["trained"]["mlp"]["r2_restarts"]) == 2
     assert cx["calls"] > 0 and cx["curves"][0]["fraction"] == 0.75
     assert set(cov["acc"]) == set(evaluate.COVERAGE_KEYS) and len(cov["parity"]) == 4 and e1[2]["parity"] is None
+    # the every-concept-differing subset, counted here from the test split itself: 2-object scenes of two objects
+    # whose concept values differ in every position (digits of the object index in base v), at most the 2-object items
+    objs, n = splits["test_objs"][0, 0], splits["test_n"][0, 0]
+    digits = lambda o: [(int(o) // meta["v"] ** c) % meta["v"] for c in range(meta["k"])]  # noqa: E731
+    apart = sum(1 for row, m in zip(objs.tolist(), n.tolist())
+                if m == 2 and all(x != y for x, y in zip(digits(row[0]), digits(row[1]))))
+    assert cov["acc"]["n_binding_distinct_items"] == apart <= cov["acc"]["n_binding_items"]
+    assert 0 <= cov["acc"]["bag_binding_acc_distinct"] <= cov["acc"]["bag_binding_acc"] + 1e-9 or apart == 0
 
     # the same runs and pieces in a pool of two (the runs save their weights under train2)
     pooled = run_jobs(unit, jobs + ejobs, dict(edata, out=str(tmp_path / "train2")), workers=2)
