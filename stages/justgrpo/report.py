@@ -90,17 +90,17 @@ CLAIMS = [
            refuted_by="JustGRPO trace-level accuracy not above the base model's beyond the t-bound", kind="check"),
     Better("justgrpo_beats_arbitrary_grpo",
            "JustGRPO reaches higher greedy accuracy than the GRPO baseline that keeps arbitrary-order "
-           "rollouts with a one-step masked log-prob surrogate (same base, steps, group size, learning rate;(this one base checkpoint: seeds vary RL and evaluation sampling, not the base)",
+           "rollouts with a one-step masked log-prob surrogate (same base, steps, group size, learning rate; this one base checkpoint: seeds vary RL and evaluation sampling, not the base)",
            a="acc.justgrpo.tps1", b="acc.arbitrary.tps1",
            refuted_by="baseline accuracy not below JustGRPO's beyond the t-bound", kind="finding"),
     Better("justgrpo_beats_arbitrary_trace",
            "JustGRPO's lead over the arbitrary-order GRPO baseline holds at trace level (greedy traces with every step "
-           "valid, 1 token/step, paired per test prompt;(this one base checkpoint: seeds vary RL and evaluation sampling, not the base)",
+           "valid, 1 token/step, paired per test prompt; this one base checkpoint: seeds vary RL and evaluation sampling, not the base)",
            a="trace_acc.justgrpo.tps1", b="trace_acc.arbitrary.tps1",
            refuted_by="baseline trace-level accuracy not below JustGRPO's beyond the t-bound", kind="finding"),
     Bound("gain_survives_parallel",
           "Most of JustGRPO's RL gain survives parallel decoding: its gain over the base model at 4 tokens/step "
-          "is at least half its gain at 1 token/step (value = gain₄ − ½·gain₁, per test prompt;(this one base checkpoint: seeds vary RL and evaluation sampling, not the base)",
+          "is at least half its gain at 1 token/step (value = gain₄ − ½·gain₁, per test prompt; this one base checkpoint: seeds vary RL and evaluation sampling, not the base)",
           value="derived.justgrpo_survival_tps4",
           refuted_by="gain at 4 tokens/step below half the gain at 1 token/step beyond the t-bound", kind="finding"),
     Bound("baseline_beats_guesser",
