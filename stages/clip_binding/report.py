@@ -47,22 +47,23 @@ def claims(cfg: Config, lo: str, hi: str, clo: str, chi: str, fracs: list[str]) 
     gen_w = _th(cfg, "mult_within_generalizes_trained", "above")
     fail = _th(cfg, "nothing_generalizes_control", "below")
     add = _th(cfg, "scene_embeddings_additive", "above")
+
+    def coverage_claim(name: str, suffix: str, effect: str, what: str, metric: str) -> Better:
+        """f_hi vs f_lo on coverage.<f>.binding_acc<suffix> (unpaired test scenes, binomial item noise)."""
+        return Better(name, f"{what}: the {hi} models beat the {lo} models by more than {effect}",
+                      a=f"coverage.{hi}.binding_acc{suffix}", b=f"coverage.{lo}.binding_acc{suffix}",
+                      n_items=f"coverage.{hi}.n_binding{suffix}_items", paired_items=False, items_shared=False,
+                      refuted_by=f"{hi} {metric} not above {lo} + {effect} on a majority of seeds (or the gap within "
+                                 "the one-sided t-bound)", kind="finding")
+
     return [
-        Better("coverage_sharpens_binding",
-               f"Held-out-object binding accuracy (2-object scenes of unseen objects) rises sharply with "
-               f"coverage: the {hi} models beat the {lo} models by more than {sharp}",
-               a=f"coverage.{hi}.binding_acc", b=f"coverage.{lo}.binding_acc",
-               n_items=f"coverage.{hi}.n_binding_items", paired_items=False, items_shared=False,
-               refuted_by=f"{hi} binding accuracy not above {lo} + {sharp} on a majority of seeds "
-                          "(or the gap within the one-sided t-bound)", kind="finding"),
-        Better("coverage_sharpens_binding_distinct",
-               f"... on the 2-object scenes of unseen objects that differ in EVERY concept (a scene sharing a concept "
-               f"value is passed by the bag-of-concepts oracle, so there the official score reads concept recognition, "
-               f"not binding): the {hi} models beat the {lo} models by more than {sharp_d}",
-               a=f"coverage.{hi}.binding_acc_distinct", b=f"coverage.{lo}.binding_acc_distinct",
-               n_items=f"coverage.{hi}.n_binding_distinct_items", paired_items=False, items_shared=False,
-               refuted_by=f"{hi} accuracy on every-concept-differing scenes not above {lo} + {sharp_d} on a majority "
-                          "of seeds (or the gap within the one-sided t-bound)", kind="finding"),
+        coverage_claim("coverage_sharpens_binding", "", sharp,
+                       "Held-out-object binding accuracy (2-object scenes of unseen objects) rises sharply with "
+                       "coverage", "binding accuracy"),
+        coverage_claim("coverage_sharpens_binding_distinct", "_distinct", sharp_d,
+                       "... on the 2-object scenes of unseen objects that differ in EVERY concept (a scene sharing a "
+                       "concept value is passed by the bag-of-concepts oracle, so there the official score reads "
+                       "concept recognition, not binding)", "accuracy on every-concept-differing scenes"),
         Bound("mult_generalizes_trained",
               f"For the trained encoder the multiplicative slot model generalizes to unseen objects from "
               f"a low split fraction ({clo}): R² above {gen}",
