@@ -38,3 +38,24 @@ def test_worker_error_reaches_the_caller():
         run_jobs(_fail, [1, 2, 3], {}, workers=2)
     with pytest.raises(ValueError, match="workers"):
         run_jobs(_fail, [1], {}, workers=0)
+
+
+def _die(job):
+    import os
+    os._exit(3)                         # a worker that dies without a Python exception (OOM kill, segfault)
+
+
+class _Unpicklable:
+    def __reduce__(self):
+        raise RuntimeError("this payload cannot be pickled")
+
+
+def test_dead_worker_or_bad_payload_raise_instead_of_hanging():
+    """A worker process that dies (here: os._exit in its first job) breaks the pool and the caller gets an error
+    (BrokenProcessPool), not a hang; a payload that cannot be sent to the workers fails at once."""
+    from concurrent.futures.process import BrokenProcessPool
+
+    with pytest.raises(BrokenProcessPool):
+        run_jobs(_die, [1, 2, 3], {}, workers=2)
+    with pytest.raises(RuntimeError, match="cannot be pickled"):
+        run_jobs(_draw, [1, 2], {"scale": _Unpicklable()}, workers=2)
