@@ -471,6 +471,10 @@ Red-team pass (adversarial review of this design by its author; no second review
   minimum effect, so the RL verdicts cannot leave "inconclusive" at this budget; in the reviewed run the RL
   validation reward fell at the first checkpoint (e.g. 0.61 → 0.26) and only partly recovered, and one seed's
   selected RL checkpoint was the SFT checkpoint itself — the run's own curve does not support the RL step count.
+  A study of this pipeline with 5 program seeds and 4 test descriptions per part (twice the items;
+  `train.program.n_seeds`, `prepare.test_programs_per_part`) is committed outside the DVC graph:
+  [`reports/studies/futurecad_5seeds/report.md`](../studies/futurecad_5seeds/report.md) (same code, claims and
+  thresholds; not re-run by `dvc repro`).
 - **Early stopping.** Both program arms keep their best checkpoint on 36 validation prompts (a candidate set of
   the same size for each arm, the SFT checkpoint included); selection on a small validation set is optimistic
   for validation, not for the held-out test descriptions the claims read.
