@@ -210,6 +210,7 @@ def run_stage(slug: str, stage: str, profile: str | None = None, root: Path = RO
 
 
 def run_pipeline(slug: str, root: Path = ROOT, profile: str | None = None,
-                 stages: tuple[str, ...] = STAGES) -> dict[str, Path]:
-    """Run several stages of one paper in order (tests use this with profile="smoke")."""
-    return {stage: run_stage(slug, stage, profile, root) for stage in stages}
+                 stages: tuple[str, ...] = STAGES, params_path: Path | None = None) -> dict[str, Path]:
+    """Run several stages of one paper in order (tests use this with profile="smoke"; a study with its own
+    params file)."""
+    return {stage: run_stage(slug, stage, profile, root, params_path) for stage in stages}

@@ -21,14 +21,13 @@ import shlex
 import shutil
 import sys
 import tempfile
-import time
 from pathlib import Path
 from typing import Any
 
 import yaml
 
 from stages.common.config import STAGES, ConfigError, read_params
-from stages.common.paths import ROOT, write_json
+from stages.common.paths import ROOT, read_json, write_json
 
 
 def parse_override(text: str) -> tuple[str, list[str], Any]:
@@ -88,7 +87,7 @@ def run_study(slug: str, overrides: list[str], out: Path, scratch: Path | None =
               profile: str = "default") -> dict:
     """Run the four stages with the overrides under a scratch root; copy the report folder to ``out``.
     (``profile`` other than default: that profile's own overrides are merged over the changed default block.)"""
-    from stages.common.runner import run_stage    # imports torch & co. only when a study runs
+    from stages.common.runner import run_pipeline, runtime_file    # imports torch & co. only when a study runs
 
     params = apply_overrides(read_params(), slug, overrides)
     params["profile"] = profile
@@ -97,11 +96,8 @@ def run_study(slug: str, overrides: list[str], out: Path, scratch: Path | None =
     try:
         params_path = root / "params.yaml"
         params_path.write_text(yaml.safe_dump(params, sort_keys=False))
-        times = {}
-        for stage in STAGES:
-            t0 = time.perf_counter()
-            run_stage(slug, stage, profile, root=root, params_path=params_path)
-            times[stage] = round(time.perf_counter() - t0, 1)
+        run_pipeline(slug, root=root, profile=profile, params_path=params_path)
+        times = {stage: round(read_json(runtime_file(slug, stage, root))["runtime_s"], 1) for stage in STAGES}
         tmp = out.with_name(out.name + ".tmp")
         shutil.rmtree(tmp, ignore_errors=True)
         shutil.copytree(root / "reports" / slug, tmp)
