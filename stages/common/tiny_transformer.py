@@ -98,7 +98,10 @@ class Attention(nn.Module):
         self.dropout = cfg.dropout
 
     def forward(self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor] | None,
-                cache: KVCache | None = None, layer: int = 0, past: int = 0) -> torch.Tensor:
+                cache: KVCache | None = None, layer: int = 0, past: int = 0,
+                rows: torch.Tensor | None = None) -> torch.Tensor:
+        if rows is not None:
+            return self._at_rows(x, rope, rows)
         B, T, C = x.shape
         q, k, v = self.qkv(x).split(C, dim=-1)
         q = q.view(B, T, self.n_heads, self.head_dim).transpose(1, 2)  # (B, H, T, D)
@@ -122,6 +125,27 @@ class Attention(nn.Module):
             y = F.scaled_dot_product_attention(q, k, v, dropout_p=self.dropout if self.training else 0.0)
         y = y.transpose(1, 2).reshape(B, T, C)  # (B, T, C)
         return self.proj(y)
+
+    def _at_rows(self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor] | None,
+                 rows: torch.Tensor) -> torch.Tensor:
+        """The attention output at query positions ``rows`` (B, R) only: keys and values from every position,
+        queries from those rows (no cache). (B, R, C)."""
+        B, T, C = x.shape
+        R = rows.shape[1]
+        w_q, w_kv = self.qkv.weight[:C], self.qkv.weight[C:]
+        q = F.linear(x.gather(1, rows[..., None].expand(B, R, C)), w_q)
+        k, v = F.linear(x, w_kv).split(C, dim=-1)
+        q = q.view(B, R, self.n_heads, self.head_dim).transpose(1, 2)  # (B, H, R, D)
+        k = k.view(B, T, self.n_heads, self.head_dim).transpose(1, 2)
+        v = v.view(B, T, self.n_heads, self.head_dim).transpose(1, 2)
+        if rope is not None:  # each query at its own position, the keys at 0..T-1
+            q = apply_rope(q, rope[0][rows][:, None], rope[1][rows][:, None])
+            k = apply_rope(k, rope[0][:T], rope[1][:T])
+        mask = None
+        if self.cfg.causal:  # query at position r sees keys 0..r
+            mask = (torch.arange(T, device=x.device)[None, None, None, :] <= rows[:, None, :, None])
+        y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=self.dropout if self.training else 0.0)
+        return self.proj(y.transpose(1, 2).reshape(B, R, C))
 
 
 class MLP(nn.Module):
@@ -150,7 +174,11 @@ class Block(nn.Module):
         self.norm1, self.attn = make_norm(cfg), Attention(cfg)
         self.norm2, self.mlp = make_norm(cfg), MLP(cfg)
 
-    def forward(self, x, rope, cache=None, layer=0, past=0):
+    def forward(self, x, rope, cache=None, layer=0, past=0, rows=None):
+        if rows is not None:  # only the residual stream at ``rows`` goes on (keys/values still from every position)
+            h = x.gather(1, rows[..., None].expand(*rows.shape, x.shape[-1]))
+            h = h + self.attn(self.norm1(x), rope, rows=rows)
+            return h + self.mlp(self.norm2(h))
         x = x + self.attn(self.norm1(x), rope, cache, layer, past)  # pre-norm residual
         return x + self.mlp(self.norm2(x))
 
@@ -179,8 +207,19 @@ class TinyTransformer(nn.Module):
         """(V, C) unembedding matrix: logits = hidden @ unembed.T."""
         return self.embed.weight if self.lm_head is None else self.lm_head.weight
 
-    def hidden(self, idx: torch.Tensor, cache: KVCache | None = None) -> torch.Tensor:
+    def hidden(self, idx: torch.Tensor, cache: KVCache | None = None, rows: torch.Tensor | None = None) -> torch.Tensor:
+        """Final-normed hidden states (B, T, C); with ``rows`` (B, R) positions (long), only those rows' (B, R, C):
+        the last block computes its queries, residual and MLP there alone (the same values as the full pass's
+        rows up to float rounding, for a fraction of the last block's cost; for callers that read a few
+        positions, e.g. one-position-per-step decoding of a bidirectional model). Not with a cache."""
         B, T = idx.shape
+        if rows is not None:
+            if cache is not None:
+                raise ValueError("hidden: rows and a KV cache cannot be combined")
+            if rows.dim() != 2 or rows.shape[0] != B or rows.dtype != torch.long:
+                raise ValueError(f"hidden: rows must be a (B={B}, R) long tensor, got {tuple(rows.shape)} {rows.dtype}")
+            if rows.numel() and (int(rows.min()) < 0 or int(rows.max()) >= T):
+                raise ValueError(f"hidden: rows must lie in 0..{T - 1}")
         past = cache.length if cache is not None else 0
         if past + T > self.cfg.max_seq_len:
             raise ValueError(f"sequence length {past + T} exceeds max_seq_len={self.cfg.max_seq_len}")
@@ -188,8 +227,11 @@ class TinyTransformer(nn.Module):
         if self.pos is not None:
             x = x + self.pos(torch.arange(past, past + T, device=idx.device))
         rope = (self.rope_cos, self.rope_sin) if self.cfg.positional == "rope" else None
+        last = len(self.blocks) - 1
         for i, block in enumerate(self.blocks):
-            x = block(x, rope, cache, i, past)
+            x = block(x, rope, cache, i, past, rows=rows if i == last else None)
+        if rows is not None and last < 0:
+            x = x.gather(1, rows[..., None].expand(*rows.shape, x.shape[-1]))
         return self.norm(x)
 
     def forward(self, idx: torch.Tensor, cache: KVCache | None = None) -> torch.Tensor:

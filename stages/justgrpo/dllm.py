@@ -29,12 +29,30 @@ from stages.justgrpo.task import EOS, MASK, PROMPT_LEN, answers, correct, trace_
 NEG = -1.0e4   # logit of the MASK token at decoding (never sampled); finite so 0·z stays 0
 
 
-def gen_logits(model: TinyTransformer, x: torch.Tensor, positions: slice | None = None) -> torch.Tensor:
-    """Logits with the MASK token excluded (the dLLM never predicts MASK)."""
-    logits = model(x)
-    if positions is not None:
-        logits = logits[:, positions]
+def gen_logits(model: TinyTransformer, x: torch.Tensor, positions: slice | torch.Tensor | None = None) -> torch.Tensor:
+    """Logits with the MASK token excluded (the dLLM never predicts MASK), at ``positions`` (a slice of x's
+    columns, or (B, M) column indices per row) or everywhere. The shared transformer computes its last block only
+    at those positions (``TinyTransformer.hidden(rows=...)``); another model computes every position and is
+    sliced."""
+    if isinstance(positions, slice):
+        positions = torch.arange(x.shape[1], device=x.device)[positions].expand(x.shape[0], -1)
+    if positions is None:
+        logits = model(x)
+    elif isinstance(model, TinyTransformer):
+        logits = model.hidden(x, rows=positions) @ model.unembed.T
+    else:
+        logits = model(x)
+        logits = logits.gather(1, positions[..., None].expand(*positions.shape, logits.shape[-1]))
     return logits.index_fill(-1, torch.tensor([MASK], device=x.device), NEG)
+
+
+def hidden_at(model: TinyTransformer, x: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
+    """Final hidden states at positions ``rows`` (B, R) of x: the shared transformer's last block runs there
+    only; another model's full hidden states are gathered."""
+    if isinstance(model, TinyTransformer):
+        return model.hidden(x, rows=rows)
+    h = model.hidden(x)
+    return h.gather(1, rows[..., None].expand(*rows.shape, h.shape[-1]))
 
 
 # ----------------------------------------------------------------------------------------------
@@ -101,17 +119,20 @@ def decode(model: TinyTransformer, prompts: torch.Tensor, gen_len: int, block_le
     dec_step = torch.full((B, gen_len), -1, dtype=torch.long, device=dev)
     ent_at = torch.zeros(B, gen_len, device=dev)
     logp_at = torch.zeros(B, gen_len, device=dev)
-    pos = torch.arange(gen_len, device=dev)
     step = 0
     for b0 in range(0, gen_len, block_len):
         b1 = min(b0 + block_len, gen_len)
-        in_block = (pos >= b0) & (pos < b1)
+        blk = slice(P + b0, P + b1)                                           # this block's columns of x
         while True:
-            masked = (x[:, P:] == MASK) & in_block[None]
+            masked = x[:, blk] == MASK                                        # (B, R) R = block length
             remaining = int(masked[0].sum())
             if remaining == 0:
                 break
-            logits = gen_logits(model, x, slice(P, None)).float()           # (B, L, V)
+            # every row commits the same number of tokens per step, so every row has `remaining` masked block
+            # positions: their offsets in the block, ascending (B, M); only they are predicted
+            where = torch.sort(torch.where(masked, 0, 1) * (b1 - b0) + torch.arange(b1 - b0, device=dev),
+                               dim=1).values[:, :remaining]
+            logits = gen_logits(model, x, P + b0 + where).float()            # (B, M, V)
             if temperature > 0:                                               # Gumbel-max sampling
                 u = torch.rand(logits.shape, generator=generator, device=dev).clamp_min(1e-20)
                 x0 = (logits / temperature - torch.log(-torch.log(u))).argmax(-1)
@@ -119,14 +140,15 @@ def decode(model: TinyTransformer, prompts: torch.Tensor, gen_len: int, block_le
                 x0 = logits.argmax(-1)
             logp, ent = token_logprob(logits, x0, with_entropy=True, backend=counter.backend)
             counter()
-            conf = torch.where(masked, logp.exp(), torch.full_like(logp, -1.0))   # low-confidence remasking
             k = min(tokens_per_step, remaining)
-            chosen = conf.topk(k, dim=1).indices                              # (B, k)
-            sel = torch.zeros_like(masked).scatter_(1, chosen, True)
-            x[:, P:] = torch.where(sel, x0, x[:, P:])
-            dec_step = torch.where(sel, torch.full_like(dec_step, step), dec_step)
-            ent_at = torch.where(sel, ent, ent_at)
-            logp_at = torch.where(sel, logp, logp_at)
+            chosen = logp.exp().topk(k, dim=1).indices                        # low-confidence remasking: (B, k)
+            col = where.gather(1, chosen)                                     # their offsets in the block
+            blk_x, blk_step = x[:, blk], dec_step[:, b0:b1]
+            blk_x.scatter_(1, col, x0.gather(1, chosen))
+            blk_step.scatter_(1, col, torch.full_like(col, step))
+            ent_at[:, b0:b1].scatter_(1, col, ent.gather(1, chosen))
+            logp_at[:, b0:b1].scatter_(1, col, logp.gather(1, chosen))
+            x[:, blk], dec_step[:, b0:b1] = blk_x, blk_step
             step += 1
     return x[:, P:], {"step": dec_step, "entropy": ent_at, "logp": logp_at, "n_steps": step}
 
@@ -145,9 +167,9 @@ def ar_logprobs(model: TinyTransformer, prompts: torch.Tensor, gen: torch.Tensor
     keep = torch.arange(Lg, device=dev)[None, :] < torch.arange(Lg, device=dev)[:, None]   # (t, pos): pos < t
     ctx = torch.where(keep[None], gen[:, None, :], torch.full_like(gen[:, None, :], MASK))  # (B, L, L)
     inp = torch.cat([prompts[:, None, :].expand(B, Lg, P), ctx], -1).reshape(B * Lg, P + Lg)
-    h = model.hidden(inp).view(B, Lg, P + Lg, -1)
     t = torch.arange(Lg, device=dev)
-    h_t = h[:, t, P + t]                                                      # (B, L, C) position P+t of row t
+    rows = (P + t).repeat(B)[:, None]                                         # context (b, t) reads position P+t
+    h_t = hidden_at(model, inp, rows).view(B, Lg, -1)                        # (B, L, C)
     logits = (h_t @ model.unembed.T).index_fill(-1, torch.tensor([MASK], device=dev), NEG)
     counter()
     return token_logprob(logits, gen, backend=counter.backend)

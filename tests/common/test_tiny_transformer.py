@@ -69,3 +69,41 @@ def test_config_errors():
     model = TinyTransformer(TinyTransformerConfig(max_seq_len=4))
     with pytest.raises(ValueError, match="exceeds max_seq_len"):
         model(torch.zeros(1, 5, dtype=torch.long))
+
+
+@pytest.mark.parametrize("causal", [True, False])
+@pytest.mark.parametrize("opts", VARIANTS)
+def test_hidden_at_rows_equals_the_full_pass_gathered(opts, causal):
+    """hidden(x, rows=r): the last block computes only the rows asked for; values and gradients equal the full
+    pass's rows (rows differ per batch row, repeat, and come in any order)."""
+    torch.manual_seed(2)
+    cfg = TinyTransformerConfig(**{**dict(vocab_size=23, d_model=24, n_layers=3, n_heads=4, max_seq_len=14,
+                                          causal=causal), **opts})
+    model = TinyTransformer(cfg).eval()
+    idx = torch.randint(0, 23, (4, 13))
+    rows = torch.tensor([[12, 0, 5], [3, 3, 1], [7, 11, 2], [0, 6, 12]])
+    full = model.hidden(idx)
+    want = torch.stack([full[b, rows[b]] for b in range(4)])
+    got = model.hidden(idx, rows=rows)
+    assert got.shape == (4, 3, 24)
+    torch.testing.assert_close(got, want, atol=2e-6, rtol=1e-5)
+    g_rows = torch.autograd.grad((got * torch.linspace(-1.5, 2.5, 24)).sum(), list(model.parameters()),
+                                 allow_unused=True)
+    g_full = torch.autograd.grad((want * torch.linspace(-1.5, 2.5, 24)).sum(), list(model.parameters()),
+                                 allow_unused=True)
+    for a, b in zip(g_rows, g_full):
+        if b is None:
+            assert a is None or not a.abs().any()
+        else:
+            torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-4)
+
+
+def test_hidden_at_rows_errors():
+    model = TinyTransformer(TinyTransformerConfig(vocab_size=11, d_model=8, n_heads=2, max_seq_len=6))
+    idx = torch.randint(0, 11, (2, 6))
+    with pytest.raises(ValueError, match="rows must lie"):
+        model.hidden(idx, rows=torch.tensor([[0], [6]]))
+    with pytest.raises(ValueError, match=r"\(B=2, R\) long"):
+        model.hidden(idx, rows=torch.tensor([[0, 1]]))
+    with pytest.raises(ValueError, match="KV cache"):
+        model.hidden(idx, model.new_cache(), rows=torch.tensor([[0], [1]]))

@@ -415,3 +415,42 @@ def test_pretraining_lr_is_stable_then_decays_to_zero():
                       torch.optim.AdamW)
     assert decay_window(3000, 0.2) == (2400, 600) and decay_window(3000, 0.0) is None
     assert decay_window(10, 1.0) == (0, 10)
+
+
+class FullPass(torch.nn.Module):
+    """The shared transformer behind an opaque wrapper: every call computes every position (the path any
+    other model takes), the reference for the last-block-at-the-needed-rows path."""
+
+    def __init__(self, model):
+        super().__init__()
+        self.m = model
+
+    def hidden(self, x):
+        return self.m.hidden(x)
+
+    def forward(self, x):
+        return self.m(x)
+
+    @property
+    def unembed(self):
+        return self.m.unembed
+
+
+@pytest.mark.parametrize("block,k,temp", [(1, 1, 1.0), (4, 2, 0.0), (7, 1, 0.8)])
+def test_needed_rows_path_equals_the_full_pass(block, k, temp):
+    """decode / ar_logprobs / onestep_logprobs on a TinyTransformer (last block at the needed positions only)
+    give what the full forward pass gives."""
+    from stages.common.tiny_transformer import TinyTransformer, TinyTransformerConfig
+    torch.manual_seed(11)
+    tt = TinyTransformer(TinyTransformerConfig(vocab_size=V, d_model=24, n_layers=2, n_heads=4, max_seq_len=P + 7,
+                                               causal=False, init_std=0.6)).eval()   # varied predictions
+    full = FullPass(tt)
+    p = PROMPTS.repeat(6, 1)
+    g1, g2 = torch.Generator().manual_seed(5), torch.Generator().manual_seed(5)
+    a, ia = decode(tt, p, 7, block, k, temp, g1)
+    b, ib = decode(full, p, 7, block, k, temp, g2)
+    assert torch.equal(a, b) and torch.equal(ia["step"], ib["step"]) and len(set(a.flatten().tolist())) >= 3
+    torch.testing.assert_close(ia["logp"], ib["logp"], atol=1e-4, rtol=1e-4)
+    torch.testing.assert_close(ia["entropy"], ib["entropy"], atol=1e-4, rtol=1e-4)
+    torch.testing.assert_close(ar_logprobs(tt, p, a), ar_logprobs(full, p, a), atol=1e-4, rtol=1e-4)
+    torch.testing.assert_close(onestep_logprobs(tt, p, a), onestep_logprobs(full, p, a), atol=1e-4, rtol=1e-4)
