@@ -77,10 +77,27 @@ def _shown(path: Path) -> str:
 
 def study_banner(info: dict) -> str:
     sets = ", ".join(f"`{o}`" for o in info["overrides"]) or "none"
+    at = ""
+    if info.get("commit"):
+        at = f"; code at commit `{info['commit'][:10]}`" + (" with uncommitted changes" if info.get("code_dirty") else "")
     return (f"> **Study, not the default run** (`stages/common/study.py`; not re-run by `dvc repro`). Overrides of "
-            f"`papers.{info['slug']}` in params.yaml: {sets}; profile `{info['profile']}`. Every number and verdict "
+            f"`papers.{info['slug']}` in params.yaml: {sets}; profile `{info['profile']}`{at}. Every number and verdict "
             f"below is this run's; prose written for the default configuration (e.g. how its budget was chosen) may "
             f"not describe this one. Regenerate: `{info['command']}`.\n\n")
+
+
+def code_version(root: Path = ROOT) -> dict:
+    """The commit the study's code is at and whether the code (stages/, kernels/, params.yaml) had uncommitted
+    changes: a study is a snapshot, and a later change to the paper's code can move its numbers when re-run.
+    {"commit": None, "code_dirty": None} outside a git checkout."""
+    import subprocess
+    try:
+        head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=root, capture_output=True, text=True, check=True)
+        dirty = subprocess.run(["git", "status", "--porcelain", "--", "stages", "kernels", "params.yaml"], cwd=root,
+                               capture_output=True, text=True, check=True)
+    except (OSError, subprocess.CalledProcessError):
+        return {"commit": None, "code_dirty": None}
+    return {"commit": head.stdout.strip(), "code_dirty": bool(dirty.stdout.strip())}
 
 
 def run_study(slug: str, overrides: list[str], out: Path, scratch: Path | None = None,
@@ -91,6 +108,7 @@ def run_study(slug: str, overrides: list[str], out: Path, scratch: Path | None =
 
     params = apply_overrides(read_params(), slug, overrides)
     params["profile"] = profile
+    version = code_version()                    # at the start: the code the stages run
     own = scratch is None
     root = Path(tempfile.mkdtemp(prefix=f"study-{slug}-")) if own else scratch
     try:
@@ -101,7 +119,7 @@ def run_study(slug: str, overrides: list[str], out: Path, scratch: Path | None =
         tmp = out.with_name(out.name + ".tmp")
         shutil.rmtree(tmp, ignore_errors=True)
         shutil.copytree(root / "reports" / slug, tmp)
-        info = {"slug": slug, "profile": profile, "overrides": overrides, "stage_wall_s": times,
+        info = {"slug": slug, "profile": profile, "overrides": overrides, "stage_wall_s": times, **version,
                 "command": " ".join(["python -m stages.common.study", slug, "--out", _shown(out)]
                                    + [f"--set {shlex.quote(o)}" for o in overrides])}
         write_json(tmp / "study.json", info)

@@ -2,11 +2,13 @@
 from __future__ import annotations
 
 import json
+import subprocess
 
 import pytest
 import yaml
 
 from stages.common.config import ConfigError, read_params
+from stages.common.paths import ROOT
 from stages.common.study import apply_overrides, main, parse_override, run_study
 
 
@@ -58,6 +60,10 @@ def test_study_runs_the_four_stages_with_the_override(tmp_path):
     saved = json.loads((out / "study.json").read_text())
     assert saved == info and saved["overrides"] == ["train.start_seeds=[3, 4]"] and saved["profile"] == "smoke"
     assert set(saved["stage_wall_s"]) == {"prepare", "train", "evaluate", "report"}
+    head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True)
+    if head.returncode == 0:                                              # provenance: the commit the code is at
+        assert saved["commit"] == head.stdout.strip() and isinstance(saved["code_dirty"], bool)
+        assert f"code at commit `{saved['commit'][:10]}`" in (out / "report.md").read_text().split("\n")[0]
     train_cfg = json.loads((root / "data" / "ftrl_potential" / "train" / "_stage.json").read_text())
     assert train_cfg["profile"] == "smoke"
     tmeta = json.loads((root / "data" / "ftrl_potential" / "train" / "meta.json").read_text())
