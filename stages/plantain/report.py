@@ -503,7 +503,14 @@ pass, summarised in its bullet below):
   its plan, so r_correct pushes back against a wrong accepted plan. The reviewer ruled out the reward code, format
   failures (≤ 0.8%), parsing, the length cap and the loss normalisation. At the committed SFT budget both formats
   start stronger and improve ({judge_note}); longer GRPO is not adopted, and `grpo_improves_pass1_pf` reads the
-  committed budget.
+  committed budget. A 120-step study of this pipeline from the committed SFT budget
+  ([`reports/studies/plantain_grpo120/report.md`](../studies/plantain_grpo120/report.md), 4× the GRPO steps,
+  9 min) found no judge gaming there: acceptance and right plans rise together (think-then-answer: accepted
+  0.71 → 0.95, right 0.51 → 0.84; plan-first: 0.74 → 0.97 and 0.61 → 0.96, first vs last 10 steps). Plan-first
+  test pass@1 rose 0.87 → 0.97 (seed 0: 0.68 → 0.90; the other two seeds start at 0.95 and 0.97), yet
+  `grpo_improves_pass1_pf` stays inconclusive (gap 0.098, t-bounds [−0.059, 0.254]: 3 seeds, two at the ceiling);
+  `pass1_no_drop` holds there, and `plan_rewind_fewer_tokens_after_rl` fails (almost no faulty plans are left to
+  rewind). The SFT ceiling, not the GRPO length, keeps `grpo_improves_pass1_pf` open.
   An SFT gate before RL, a w_helpful = 0 arm for think-then-answer, and an r_helpful paid only when the steps
   follow the plan are not built.
 - **Item noise.** Rates are over the same {ev['eval_prompts']} held-out problems (pass@1) and {ev['rr_prompts']}
