@@ -16,7 +16,9 @@ instead of failing. The papers' pipelines share only what they read (``stages/co
    Each runs ``dvc --wait-for-lock repro --keep-going report@<slug>``: DVC decides what is stale,
    restores what its cache or run-cache holds, runs and records the rest, exactly as a serial run would.
    Its lines are tagged ``[<slug>]``; stage commands get ``OMP_NUM_THREADS`` = cores // jobs unless it
-   is set (the committed runs used one intra-op thread per stage).
+   is set (the committed runs used one intra-op thread per stage), and ``STAGES_MAX_WORKERS`` = cores // jobs
+   caps the stages' process pools (``stages.common.jobs``; same results), so two lanes on two cores run two
+   processes, not four.
 2. A paper whose ``dvc repro`` fails stops only itself: its stage's ``error:`` line and DVC's
    ``failed to reproduce '<stage>@<slug>'`` line are repeated untagged for ``python -m stages
    repro-failures``. The other papers go on.
@@ -144,6 +146,8 @@ def run_paper(slug: str, root: Path, printer: Printer, commands: Commands, threa
     """``dvc --wait-for-lock repro --keep-going report@<slug>``; returns None, or its failure's error line."""
     env = tool_env()
     env.setdefault("OMP_NUM_THREADS", str(threads))   # the cores shared out among the lanes
+    env.setdefault("STAGES_MAX_WORKERS", str(threads))  # and the pool processes (stages.common.jobs): no lane
+    #                                                     starts more processes than its share of the cores
     cmd = dvc("--wait-for-lock", "repro", "--keep-going", f"report@{slug}")
     start = time.perf_counter()
     # DVC's failure line is printed once, untagged, after the error it follows (see below); without a
@@ -167,7 +171,8 @@ def run_paper(slug: str, root: Path, printer: Printer, commands: Commands, threa
 def parallel_repro(root: Path, jobs: int, papers: Sequence[str] | None = None, printer: Printer | None = None,
                    final: bool = True) -> int:
     """Run the lanes, then ``dvc repro --keep-going`` over what did not fail; returns an exit status.
-    Each lane's stage commands get (cores // jobs) intra-op threads unless OMP_NUM_THREADS is set."""
+    Each lane's stage commands get (cores // jobs) intra-op threads and pool processes unless OMP_NUM_THREADS /
+    STAGES_MAX_WORKERS are set."""
     printer = printer or Printer()
     slugs = list(papers) if papers is not None else registered_papers(read_params(root / "params.yaml"))
     failed: dict[str, str] = {}

@@ -15,9 +15,14 @@ agree exactly).
 
 ``fn`` must be a module-level function (it is pickled by name); ``payload`` (tensors, dicts) is sent once to
 each worker. Errors and interrupts stop the pool at once (queued jobs cancelled, workers killed).
+
+``STAGES_MAX_WORKERS`` (environment, a positive integer) caps ``workers``: ``make repro`` runs two papers at a time
+on two cores and sets it to cores // lanes, so two lanes do not start four processes on two cores (the results are
+the same either way: pool = in-process).
 """
 from __future__ import annotations
 
+import os
 from typing import Any, Callable, Sequence
 
 import torch
@@ -38,11 +43,26 @@ def payload() -> dict[str, Any]:
     return _PAYLOAD
 
 
+def max_workers() -> int:
+    """The cap on pool processes from ``STAGES_MAX_WORKERS`` (unset: no cap)."""
+    raw = os.environ.get("STAGES_MAX_WORKERS", "").strip()
+    if not raw:
+        return 1 << 30
+    try:
+        cap = int(raw)
+    except ValueError:
+        cap = 0
+    if cap < 1:
+        raise ValueError(f"STAGES_MAX_WORKERS: {raw!r} is not a positive integer")
+    return cap
+
+
 def run_jobs(fn: Callable[[Any], Any], jobs: Sequence[Any], data: dict[str, Any], workers: int) -> list[Any]:
     """``[fn(job) for job in jobs]``, in job order; with ``workers > 1`` in that many spawned single-threaded
     processes (jobs are handed out in order, so put the longest first)."""
     if workers < 1:
         raise ValueError(f"workers: {workers} < 1")
+    workers = min(workers, max_workers())
     if workers == 1 or len(jobs) <= 1:
         threads = torch.get_num_threads()
         with threadpool_limits(1):          # restored on exit, like torch's thread count below

@@ -59,3 +59,23 @@ def test_dead_worker_or_bad_payload_raise_instead_of_hanging():
         run_jobs(_die, [1, 2, 3], {}, workers=2)
     with pytest.raises(RuntimeError, match="cannot be pickled"):
         run_jobs(_draw, [1, 2], {"scale": _Unpicklable()}, workers=2)
+
+
+def _pid(job):
+    import os
+    return os.getpid()
+
+
+def test_max_workers_env_caps_the_pool(monkeypatch):
+    """STAGES_MAX_WORKERS (set by make repro's lanes) caps the pool: 1 runs the jobs in this process; a bad value
+    is an error naming the variable."""
+    import os
+    monkeypatch.setenv("STAGES_MAX_WORKERS", "1")
+    assert run_jobs(_pid, [0, 1, 2], {}, workers=2) == [os.getpid()] * 3
+    monkeypatch.setenv("STAGES_MAX_WORKERS", "2")
+    pids = run_jobs(_pid, [0, 1, 2, 3], {}, workers=4)
+    assert os.getpid() not in pids and len(set(pids)) <= 2
+    for bad in ("0", "two", "-1"):
+        monkeypatch.setenv("STAGES_MAX_WORKERS", bad)
+        with pytest.raises(ValueError, match="STAGES_MAX_WORKERS"):
+            run_jobs(_pid, [0, 1], {}, workers=2)

@@ -32,7 +32,7 @@ STAGE_PY = textwrap.dedent('''
     out.mkdir(parents=True, exist_ok=True)
     (out / "out.txt").write_text(prev + f"{stage}:{p.get('value', 0)};")
     with open(log / f"{slug}-{stage}.jsonl", "a") as f:
-        f.write(json.dumps({"start": start, "end": time.time(), "threads": __import__("os").environ.get("OMP_NUM_THREADS")}) + "\\n")
+        f.write(json.dumps({"start": start, "end": time.time(), "threads": __import__("os").environ.get("OMP_NUM_THREADS"), "workers": __import__("os").environ.get("STAGES_MAX_WORKERS")}) + "\\n")
 ''')
 
 
@@ -86,6 +86,7 @@ def test_two_lanes_record_every_stage_and_dvc_repro_finds_them_current(tmp_path,
     import os
 
     monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    monkeypatch.delenv("STAGES_MAX_WORKERS", raising=False)
     root = make_project(tmp_path / "p", {"alpha": paper(5, value=5), "beta": paper(5, value=7)})
     log = StringIO()
     assert parallel_repro(root, jobs=2, printer=Printer(log)) == 0
@@ -94,6 +95,7 @@ def test_two_lanes_record_every_stage_and_dvc_repro_finds_them_current(tmp_path,
     (a,), (b,) = runs(root, "alpha", "train"), runs(root, "beta", "train")
     assert a["start"] < b["end"] and b["start"] < a["end"], text
     assert a["threads"] == b["threads"] == str(max(1, (os.cpu_count() or 1) // 2))   # the cores shared out
+    assert a["workers"] == b["workers"] == a["threads"]                  # and the stages' pool processes
     assert all(len(runs(root, s, st)) == 1 for s in ("alpha", "beta")
                for st in ("prepare", "train", "evaluate", "report"))
     # DVC recorded them: nothing stale, the final dvc repro ran only the summary
