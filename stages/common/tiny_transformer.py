@@ -75,6 +75,11 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.T
     return torch.stack((rot1, rot2), dim=-1).flatten(-2)
 
 
+def gather_rows(x: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
+    """x (B, T, C) at positions ``rows`` (B, R) of each batch row: (B, R, C)."""
+    return x.gather(1, rows[..., None].expand(*rows.shape, x.shape[-1]))
+
+
 class KVCache:
     """Per-layer key/value tensors for incremental decoding."""
 
@@ -133,7 +138,7 @@ class Attention(nn.Module):
         B, T, C = x.shape
         R = rows.shape[1]
         w_q, w_kv = self.qkv.weight[:C], self.qkv.weight[C:]
-        q = F.linear(x.gather(1, rows[..., None].expand(B, R, C)), w_q)
+        q = F.linear(gather_rows(x, rows), w_q)
         k, v = F.linear(x, w_kv).split(C, dim=-1)
         q = q.view(B, R, self.n_heads, self.head_dim).transpose(1, 2)  # (B, H, R, D)
         k = k.view(B, T, self.n_heads, self.head_dim).transpose(1, 2)
@@ -176,7 +181,7 @@ class Block(nn.Module):
 
     def forward(self, x, rope, cache=None, layer=0, past=0, rows=None):
         if rows is not None:  # only the residual stream at ``rows`` goes on (keys/values still from every position)
-            h = x.gather(1, rows[..., None].expand(*rows.shape, x.shape[-1]))
+            h = gather_rows(x, rows)
             h = h + self.attn(self.norm1(x), rope, rows=rows)
             return h + self.mlp(self.norm2(h))
         x = x + self.attn(self.norm1(x), rope, cache, layer, past)  # pre-norm residual
@@ -231,7 +236,7 @@ class TinyTransformer(nn.Module):
         for i, block in enumerate(self.blocks):
             x = block(x, rope, cache, i, past, rows=rows if i == last else None)
         if rows is not None and last < 0:
-            x = x.gather(1, rows[..., None].expand(*rows.shape, x.shape[-1]))
+            x = gather_rows(x, rows)
         return self.norm(x)
 
     def forward(self, idx: torch.Tensor, cache: KVCache | None = None) -> torch.Tensor:

@@ -22,7 +22,7 @@ import torch.nn as nn
 
 from kernels.record import KernelCounter as Counter  # token_logprob calls
 from kernels.token_logprob import token_logprob
-from stages.common.tiny_transformer import TinyTransformer, TinyTransformerConfig
+from stages.common.tiny_transformer import TinyTransformer, TinyTransformerConfig, gather_rows
 from stages.justgrpo.task import EOS, MASK, PROMPT_LEN, answers, correct, trace_valid
 
 
@@ -39,10 +39,9 @@ def gen_logits(model: TinyTransformer, x: torch.Tensor, positions: slice | torch
     if positions is None:
         logits = model(x)
     elif isinstance(model, TinyTransformer):
-        logits = model.hidden(x, rows=positions) @ model.unembed.T
+        logits = hidden_at(model, x, positions) @ model.unembed.T
     else:
-        logits = model(x)
-        logits = logits.gather(1, positions[..., None].expand(*positions.shape, logits.shape[-1]))
+        logits = gather_rows(model(x), positions)
     return logits.index_fill(-1, torch.tensor([MASK], device=x.device), NEG)
 
 
@@ -51,8 +50,7 @@ def hidden_at(model: TinyTransformer, x: torch.Tensor, rows: torch.Tensor) -> to
     only; another model's full hidden states are gathered."""
     if isinstance(model, TinyTransformer):
         return model.hidden(x, rows=rows)
-    h = model.hidden(x)
-    return h.gather(1, rows[..., None].expand(*rows.shape, h.shape[-1]))
+    return gather_rows(model.hidden(x), rows)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -143,12 +141,10 @@ def decode(model: TinyTransformer, prompts: torch.Tensor, gen_len: int, block_le
             k = min(tokens_per_step, remaining)
             chosen = logp.exp().topk(k, dim=1).indices                        # low-confidence remasking: (B, k)
             col = where.gather(1, chosen)                                     # their offsets in the block
-            blk_x, blk_step = x[:, blk], dec_step[:, b0:b1]
-            blk_x.scatter_(1, col, x0.gather(1, chosen))
-            blk_step.scatter_(1, col, torch.full_like(col, step))
+            x[:, blk].scatter_(1, col, x0.gather(1, chosen))                  # (views: written in place)
+            dec_step[:, b0:b1].scatter_(1, col, torch.full_like(col, step))
             ent_at[:, b0:b1].scatter_(1, col, ent.gather(1, chosen))
             logp_at[:, b0:b1].scatter_(1, col, logp.gather(1, chosen))
-            x[:, blk], dec_step[:, b0:b1] = blk_x, blk_step
             step += 1
     return x[:, P:], {"step": dec_step, "entropy": ent_at, "logp": logp_at, "n_steps": step}
 
