@@ -24,6 +24,8 @@ Part B       test ROC AUC of every trained model and seed (best-validation state
 """
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import scipy.linalg
 import scipy.sparse as sp
@@ -39,6 +41,7 @@ from kernels.cauchy_apply import cauchy_apply
 from kernels.record import KernelRecord
 from stages.common.config import Seed, StageConfig, unique_items
 from stages.common.device import DeviceName, pick_device
+from stages.common.jobs import max_workers, payload, run_jobs
 from stages.common.paths import read_json, write_json
 from stages.common.runner import StageContext
 from stages.l2g_net.gft import Factorization, factorize, resolve_partitioner
@@ -66,6 +69,10 @@ class Config(StageConfig):
         default_factory=lambda: ["auto"], min_length=1,
         description="scaling: recursive bisection; auto = METIS (pymetis, the paper's) when installed, else "
                     "spectral; the first entry is the primary one (claims), duplicates after resolving dropped")
+    workers: int = Field(1, ge=1, le=64, description="processes timing the scaling and cut-size graphs in parallel "
+                         "(one graph per job, one thread each; CPU times are per process, but processes running "
+                         "at once share caches and memory bandwidth, which slows L2G's rank-one updates more than "
+                         "eigh: keep 1 for the wall-clock claims)")
     device: DeviceName = "auto"
 
     @field_validator("partitioners")
@@ -140,30 +147,21 @@ def _run(cfg: Config, ctx: StageContext) -> None:
     # ---- Part A: scaling with parts growing with n, sparsified cut, one row per partitioner ----
     ran = list(dict.fromkeys(resolve_partitioner(m) for m in cfg.partitioners))
     results["scaling_partitioners"] = ran
-    largest = {}
-    for meta in manifest["scaling"]:
-        largest.setdefault(meta["family"], []).append(meta["n"])
-    for meta in tqdm(manifest["scaling"], desc="scaling"):
-        L = sp.load_npz(prep / "scaling" / meta["file"]).tocsr()
-        sizes = sorted(largest[meta["family"]])
-        results["scaling"] += measure(L, meta["family"], ran, part_size=cfg.part_size,
-                                      target_cut=cfg.target_cut, seed=cfg.seed, exact_max_cut=cfg.exact_max_cut,
-                                      memory=meta["n"] in sizes[len(sizes) - cfg.memory_sizes:],
-                                      eig_check_max_n=20000, repeats=cfg.timing_repeats)
+    # every timed graph is one job (scaling sizes largest first, then the cut-size graphs), in this process or a pool
+    # of single-threaded processes (workers); a graph's L2G and eigh (and their repeats) are timed in one process
+    jobs = sorted([("scaling", i) for i in range(len(manifest["scaling"]))]
+                  + [("scaling_k", i) for i in range(len(manifest["scaling_k"]))],
+                  key=lambda j: (j[0] != "scaling", -manifest[j[0]][j[1]]["n"], -manifest[j[0]][j[1]].get("bridges", 0)))
+    done = dict(zip(jobs, run_jobs(_timed_graph, jobs, {"cfg": cfg.model_dump(mode="json"), "prep": str(prep),
+                                                        "manifest": manifest, "partitioners": ran,
+                                                        "device": str(device)}, cfg.workers)))
+    results["timing_processes"] = min(cfg.workers, max_workers(), len(jobs))
+    for i in range(len(manifest["scaling"])):      # the manifest's order, whatever the pool did
+        results["scaling"] += done[("scaling", i)]
     results["scaling_fits"] = fits(results["scaling"])
-
-    # ---- Part A: scaling in the cut size (blocks as parts, every bridge kept) ----
-    for meta in tqdm(manifest["scaling_k"], desc="scaling_k"):
-        L = sp.load_npz(prep / "scaling_k" / meta["file"]).tocsr()
-        b = meta["block_size"]
-        parts = [list(range(k * b, (k + 1) * b)) for k in range(meta["blocks"])]
-        t_fact, fact, _ = timed(lambda: factorize(L, parts), cfg.timing_repeats)
-        lam_ref = scipy.linalg.eigvalsh(L.toarray())
-        row = {"n": meta["n"], "bridges": meta["bridges"], "parts": len(fact.parts),
-               "cut_edges": int(len(fact.cut_edges)), "factorize_s": t_fact,
-               **{k: float(v) for k, v in fact.timings.items()},
-               **exactness(fact, L, lam_ref, cfg, rng, cauchy)}
-        results["scaling_k"].append(row)
+    results["scaling_k"] = [done[("scaling_k", i)] for i in range(len(manifest["scaling_k"]))]
+    for row in results["scaling_k"]:
+        rec.count(NAME, row.pop("kernel_calls"))
     sk = results["scaling_k"]
     results["exponents_k"] = {
         "l2g_k": fit_exponent([max(r["cut_edges"], 1) for r in sk], [r["factorize_s"] for r in sk]),
@@ -190,6 +188,38 @@ def _run(cfg: Config, ctx: StageContext) -> None:
     results["device"] = str(device)
     write_json(ctx.out / "results.json", results)
     rec.save(ctx.out)
+
+
+def _timed_graph(job: tuple[str, int]) -> list[dict] | dict:
+    """One timed graph (a job of run_jobs: in this process or in a single-threaded worker): ("scaling", i) -> the
+    rows of manifest["scaling"][i] (L2G and eigh timed here, one row per partitioner); ("scaling_k", i) -> the
+    row of the i-th cut-size graph (blocks as parts, every bridge kept)."""
+    kind, i = job
+    p = payload()
+    cfg, prep, meta = Config.model_validate(p["cfg"]), Path(p["prep"]), p["manifest"][kind][i]
+    L = sp.load_npz(prep / kind / meta["file"]).tocsr()
+    if kind == "scaling":
+        sizes = sorted(m["n"] for m in p["manifest"]["scaling"] if m["family"] == meta["family"])
+        rows = measure(L, meta["family"], p["partitioners"], part_size=cfg.part_size, target_cut=cfg.target_cut,
+                       seed=cfg.seed, exact_max_cut=cfg.exact_max_cut,
+                       memory=meta["n"] in sizes[len(sizes) - cfg.memory_sizes:],
+                       eig_check_max_n=20000, repeats=cfg.timing_repeats)
+        print(f"[l2g_net] timed {meta['family']} n = {meta['n']}: L2G {rows[0]['l2g_s']:.2f} s, eigh "
+              f"{rows[0]['eigh_s']:.2f} s (CPU, median of {cfg.timing_repeats})", flush=True)
+        return rows
+    b = meta["block_size"]
+    parts = [list(range(k * b, (k + 1) * b)) for k in range(meta["blocks"])]
+    t_fact, fact, _ = timed(lambda: factorize(L, parts), cfg.timing_repeats)
+    lam_ref = scipy.linalg.eigvalsh(L.toarray())
+    device = torch.device(p["device"])
+    rec = KernelRecord(device)
+    row = {"n": meta["n"], "bridges": meta["bridges"], "parts": len(fact.parts),
+           "cut_edges": int(len(fact.cut_edges)), "factorize_s": t_fact,
+           **{k: float(v) for k, v in fact.timings.items()},
+           **exactness(fact, L, lam_ref, cfg, np.random.default_rng([cfg.seed, i]), kernel_cauchy(rec, device))}
+    print(f"[l2g_net] timed {meta['bridges']} bridges: factorization {t_fact:.2f} s (CPU, median of "
+          f"{cfg.timing_repeats})", flush=True)
+    return dict(row, kernel_calls=rec.to_dict().get(NAME, {}).get("calls", 0))
 
 
 def _test_auc(tcfg: TrainConfig, summary: dict, trained, src, A, device) -> dict:

@@ -1,6 +1,7 @@
 """The l2g_net pipeline end to end at the smoke profile, the model's modules, Minesweeper, config errors."""
 from __future__ import annotations
 
+import copy
 import json
 
 import networkx as nx
@@ -60,6 +61,12 @@ def test_smoke_pipeline(smoke_run):
     assert wall == {"scaling_exponent_ba", "faster_than_eigh_ba", "linear_in_cut"}
     assert metrics["metrics"]["scaling_partitioner"] in {"metis", "spectral"}
     gap = metrics["metrics"]["scaling"]["ba"]
+    # the graphs are timed as jobs, largest first; rows come back in the manifest's order
+    manifest = json.loads((out["prepare"] / "manifest.json").read_text())
+    res = json.loads((out["evaluate"] / "results.json").read_text())
+    assert [(r["family"], r["n"]) for r in res["scaling"]] == [(m["family"], m["n"]) for m in manifest["scaling"]]
+    assert [r["bridges"] for r in res["scaling_k"]] == [m["bridges"] for m in manifest["scaling_k"]]
+    assert res["timing_processes"] == 1 and all("kernel_calls" not in r for r in res["scaling_k"])
     assert gap["exponent_gap"] == pytest.approx(gap["eigh_exponent"] - gap["l2g_exponent"])
     # the exact-cut control: the chain of the true L, not of the sparsified graph
     for key in ("task_graph", "parity_graph"):
@@ -129,6 +136,84 @@ def test_matched_parameter_counts():
         assert abs(count(kind, d) - target) / target < 0.15
     assert matched_dim("chebnet", target, count) < matched_dim("gcn", target, count)  # K linear maps per layer
     assert matched_dim("chebnet_long", target, count) < matched_dim("chebnet", target, count)
+
+
+def test_sparse_operator_values_and_gradients_against_dense():
+    """SparseOperator's custom backward (S^T g from a CSR built once) against autograd through a dense matmul,
+    on a non-symmetric matrix with repeated (summed) entries, so S^T != S and the transpose is exercised."""
+    import scipy.sparse as sps
+    from stages.l2g_net.model import SparseOperator
+    rng = np.random.default_rng(3)
+    rows, cols = rng.integers(0, 9, 40), rng.integers(0, 9, 40)
+    M = sps.coo_matrix((rng.normal(size=40) * 1.7, (rows, cols)), shape=(9, 9))
+    op = SparseOperator(M)
+    D = torch.tensor(M.toarray(), dtype=torch.float32)
+    assert (D - D.T).abs().max() > 0.1
+    x = torch.randn(9, 4, requires_grad=True)
+    xd = x.detach().clone().requires_grad_(True)
+    w = torch.randn(9, 4)
+    y, yd = op(x), D @ xd
+    torch.testing.assert_close(y, yd, atol=1e-5, rtol=1e-5)
+    (y * w).sum().backward()
+    (yd * w).sum().backward()
+    torch.testing.assert_close(x.grad, xd.grad, atol=1e-5, rtol=1e-5)
+    assert op.state_dict() == {}                      # rebuilt from the graph, not saved with the weights
+    twin = copy.deepcopy(op)                           # CSR buffers cloned, not shared
+    assert twin.S is not op.S and twin.ST is not op.ST
+    torch.testing.assert_close(twin(x.detach()), y.detach())
+
+
+@pytest.mark.parametrize("kind", ["gcn", "gin", "chebnet"])
+def test_propagation_modules_against_dense_formulas(kind):
+    """GCN D^-1/2 (A+I) D^-1/2 x, GIN (1+eps) x + A x, ChebNet's T_k(L~) x, computed densely in numpy."""
+    import scipy.sparse as sps
+    from stages.l2g_net.model import PropModule
+    g = nx.gnm_random_graph(14, 30, seed=2)
+    A = sps.csr_matrix(nx.to_numpy_array(g) * 1.5)     # weighted (w != 1)
+    n, K = 14, 5
+    torch.manual_seed(0)
+    mod = copy.deepcopy(PropModule(kind, A, 1.8, dim=3, dropout=0.0, cheb_k=K))   # deepcopy-able (CSR buffers)
+    seen = {}
+    mod.ff.register_forward_pre_hook(lambda m, a: seen.update(z=a[0].detach().numpy()))
+    with torch.no_grad():
+        if kind == "gin":
+            mod.eps.fill_(0.4)
+        x = torch.randn(n, 3)
+        mod(x)
+    Ad, X = A.toarray(), x.numpy().astype(np.float64)
+    if kind == "gcn":
+        d = (Ad + np.eye(n)).sum(1) ** -0.5
+        want = (d[:, None] * (Ad + np.eye(n)) * d[None, :]) @ X
+    elif kind == "gin":
+        want = 1.4 * X + Ad @ X
+    else:
+        d = np.maximum(Ad.sum(1), 1e-12) ** -0.5
+        Lt = 2.0 * (np.eye(n) - d[:, None] * Ad * d[None, :]) / 1.8 - np.eye(n)
+        T = [X, Lt @ X]
+        for _ in range(2, K):
+            T.append(2 * Lt @ T[-1] - T[-2])
+        want = np.concatenate(T, axis=1)
+    np.testing.assert_allclose(seen["z"], want, atol=1e-4, rtol=1e-4)
+
+
+def test_timed_graphs_same_in_pool_and_in_process(tmp_path):
+    """evaluate's timed-graph jobs: everything but the timings is the same in two worker processes as in this one
+    (scaling rows of both families, a cut-size row with its exactness and kernel calls)."""
+    from stages.common.jobs import run_jobs
+    from stages.common.runner import run_pipeline
+
+    prep = run_pipeline("l2g_net", root=tmp_path, profile="smoke", stages=("prepare",))["prepare"]
+    manifest = json.loads((prep / "manifest.json").read_text())
+    cfg = evaluate.Config(part_size=32, target_cut=2, exact_max_cut=40, timing_repeats=1)
+    last = {m["family"]: i for i, m in enumerate(manifest["scaling"])}
+    jobs = [("scaling", i) for i in last.values()] + [("scaling_k", len(manifest["scaling_k"]) - 1)]
+    data = {"cfg": cfg.model_dump(mode="json"), "prep": str(prep), "manifest": manifest,
+            "partitioners": ["spectral"], "device": "cpu"}
+    untimed = lambda r: {k: v for k, v in r.items() if not (k.endswith("_s") or k.endswith("_runs"))}  # noqa: E731
+    one, two = run_jobs(evaluate._timed_graph, jobs, data, 1), run_jobs(evaluate._timed_graph, jobs, data, 2)
+    assert [[untimed(r) for r in rows] for rows in one[:2]] == [[untimed(r) for r in rows] for rows in two[:2]]
+    assert untimed(one[2]) == untimed(two[2]) and one[2]["kernel_calls"] > 0
+    assert {rows[0]["family"] for rows in one[:2]} == set(last)
 
 
 def test_source_parity_labels_by_independent_bfs():
