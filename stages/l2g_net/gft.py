@@ -129,23 +129,45 @@ def _check_parts(parts, n: int) -> list[np.ndarray]:
 # partitioner: connected components, then recursive spectral bisection (Fiedler sweep cut)
 # --------------------------------------------------------------------------------------------
 def _fiedler_vector(A: sp.csr_matrix) -> np.ndarray:
-    """Fiedler vector of the (connected) graph with weighted adjacency A."""
+    """Fiedler vector of the graph with weighted adjacency A, made canonical: the projection of a fixed start
+    vector onto the lambda_2 eigenspace (every eigenvector within a relative 1e-9 of lambda_2: the lowest
+    eigenpairs are computed in growing batches until one lies above it), orthogonal to the constant vector.
+    When lambda_2 is repeated (square grids, hypercubes) an eigensolver's basis of it is arbitrary, and its last
+    bits differ between processes and machines; the projection is not (up to rounding), so the sweep cut is
+    reproducible."""
     m = A.shape[0]
     deg = np.asarray(A.sum(axis=1)).ravel()
     Lp = sp.diags(deg) - A
+    v0 = np.cos(np.arange(m) * 0.7 + 0.1)  # deterministic start vector
+    tol = 1e-9 * max(2.0 * float(deg.max()), 1e-300)          # lambda_max <= 2 max degree
+    top = min(m - 1, 3)
+    while True:
+        vals, vecs = _lowest_eigenpairs(Lp, top, v0, deg)
+        if top == m - 1 or vals[-1] - vals[1] > tol:          # the whole lambda_2 eigenspace is in hand
+            break
+        top = min(m - 1, 2 * top + 1)
+    space = vecs[:, np.abs(vals - vals[1]) <= tol]            # the lambda_2 eigenspace (with the null space if 0)
+    v = space @ (space.T @ v0)
+    v -= v.mean()                                             # orthogonal to the constant vector
+    if np.linalg.norm(v) <= 1e-8 * np.linalg.norm(v0):        # v0 (almost) orthogonal to it: an eigenvector
+        v = vecs[:, 1] - vecs[:, 1].mean()
+    return v / np.linalg.norm(v)
+
+
+def _lowest_eigenpairs(Lp: sp.spmatrix, top: int, v0: np.ndarray, deg: np.ndarray):
+    """Eigenpairs 0..top of the Laplacian Lp, ascending (dense eigh up to 400 nodes, else shift-invert ARPACK)."""
+    m = Lp.shape[0]
     if m <= 400:
-        _, vecs = scipy.linalg.eigh(Lp.toarray(), subset_by_index=[1, 1])
-        return vecs[:, 0]
+        return scipy.linalg.eigh(Lp.toarray(), subset_by_index=[0, top])
     from scipy.sparse.linalg import ArpackNoConvergence, eigsh
 
     shift = 1e-3 * max(float(deg.max()), 1e-12)
-    v0 = np.cos(np.arange(m) * 0.7 + 0.1)  # deterministic start vector
     try:
-        vals, vecs = eigsh(sp.csc_matrix(Lp), k=2, sigma=-shift, which="LM", v0=v0)
-    except ArpackNoConvergence:  # near-degenerate Fiedler pair: fall back to dense eigh (slow, exact)
-        _, vecs = scipy.linalg.eigh(Lp.toarray(), subset_by_index=[1, 1])
-        return vecs[:, 0]
-    return vecs[:, int(np.argsort(vals)[1])]
+        vals, vecs = eigsh(sp.csc_matrix(Lp), k=top + 1, sigma=-shift, which="LM", v0=v0)
+    except ArpackNoConvergence:  # fall back to dense eigh (slow, exact)
+        return scipy.linalg.eigh(Lp.toarray(), subset_by_index=[0, top])
+    order = np.argsort(vals)
+    return vals[order], vecs[:, order]
 
 
 def _sweep_cut(A: sp.csr_matrix, fiedler: np.ndarray, min_size: int) -> tuple[np.ndarray, int]:

@@ -307,3 +307,46 @@ def test_committed_large_n_study_is_the_median_of_3_run_the_report_describes():
         assert len(r["l2g_s_runs"]) == len(r["eigh_s_runs"]) == doc["settings"]["repeats"]
         assert r["l2g_s"] == float(np.median(r["l2g_s_runs"])) and r["eigh_s"] == float(np.median(r["eigh_s_runs"]))
     assert {c["verdict"] for c in doc["claims"]} <= {"holds", "fails", "inconclusive"} and len(doc["claims"]) == 8
+
+
+def _projected_fiedler(A) -> np.ndarray:
+    """Brute force: every eigenpair by numpy, the lambda_2 eigenspace by tolerance, the fixed start vector projected
+    onto it, orthogonal to the constant vector."""
+    Ad = np.asarray(A.todense(), dtype=float)
+    lam, U = np.linalg.eigh(np.diag(Ad.sum(1)) - Ad)
+    space = U[:, np.abs(lam - lam[1]) <= 1e-7]
+    v0 = np.cos(np.arange(Ad.shape[0]) * 0.7 + 0.1)
+    v = space @ (space.T @ v0)
+    v -= v.mean()
+    return v / np.linalg.norm(v)
+
+
+@pytest.mark.parametrize("side, weight", [(12, 1.0), (21, 2.5)])   # 144 nodes: dense path; 441: ARPACK path
+def test_fiedler_vector_is_canonical_on_a_repeated_lambda2(side, weight):
+    """A square grid's lambda_2 has multiplicity 2, so any eigensolver's Fiedler vector is an arbitrary vector of
+    that plane; the partitioner's is the projection of its fixed start vector, the same on every machine."""
+    import networkx as nx
+    import scipy.sparse as sps
+
+    from stages.l2g_net.gft import _fiedler_vector
+
+    A = sps.csr_matrix(nx.to_scipy_sparse_array(nx.grid_2d_graph(side, side), dtype=float) * weight)
+    Ad = A.toarray()
+    lam = np.linalg.eigvalsh(np.diag(Ad.sum(1)) - Ad)
+    assert abs(lam[2] - lam[1]) < 1e-9 * lam[-1]                      # the setting: lambda_2 repeated
+    np.testing.assert_allclose(_fiedler_vector(A), _projected_fiedler(A), atol=1e-6)
+
+
+def test_fiedler_vector_of_a_disconnected_graph_separates_components():
+    """lambda_2 = 0 with two components: the vector lies in the null space, orthogonal to the constant, i.e. one
+    value on each component."""
+    import networkx as nx
+    import scipy.sparse as sps
+
+    from stages.l2g_net.gft import _fiedler_vector
+
+    g = nx.disjoint_union(nx.cycle_graph(7), nx.path_graph(5))
+    A = sps.csr_matrix(nx.to_scipy_sparse_array(g, dtype=float) * 1.5)
+    v = _fiedler_vector(A)
+    assert np.ptp(v[:7]) < 1e-8 and np.ptp(v[7:]) < 1e-8 and abs(v[0] - v[7]) > 0.1
+    np.testing.assert_allclose(v, _projected_fiedler(A), atol=1e-8)
