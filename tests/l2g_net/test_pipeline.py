@@ -196,16 +196,15 @@ def test_propagation_modules_against_dense_formulas(kind):
     np.testing.assert_allclose(seen["z"], want, atol=1e-4, rtol=1e-4)
 
 
-def test_timed_graphs_same_in_pool_and_in_process(tmp_path):
+def test_timed_graphs_same_in_pool_and_in_process(smoke_run):
     """evaluate's timed-graph jobs: everything but the timings is the same in two worker processes as in this one
     (scaling rows of both families, a cut-size row with its exactness and kernel calls), with the stage's default
     partitioner. Counts and sizes must be equal; error metrics near machine precision only to rounding (LAPACK's
     last bits differ between processes)."""
     from stages.common.jobs import run_jobs
-    from stages.common.runner import run_pipeline
     from stages.l2g_net.gft import resolve_partitioner
 
-    prep = run_pipeline("l2g_net", root=tmp_path, profile="smoke", stages=("prepare",))["prepare"]
+    prep = smoke_run("l2g_net", stages=("prepare",))["prepare"]
     manifest = json.loads((prep / "manifest.json").read_text())
     cfg = evaluate.Config(part_size=32, target_cut=2, exact_max_cut=40, timing_repeats=1)
     last = {m["family"]: i for i, m in enumerate(manifest["scaling"])}
