@@ -45,6 +45,22 @@ def gen_logits(model: TinyTransformer, x: torch.Tensor, positions: slice | torch
     return logits.index_fill(-1, torch.tensor([MASK], device=x.device), NEG)
 
 
+def distinct_rows(*cols: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """Rows that repeat across the batch, computed once. ``cols`` are (B, ·) tensors of one batch, side by side
+    the whole input of each row; returns (first, inverse): ``first`` (U,) the index of each distinct row's first
+    occurrence, ``inverse`` (B,) which distinct row each row is, so ``f(x[first])[inverse]`` equals ``f(x)`` row
+    by row for any row-wise f (up to float rounding of the smaller batch). None when every row is distinct.
+    The n samples of one prompt share their prompt and, under a confident model, most of their prefix: at
+    default 60% (AR order) to 90% (arbitrary order) of the sampler's rows repeat another row of the batch."""
+    key = torch.cat([c.reshape(c.shape[0], -1).long() for c in cols], 1)
+    _, inverse = torch.unique(key, dim=0, return_inverse=True)
+    n = int(inverse.max()) + 1 if inverse.numel() else 0
+    if n == key.shape[0]:
+        return None
+    first = torch.full((n,), key.shape[0], dtype=torch.long, device=key.device)
+    return first.scatter_reduce(0, inverse, torch.arange(key.shape[0], device=key.device), "amin"), inverse
+
+
 def hidden_at(model: TinyTransformer, x: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
     """Final hidden states at positions ``rows`` (B, R) of x: the shared transformer's last block runs there
     only; another model's full hidden states are gathered."""
@@ -130,7 +146,12 @@ def decode(model: TinyTransformer, prompts: torch.Tensor, gen_len: int, block_le
             # positions: their offsets in the block, ascending (B, M); only they are predicted
             where = torch.sort(torch.where(masked, 0, 1) * (b1 - b0) + torch.arange(b1 - b0, device=dev),
                                dim=1).values[:, :remaining]
-            logits = gen_logits(model, x, P + b0 + where).float()            # (B, M, V)
+            dup = distinct_rows(x)                                            # repeated rows: one forward each
+            if dup is None:
+                logits = gen_logits(model, x, P + b0 + where).float()        # (B, M, V)
+            else:
+                first, inverse = dup
+                logits = gen_logits(model, x[first], P + b0 + where[first]).float()[inverse]
             if temperature > 0:                                               # Gumbel-max sampling
                 u = torch.rand(logits.shape, generator=generator, device=dev).clamp_min(1e-20)
                 x0 = (logits / temperature - torch.log(-torch.log(u))).argmax(-1)
@@ -165,7 +186,13 @@ def ar_logprobs(model: TinyTransformer, prompts: torch.Tensor, gen: torch.Tensor
     inp = torch.cat([prompts[:, None, :].expand(B, Lg, P), ctx], -1).reshape(B * Lg, P + Lg)
     t = torch.arange(Lg, device=dev)
     rows = (P + t).repeat(B)[:, None]                                         # context (b, t) reads position P+t
-    h_t = hidden_at(model, inp, rows).view(B, Lg, -1)                        # (B, L, C)
+    dup = distinct_rows(inp, rows)           # samples of one prompt share prefixes: each distinct context once
+    if dup is None:
+        h_t = hidden_at(model, inp, rows)
+    else:
+        first, inverse = dup
+        h_t = hidden_at(model, inp[first], rows[first])[inverse]             # gradients sum over the copies
+    h_t = h_t.view(B, Lg, -1)                                                 # (B, L, C)
     logits = (h_t @ model.unembed.T).index_fill(-1, torch.tensor([MASK], device=dev), NEG)
     counter()
     return token_logprob(logits, gen, backend=counter.backend)
@@ -177,7 +204,12 @@ def onestep_logprobs(model: TinyTransformer, prompts: torch.Tensor, gen: torch.T
     counter = counter or Counter()
     P = prompts.shape[1]
     x = torch.cat([prompts, torch.full_like(gen, MASK)], 1)
-    logits = gen_logits(model, x, slice(P, None))
+    dup = distinct_rows(x)                   # a group's rows share the prompt: one forward per prompt
+    if dup is None:
+        logits = gen_logits(model, x, slice(P, None))
+    else:
+        first, inverse = dup
+        logits = gen_logits(model, x[first], slice(P, None))[inverse]
     counter()
     return token_logprob(logits, gen, backend=counter.backend)
 

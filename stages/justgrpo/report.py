@@ -549,11 +549,18 @@ Red-team review of this design (a reviewer who did not write it; its own validat
   one). With the base as the unit of replication (those three bases, the second reviewer's computation)
   `justgrpo_improves_base` had t-bounds [−0.023, +0.132]: inconclusive. So the RL findings are stated for this
   checkpoint; a design with one pretraining per seed does not fit the CPU budget.
-- **Three seeds, and the 5-seed study.** {len(seeds)} RL seeds leave the headline JustGRPO-vs-baseline gap
-  undetectable unless it is large (each finding's smallest detectable gap is in its row). This pipeline, unchanged
-  but for seeds 0–4 (`prepare.seeds`), is committed as a study outside the DVC graph:
-  [`reports/studies/justgrpo_5seeds/report.md`](../studies/justgrpo_5seeds/report.md) (same base recipe, claims
-  and thresholds; its `study.json` gives the command). It is not re-run by `dvc repro`; read its verdicts there.
+- **Seeds.** {len(seeds)} RL seeds (the default ran 3 until repeated rows were computed once, below); each
+  finding's smallest detectable gap is in its row. The last 3-seed run read the JustGRPO-vs-baseline answer gap as
+  0.027, t-bounds [0.004, 0.051]: inconclusive.
+- **Float rounding moves RL runs.** The samplers and the likelihoods now compute each distinct row of a batch once
+  (a prompt's samples share the prompt and most of their prefix: 60% of AR-order and 90% of arbitrary-order sampler
+  rows repeat; tested equal to the plain batch in tokens, log-probs and gradients to float tolerance). Pass@k
+  samples came out the same and JustGRPO's runs moved by at most one test prompt (0.982 → 0.980 on one seed), but
+  the baseline's one-step surrogate now sums its gradient over a group's copies in another order, and one
+  3-seed run's baseline seed moved from greedy
+  trace accuracy 0.692 to 0.748: `justgrpo_beats_arbitrary_trace` went from inconclusive (upper t-bound 0.033) to
+  fails (0.017, against the 0.02 min effect). A verdict that a rounding change can flip sits at the edge of what
+  these seeds resolve; read its bounds, not its word.
 - **KL panel.** KL to the base is estimated on AR-order samples (JustGRPO's rollout law) for both arms; for the
   baseline it is not the KL of its own rollout distribution.
 - **The base (imperfect teacher, fixed steps).** The first stop rule read one T = 1 sample's trace-level pass@1
@@ -585,7 +592,7 @@ Red-team review of this design (a reviewer who did not write it; its own validat
   trace-level accuracy falls the longer RL runs (JustGRPO 0.82 at step 10, 0.38 at step 200; one seed's greedy test
   traces 0.006), so more steps would not move the answer-level findings and cost trace validity. There
   `justgrpo_beats_arbitrary_grpo` is still inconclusive (gap 0.043, lower t-bound 0.0045 against the 0.02 min
-  effect, wins 4/5). 3 seeds, not the 5 the issue asks for where affordable: the default run is already over 300 s.
+  effect, wins 4/5).
 - **Item noise.** Verdicts pair arms per test prompt ({ev['eval_prompts']} for greedy accuracy, {ev['passk_prompts']}
   for pass@k), with the same prompts for every seed (item variance added, not divided by seeds).
 - **Min effects and bounds** (params `papers.justgrpo.report.claims`) are fixed before the run, not from results.

@@ -454,3 +454,56 @@ def test_needed_rows_path_equals_the_full_pass(block, k, temp):
     torch.testing.assert_close(ia["entropy"], ib["entropy"], atol=1e-4, rtol=1e-4)
     torch.testing.assert_close(ar_logprobs(tt, p, a), ar_logprobs(full, p, a), atol=1e-4, rtol=1e-4)
     torch.testing.assert_close(onestep_logprobs(tt, p, a), onestep_logprobs(full, p, a), atol=1e-4, rtol=1e-4)
+
+
+def test_distinct_rows_against_a_dictionary_of_tuples():
+    """first / inverse from a plain-Python dictionary of row tuples; the key is every column side by side."""
+    from stages.justgrpo.dllm import distinct_rows
+    g = torch.Generator().manual_seed(3)
+    x = torch.randint(0, 3, (40, 4), generator=g)                         # 81 possible rows: repeats certain
+    r = torch.randint(0, 2, (40, 1), generator=g)
+    first, inverse = distinct_rows(x, r)
+    seen: dict[tuple, int] = {}
+    for i in range(40):
+        seen.setdefault(tuple(x[i].tolist()) + tuple(r[i].tolist()), i)
+    assert sorted(first.tolist()) == sorted(seen.values()) and len(first) < 40
+    for i in range(40):                                                  # each row maps to its first copy
+        assert first[inverse[i]].item() == seen[tuple(x[i].tolist()) + tuple(r[i].tolist())]
+    # rows equal in x but not in r are distinct rows
+    a = torch.tensor([[1, 2], [1, 2]])
+    assert distinct_rows(a, torch.tensor([[0], [1]])) is None
+    assert distinct_rows(a)[0].tolist() == [0] and distinct_rows(a)[1].tolist() == [0, 0]
+
+
+@pytest.mark.parametrize("block,temp", [(1, 1.0), (7, 1.0), (3, 0.0)])
+def test_repeated_rows_are_computed_once_with_the_same_result(monkeypatch, block, temp):
+    """8 samples per prompt (prompt-major, as the samplers and GRPO groups lay them out): decode, ar_logprobs and
+    onestep_logprobs with repeated rows computed once give the tokens, log-probs and gradients of the plain
+    batch; the shared transformer sees fewer rows than the batch has."""
+    import stages.justgrpo.dllm as dllm
+    from stages.common.tiny_transformer import TinyTransformer, TinyTransformerConfig
+    torch.manual_seed(4)
+    tt = TinyTransformer(TinyTransformerConfig(vocab_size=V, d_model=24, n_layers=2, n_heads=4, max_seq_len=P + 7,
+                                               causal=False, init_std=0.3))
+    p = PROMPTS.repeat_interleave(8, 0)
+    sizes = []
+    hidden = tt.hidden
+    monkeypatch.setattr(tt, "hidden", lambda x, *a, **k: sizes.append(x.shape[0]) or hidden(x, *a, **k))
+    a, ia = decode(tt, p, 7, block, 1, temp, torch.Generator().manual_seed(6))
+    deduped = list(sizes)
+    lp_a = ar_logprobs(tt, p, a)
+    os_a = onestep_logprobs(tt, p, a)
+    grads_a = torch.autograd.grad((lp_a.sum() + 0.5 * os_a.sum()), list(tt.parameters()))
+    monkeypatch.setattr(dllm, "distinct_rows", lambda *cols: None)
+    sizes.clear()
+    b, ib = decode(tt, p, 7, block, 1, temp, torch.Generator().manual_seed(6))
+    assert set(sizes) == {len(p)} and min(deduped) < len(p) and sum(deduped) < sum(sizes)
+    assert torch.equal(a, b) and torch.equal(ia["step"], ib["step"])
+    torch.testing.assert_close(ia["logp"], ib["logp"], atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(ia["entropy"], ib["entropy"], atol=1e-5, rtol=1e-5)
+    lp_b, os_b = ar_logprobs(tt, p, a), onestep_logprobs(tt, p, a)
+    torch.testing.assert_close(lp_a, lp_b, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(os_a, os_b, atol=1e-5, rtol=1e-5)
+    grads_b = torch.autograd.grad((lp_b.sum() + 0.5 * os_b.sum()), list(tt.parameters()))
+    for ga, gb in zip(grads_a, grads_b):
+        torch.testing.assert_close(ga, gb, atol=1e-4, rtol=1e-4)
