@@ -50,8 +50,10 @@ def distinct_rows(*cols: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor] | No
     the whole input of each row; returns (first, inverse): ``first`` (U,) the index of each distinct row's first
     occurrence, ``inverse`` (B,) which distinct row each row is, so ``f(x[first])[inverse]`` equals ``f(x)`` row
     by row for any row-wise f (up to float rounding of the smaller batch). None when every row is distinct.
-    The n samples of one prompt share their prompt and, under a confident model, most of their prefix: at
-    default 60% (AR order) to 90% (arbitrary order) of the sampler's rows repeat another row of the batch."""
+    The n samples of one prompt share their prompt and, under a confident model, most of their prefix: with 16
+    samples per prompt 60% (AR order) to 90% (arbitrary order) of the sampler's rows repeat another row of the
+    batch (54–65% in a GRPO group of 8). Not for a model with active dropout: copies would share one mask
+    (``dedup_exact``)."""
     key = torch.cat([c.reshape(c.shape[0], -1).long() for c in cols], 1)
     _, inverse = torch.unique(key, dim=0, return_inverse=True)
     n = int(inverse.max()) + 1 if inverse.numel() else 0
@@ -59,6 +61,17 @@ def distinct_rows(*cols: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor] | No
         return None
     first = torch.full((n,), key.shape[0], dtype=torch.long, device=key.device)
     return first.scatter_reduce(0, inverse, torch.arange(key.shape[0], device=key.device), "amin"), inverse
+
+
+def dedup_exact(model: nn.Module) -> bool:
+    """Whether computing a repeated row once gives each copy its own law: not in training mode with dropout > 0
+    (the copies would share one dropout mask: right per row, correlated across copies)."""
+    return not (model.training and getattr(getattr(model, "cfg", None), "dropout", 0.0) > 0)
+
+
+def repeated_rows(model: nn.Module, *cols: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """``distinct_rows(*cols)`` where computing each distinct row once is exact for this model, else None."""
+    return distinct_rows(*cols) if dedup_exact(model) else None
 
 
 def hidden_at(model: TinyTransformer, x: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
@@ -146,7 +159,7 @@ def decode(model: TinyTransformer, prompts: torch.Tensor, gen_len: int, block_le
             # positions: their offsets in the block, ascending (B, M); only they are predicted
             where = torch.sort(torch.where(masked, 0, 1) * (b1 - b0) + torch.arange(b1 - b0, device=dev),
                                dim=1).values[:, :remaining]
-            dup = distinct_rows(x)                                            # repeated rows: one forward each
+            dup = repeated_rows(model, x)                                     # repeated rows: one forward each
             if dup is None:
                 logits = gen_logits(model, x, P + b0 + where).float()        # (B, M, V)
             else:
@@ -186,7 +199,7 @@ def ar_logprobs(model: TinyTransformer, prompts: torch.Tensor, gen: torch.Tensor
     inp = torch.cat([prompts[:, None, :].expand(B, Lg, P), ctx], -1).reshape(B * Lg, P + Lg)
     t = torch.arange(Lg, device=dev)
     rows = (P + t).repeat(B)[:, None]                                         # context (b, t) reads position P+t
-    dup = distinct_rows(inp, rows)           # samples of one prompt share prefixes: each distinct context once
+    dup = repeated_rows(model, inp, rows)    # samples of one prompt share prefixes: each distinct context once
     if dup is None:
         h_t = hidden_at(model, inp, rows)
     else:
@@ -204,7 +217,7 @@ def onestep_logprobs(model: TinyTransformer, prompts: torch.Tensor, gen: torch.T
     counter = counter or Counter()
     P = prompts.shape[1]
     x = torch.cat([prompts, torch.full_like(gen, MASK)], 1)
-    dup = distinct_rows(x)                   # a group's rows share the prompt: one forward per prompt
+    dup = repeated_rows(model, x)            # a group's rows share the prompt: one forward per prompt
     if dup is None:
         logits = gen_logits(model, x, slice(P, None))
     else:

@@ -491,8 +491,10 @@ def test_repeated_rows_are_computed_once_with_the_same_result(monkeypatch, block
     monkeypatch.setattr(tt, "hidden", lambda x, *a, **k: sizes.append(x.shape[0]) or hidden(x, *a, **k))
     a, ia = decode(tt, p, 7, block, 1, temp, torch.Generator().manual_seed(6))
     deduped = list(sizes)
+    sizes.clear()
     lp_a = ar_logprobs(tt, p, a)
     os_a = onestep_logprobs(tt, p, a)
+    assert sizes[0] < len(p) * 7 and sizes[1] == len(PROMPTS)     # distinct contexts; one surrogate row per prompt
     grads_a = torch.autograd.grad((lp_a.sum() + 0.5 * os_a.sum()), list(tt.parameters()))
     monkeypatch.setattr(dllm, "distinct_rows", lambda *cols: None)
     sizes.clear()
@@ -507,3 +509,28 @@ def test_repeated_rows_are_computed_once_with_the_same_result(monkeypatch, block
     grads_b = torch.autograd.grad((lp_b.sum() + 0.5 * os_b.sum()), list(tt.parameters()))
     for ga, gb in zip(grads_a, grads_b):
         torch.testing.assert_close(ga, gb, atol=1e-4, rtol=1e-4)
+
+
+def test_no_row_sharing_under_active_dropout(monkeypatch):
+    """With dropout > 0 in training mode copies of a row would share one dropout mask: every row is computed;
+    in eval mode (dropout off) repeated rows are computed once."""
+    from stages.common.tiny_transformer import TinyTransformer, TinyTransformerConfig
+    from stages.justgrpo.dllm import dedup_exact
+    torch.manual_seed(2)
+    tt = TinyTransformer(TinyTransformerConfig(vocab_size=V, d_model=16, n_layers=1, n_heads=2, max_seq_len=P + 5,
+                                               causal=False, dropout=0.3))
+    p = PROMPTS.repeat_interleave(4, 0)
+    gen = torch.randint(0, 10, (len(p), 5))
+    sizes = []
+    hidden = tt.hidden
+    monkeypatch.setattr(tt, "hidden", lambda x, *a, **k: sizes.append(x.shape[0]) or hidden(x, *a, **k))
+    tt.train()
+    assert not dedup_exact(tt)
+    onestep_logprobs(tt, p, gen)
+    ar_logprobs(tt, p, gen)
+    assert sizes == [len(p), len(p) * 5]
+    tt.eval()
+    sizes.clear()
+    assert dedup_exact(tt)
+    onestep_logprobs(tt, p, gen)
+    assert sizes == [len(PROMPTS)]
