@@ -104,6 +104,19 @@ class StageContext:
         return out
 
 
+def lane_capped(cfg: StageConfig) -> StageConfig:
+    """The stage's config with its ``torch_threads`` (a paper's intra-op threads) capped by ``STAGES_MAX_WORKERS``,
+    the share of the cores ``make repro`` gives each lane (cores // lanes), as that variable caps the stage's process
+    pool (``stages.common.jobs``). Without the cap a paper's 2 threads in each of two lanes put 4 busy threads on 2
+    cores: in one fresh-clone ``make repro`` star_kv's train, 252 s alone, had used 20 CPU-minutes in its lane
+    without finishing. Unset (a single ``dvc repro``): unchanged."""
+    from stages.common.jobs import max_workers
+    threads = getattr(cfg, "torch_threads", None)
+    if isinstance(threads, int) and threads > max_workers():
+        return cfg.model_copy(update={"torch_threads": max_workers()})
+    return cfg
+
+
 def stage_module(slug: str, stage: str):
     if stage not in STAGES:
         raise ConfigError(f"stage: unknown stage {stage!r} (stages: {', '.join(STAGES)})")
@@ -183,6 +196,7 @@ def run_stage(slug: str, stage: str, profile: str | None = None, root: Path = RO
 
     started = time.perf_counter() if started is None else started
     module, cfg, prof = load_config(slug, stage, profile, params_path)
+    cfg = lane_capped(cfg)
     seed = getattr(cfg, "seed", 0)
     seed_everything(seed)
     final = stage_dir(slug, stage, root)

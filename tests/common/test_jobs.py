@@ -79,3 +79,34 @@ def test_max_workers_env_caps_the_pool(monkeypatch):
         monkeypatch.setenv("STAGES_MAX_WORKERS", bad)
         with pytest.raises(ValueError, match="STAGES_MAX_WORKERS"):
             run_jobs(_pid, [0, 1], {}, workers=2)
+
+
+def test_lane_cap_applies_to_a_stages_torch_threads(monkeypatch):
+    """STAGES_MAX_WORKERS also caps a stage's ``torch_threads`` (make repro's lanes: cores // lanes), as the runner
+    hands the config to the stage; unset, or above the paper's own value, the config is unchanged; a config
+    without ``torch_threads`` is untouched."""
+    from pydantic import Field
+
+    from stages.common.config import StageConfig
+    from stages.common.runner import lane_capped, load_config
+
+    class Threads(StageConfig):
+        torch_threads: int = Field(3, ge=1)
+        lr: float = 0.25
+
+    class NoThreads(StageConfig):
+        lr: float = 0.25
+
+    monkeypatch.delenv("STAGES_MAX_WORKERS", raising=False)
+    cfg = Threads()
+    assert lane_capped(cfg) is cfg
+    monkeypatch.setenv("STAGES_MAX_WORKERS", "2")
+    capped = lane_capped(cfg)
+    assert capped.torch_threads == 2 and capped.lr == 0.25 and cfg.torch_threads == 3
+    monkeypatch.setenv("STAGES_MAX_WORKERS", "4")
+    assert lane_capped(cfg).torch_threads == 3
+    monkeypatch.setenv("STAGES_MAX_WORKERS", "1")
+    plain = NoThreads()
+    assert lane_capped(plain) is plain
+    _, star, _ = load_config("star_kv", "train", "default")      # a paper whose default runs 2 intra-op threads
+    assert star.torch_threads == 2 and lane_capped(star).torch_threads == 1
