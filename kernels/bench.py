@@ -12,6 +12,10 @@ Columns:
   (CUDA only): bytes an ideal kernel moves (declared per case) / time / the device's peak memory
   bandwidth (looked up from the device name, or --peak-gbs), i.e. the fraction of the memory
   roofline reached; ``TFLOP/s`` likewise against --peak-tflops when given.
+- ``max |Δ|/|ref|`` (wherever the Triton path runs): the kernel's largest deviation from its torch reference on the
+  benchmark's own inputs, over every output and (for inputs that require grad) every input gradient under one
+  seeded cotangent, relative to the reference's largest magnitude — on CUDA the check that the compiled kernel
+  computes what the reference computes at the timed shapes (``--no-check`` skips it).
 Without CUDA the Triton columns are skipped with the reason printed (under TRITON_INTERPRET=1 they
 time the interpreter, which says nothing about the kernel's speed). No time is ever asserted on.
 """
@@ -75,10 +79,52 @@ def peak_bandwidth(device: str, override: float | None) -> tuple[float | None, s
     return None, f"{name}: peak bandwidth unknown (pass --peak-gbs)"
 
 
-def bench_case(name, case, device, reps, triton_runs, naive, peak_gbs, peak_tflops) -> dict:
+def _tensors(out) -> list[torch.Tensor]:
+    if isinstance(out, torch.Tensor):
+        return [out]
+    if isinstance(out, dict):
+        return [t for v in out.values() for t in _tensors(v)]
+    if isinstance(out, (tuple, list)):
+        return [t for v in out for t in _tensors(v)]
+    return []
+
+
+def parity(kern, ref, inputs) -> dict:
+    """Kernel vs reference on the same inputs: the largest absolute deviation over every floating output and,
+    when inputs require grad, every input gradient (the one a fwd+bwd case's own backward leaves in ``.grad``, else
+    from one seeded cotangent on every output), and that
+    deviation relative to the reference's largest magnitude. Empty when neither returns a tensor."""
+    def run(fn):
+        xs = [x.detach().clone().requires_grad_(x.requires_grad) if isinstance(x, torch.Tensor) else x
+              for x in inputs]
+        outs = _tensors(fn(*xs))
+        leaves = [x for x in xs if isinstance(x, torch.Tensor) and x.requires_grad]
+        grads = [x.grad for x in leaves if x.grad is not None]    # a fwd+bwd case: fn ran the backward itself
+        if leaves and not grads and any(o.requires_grad for o in outs):
+            gen = torch.Generator(device=outs[0].device).manual_seed(0)
+            loss = sum((o.float() * torch.randn(o.shape, generator=gen, device=o.device)).sum()
+                       for o in outs if o.requires_grad)
+            grads = [g for g in torch.autograd.grad(loss, leaves, allow_unused=True) if g is not None]
+        return [o.detach() for o in outs] + grads
+
+    got, want = run(kern), run(ref)
+    if len(got) != len(want):
+        raise AssertionError(f"kernel returned {len(got)} tensors (outputs + grads), reference {len(want)}")
+    pairs = [(a.double(), b.double()) for a, b in zip(got, want) if b.is_floating_point() and b.numel()]
+    if not pairs:
+        exact = all(torch.equal(a.cpu(), b.cpu()) for a, b in zip(got, want))
+        return {"max_abs_err": 0.0 if exact else float("inf"), "rel_err": 0.0 if exact else float("inf")} if got else {}
+    err = max(float((a - b).abs().max()) for a, b in pairs)
+    scale = max(float(b.abs().max()) for _, b in pairs)
+    return {"max_abs_err": err, "rel_err": err / scale if scale > 0 else err}
+
+
+def bench_case(name, case, device, reps, triton_runs, naive, peak_gbs, peak_tflops, check: bool = False) -> dict:
     label, make, kern, ref, nbytes, flops = case
     inputs = make(device)
     row = {"kernel": name, "case": label, "device": device, "reference_s": time_fn(ref, inputs, device, reps)}
+    if check and triton_runs:
+        row.update(parity(kern, ref, inputs))
     if naive:
         fn = naive_baseline(name, ref)
         if fn is None:
@@ -109,11 +155,13 @@ def _x(row: dict, key: str, fmt: str = "{:.2f}") -> str:
 
 
 def table(rows: list[dict]) -> str:
-    cols = ["kernel", "case", "torch ms", "naive ms", "naive/torch", "Triton ms", "Triton/torch", "GB/s", "% peak BW"]
+    cols = ["kernel", "case", "torch ms", "naive ms", "naive/torch", "Triton ms", "Triton/torch", "GB/s", "% peak BW",
+            "max |Δ|/|ref|"]
     body = [[r["kernel"], r["case"] if len(r["case"]) <= 60 else r["case"][:59] + "…", _ms(r, "reference_s"),
              _ms(r, "naive_s"), _x(r, "ratio_naive_over_reference"), _ms(r, "kernel_s"),
              _x(r, "ratio_kernel_over_reference"), _x(r, "achieved_gbs", "{:.0f}"),
-             _x(r, "bandwidth_fraction", "{:.1%}") if "bandwidth_fraction" in r else "—"] for r in rows]
+             _x(r, "bandwidth_fraction", "{:.1%}") if "bandwidth_fraction" in r else "—",
+             _x(r, "rel_err", "{:.1e}")] for r in rows]
     widths = [max(len(c), *(len(b[i]) for b in body)) if body else len(c) for i, c in enumerate(cols)]
     line = lambda vals: "| " + " | ".join(v.ljust(w) for v, w in zip(vals, widths)) + " |"  # noqa: E731
     return "\n".join([line(cols), "|" + "|".join("-" * (w + 2) for w in widths) + "|", *map(line, body)])
@@ -131,6 +179,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--peak-gbs", type=float, default=None, help="device memory bandwidth, GB/s (default: by name)")
     ap.add_argument("--peak-tflops", type=float, default=None, help="device peak, TFLOP/s, for the flop fraction")
     ap.add_argument("--json", type=Path, help="also write the rows here")
+    ap.add_argument("--no-check", action="store_true", help="skip the kernel-vs-reference parity column")
     args = ap.parse_args(argv)
     if args.reps < 1:
         ap.error("--reps must be >= 1")
@@ -141,13 +190,21 @@ def main(argv: list[str] | None = None) -> int:
     peak_gbs, peak_note = peak_bandwidth(device, args.peak_gbs)
     only = set(args.only or [])
     rows = []
+    failed = []
     for name, module in kernel_modules(args.only):
         only.discard(name)
         if hasattr(module, "bench_rows"):  # a kernel that times its own paths (several baselines)
-            rows.extend(module.bench_rows(device, small=small, reps=args.reps, peak_gbs=peak_gbs))
-            continue
-        for case in getattr(module, "BENCHMARKS_SMALL" if small else "BENCHMARKS"):
-            rows.append(bench_case(name, case, device, args.reps, triton_runs, naive, peak_gbs, args.peak_tflops))
+            cases = [(name, lambda: module.bench_rows(device, small=small, reps=args.reps, peak_gbs=peak_gbs,
+                                                      check=not args.no_check))]
+        else:
+            cases = [(case[0], lambda case=case: [bench_case(name, case, device, args.reps, triton_runs, naive,
+                                                             peak_gbs, args.peak_tflops, check=not args.no_check)])
+                     for case in getattr(module, "BENCHMARKS_SMALL" if small else "BENCHMARKS")]
+        for label, run in cases:
+            try:
+                rows.extend(run())
+            except Exception as err:       # one broken case must not hide the others: named here, exit status 1
+                failed.append(f"{name} / {label}: {type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}")
     if only:
         ap.error(f"--only: no kernel module with BENCHMARKS named {sorted(only)}")
     print(f"device: {device}; cases: {'BENCHMARKS_SMALL' if small else 'BENCHMARKS'}; median of {args.reps} calls")
@@ -162,8 +219,10 @@ def main(argv: list[str] | None = None) -> int:
         print("note: naive = the torch reference called one item at a time in a Python loop (kernels/naive.py); "
               "naive/torch > 1: the vectorized reference is that many times faster")
     if args.json:
-        args.json.write_text(json.dumps(rows, indent=2))
-    return 0
+        args.json.write_text(json.dumps(rows + [{"failed": f} for f in failed], indent=2))
+    for f in failed:
+        print(f"FAILED {f}")
+    return 1 if failed else 0
 
 
 if __name__ == "__main__":

@@ -66,6 +66,10 @@ def cosine_soft_ce_reference(x, q, targets, scale):
 # ----------------------------------------------------------------------------------------------
 if triton is not None:
 
+    # a module global read inside @triton.jit must be a tl.constexpr: compiling for a GPU refuses a plain float
+    # (the interpreter does not check; found on the first CUDA run, an H200)
+    _BIG = tl.constexpr(BIG)
+
     @triton.jit
     def _load_unit_rows(P, rows, n, D, BLOCK_D: tl.constexpr, eps):
         cols = tl.arange(0, BLOCK_D)
@@ -85,8 +89,8 @@ if triton is not None:
         l_i = tl.zeros([BLOCK_B], dtype=tl.float32)
         tz = tl.zeros([BLOCK_B], dtype=tl.float32)                          # Σ_j T_ij z_ij
         ts = tl.zeros([BLOCK_B], dtype=tl.float32)                          # Σ_j T_ij
-        minp = tl.full([BLOCK_B], BIG, tl.float32)
-        maxn = tl.full([BLOCK_B], -BIG, tl.float32)
+        minp = tl.full([BLOCK_B], _BIG, tl.float32)
+        maxn = tl.full([BLOCK_B], -_BIG, tl.float32)
         for m0 in range(0, M, BLOCK_M):
             qrows = m0 + tl.arange(0, BLOCK_M)
             qmask = qrows < M
@@ -101,8 +105,8 @@ if triton is not None:
             tz += tl.sum(t * z, 1)
             ts += tl.sum(t, 1)
             pos = t > 0
-            minp = tl.minimum(minp, tl.min(tl.where(pos & valid, z, BIG), 1))
-            maxn = tl.maximum(maxn, tl.max(tl.where((~pos) & valid, z, -BIG), 1))
+            minp = tl.minimum(minp, tl.min(tl.where(pos & valid, z, _BIG), 1))
+            maxn = tl.maximum(maxn, tl.max(tl.where((~pos) & valid, z, -_BIG), 1))
         lse = m_i + tl.log(l_i)
         loss = tl.where(ts > 0, lse - tz / tl.maximum(ts, 1e-30), 0.0)
         tl.store(LOSS + rows, loss, mask=rmask)

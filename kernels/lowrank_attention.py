@@ -17,9 +17,9 @@ The Triton path never materializes K or V in memory. One program per (batch, KV 
 query heads of the group (the latents are read once per KV head): per block of cached tokens it rebuilds
 the two RoPE halves of the keys from the latents in registers (tl.dot), rotates them, scores all G queries,
 and accumulates the softmax-weighted *value latents* (online softmax); the value up-projection is applied
-once at the end (p·V = (p·v_latent)·v_up). ``decode_quant`` takes ``QuantLatent`` caches (top ranks int8
-or fp16, the rest int4 packed two per byte, fp16 scales per token and column group) and dequantizes them
-inside the same kernel. Register use grows with the value rank (one BLOCK_G × next_pow2(Rv) accumulator).
+once at the end (p·V = (p·v_latent)·v_up), as one batched GEMM over all heads after the kernel.
+``decode_quant`` takes ``QuantLatent`` caches (top ranks int8 or fp16, the rest int4 packed two per byte,
+fp16 scales per token and column group) and dequantizes them inside the same kernel. Register use grows with the value rank (one BLOCK_G × next_pow2(Rv) accumulator).
 """
 from __future__ import annotations
 
@@ -234,10 +234,10 @@ if triton is not None:
 
     @triton.jit
     def _lowrank_decode_kernel(q_ptr, kx_ptr, klo_ptr, kshi_ptr, kslo_ptr, kup_ptr,
-                               vx_ptr, vlo_ptr, vshi_ptr, vslo_ptr, vup_ptr, pos_ptr, invf_ptr, o_ptr,
+                               vx_ptr, vlo_ptr, vshi_ptr, vslo_ptr, pos_ptr, invf_ptr, o_ptr,
                                T, Hq, Hkv, G, D, HALF, RK, RV, KNHI, KNLOB, KNG, KGS, VNHI, VNLOB, VNG, VGS, scale,
                                BLOCK_T: tl.constexpr, BLOCK_G: tl.constexpr, BLOCK_H: tl.constexpr,
-                               BLOCK_RK: tl.constexpr, BLOCK_RV: tl.constexpr, BLOCK_D: tl.constexpr,
+                               BLOCK_RK: tl.constexpr, BLOCK_RV: tl.constexpr,
                                QUANT: tl.constexpr, K_HI_SCALED: tl.constexpr, V_HI_SCALED: tl.constexpr):
         b = tl.program_id(0)
         g = tl.program_id(1)                 # KV head: serves query heads g*G .. g*G + G - 1
@@ -293,14 +293,11 @@ if triton is not None:
             acc = acc * alpha[:, None] + tl.dot(tl.trans(p), vx, input_precision="ieee")
             m_i = m_new
         acc = acc / tl.where(gmask, l_i, 1.0)[:, None]
-        # expand once: out = acc · v_up[:, g*D:(g+1)*D]
-        offs_d = tl.arange(0, BLOCK_D)
-        dmask = offs_d < D
-        vu = tl.load(vup_ptr + offs_rv[:, None] * (Hkv * D) + g * D + offs_d[None, :],
-                     mask=(offs_rv < RV)[:, None] & dmask[None, :], other=0.0).to(tl.float32)
-        out = tl.dot(acc, vu, input_precision="ieee")
-        tl.store(o_ptr + (b * Hq + g * G + offs_g)[:, None] * D + offs_d[None, :], out,
-                 mask=gmask[:, None] & dmask[None, :])
+        # the normalized value latents p·v_latent (G, RV) of this KV head's query heads; the up-projection
+        # (one GEMM over all heads) follows in _launch: a (next_pow2(Rv), D) v_up tile here needs more shared
+        # memory than a GPU has at the paper's ranks (Rv = 522: 512 KiB fp32; an H200 has 227 KiB)
+        tl.store(o_ptr + (b * Hq + g * G + offs_g)[:, None] * RV + offs_rv[None, :], acc,
+                 mask=gmask[:, None] & (offs_rv < RV)[None, :])
 
 
 def _p2(n: int) -> int:
@@ -310,17 +307,20 @@ def _p2(n: int) -> int:
 def _launch(q, k_parts, k_up, v_parts, v_up, positions, rope, T, Hkv, Rk, Rv, quant: bool,
             k_hi_scaled: bool = False, v_hi_scaled: bool = False):
     B, Hq, D = q.shape
-    out = torch.empty((B, Hq, D), dtype=torch.float32, device=q.device)
+    lat = torch.empty((B, Hq, Rv), dtype=torch.float32, device=q.device)   # softmax-weighted value latents
     invf = inv_freq(D, rope, q.device).contiguous()
     kx, klo, kshi, kslo, knhi, knlob, kng, kgs = k_parts
     vx, vlo, vshi, vslo, vnhi, vnlob, vng, vgs = v_parts
     _lowrank_decode_kernel[(B, Hkv)](
-        q.contiguous(), kx, klo, kshi, kslo, k_up.contiguous(), vx, vlo, vshi, vslo, v_up.contiguous(),
-        positions.contiguous(), invf, out, T, Hq, Hkv, Hq // Hkv, D, D // 2, Rk, Rv, knhi, knlob, kng, kgs,
+        q.contiguous(), kx, klo, kshi, kslo, k_up.contiguous(), vx, vlo, vshi, vslo,
+        positions.contiguous(), invf, lat, T, Hq, Hkv, Hq // Hkv, D, D // 2, Rk, Rv, knhi, knlob, kng, kgs,
         vnhi, vnlob, vng, vgs, 1.0 / math.sqrt(D), BLOCK_T=16, BLOCK_G=_p2(Hq // Hkv), BLOCK_H=_p2(D // 2),
-        BLOCK_RK=_p2(Rk), BLOCK_RV=_p2(Rv), BLOCK_D=_p2(D), QUANT=quant,
+        BLOCK_RK=_p2(Rk), BLOCK_RV=_p2(Rv), QUANT=quant,
         K_HI_SCALED=bool(quant and kshi.numel() > 1), V_HI_SCALED=bool(quant and vshi.numel() > 1))
-    return out.to(q.dtype)
+    # ALGO: expand once, out[b, g·G + j] = lat[b, g·G + j] · v_up[:, g·D:(g+1)·D]  (one batched GEMM, all heads)
+    up = v_up.float().view(Rv, Hkv, D).permute(1, 0, 2)                          # (Hkv, Rv, D)
+    out = lat.view(B, Hkv, Hq // Hkv, Rv) @ up                                    # (B, Hkv, G, D)
+    return out.reshape(B, Hq, D).to(q.dtype)
 
 
 @torch.no_grad()
@@ -435,14 +435,16 @@ def _time(fn, device: str, reps: int) -> float:
     return sorted(times)[len(times) // 2]
 
 
-def bench_rows(device: str, small: bool = False, reps: int = 5, peak_gbs: float | None = 4800.0) -> list[dict]:
+def bench_rows(device: str, small: bool = False, reps: int = 5, peak_gbs: float | None = 4800.0,
+               check: bool = True) -> list[dict]:
     """Decode attention over the compressed cache vs the dense cache, at the paper's shapes.
 
     CPU (here): the torch paths only - the fused algorithm in torch (decode_latent_torch) vs materialize-K/V
     + SDPA and vs SDPA on a dense cache; batch 1 (a batch-16 fp32 dense cache is 4.3 GB), fp32.
     CUDA: the Triton kernel (fp16 latents) vs SDPA on a dense fp16 cache (the paper's baseline, batch 16)
     and vs materialize + SDPA, with the fraction of the memory roofline the kernel reaches (latent bytes
-    read / time / peak_gbs)."""
+    read / time / peak_gbs). ``check``: on CUDA also the kernel's largest deviation from materialize + SDPA
+    (``max_abs_err``, and ``rel_err`` relative to the reference's largest magnitude)."""
     shape = dict(PAPER_SHAPE)
     if small:
         shape.update(B=2, Hq=4, Hkv=2, D=32, T=37, Rk=8, Rv=12)
@@ -469,6 +471,10 @@ def bench_rows(device: str, small: bool = False, reps: int = 5, peak_gbs: float 
                        achieved_gbs=by["latent"] / t_k / 1e9)
             if peak_gbs:
                 row["bandwidth_fraction"] = by["latent"] / t_k / 1e9 / peak_gbs
+            if check:
+                want = materialize_sdpa(q, kl, ku, vl, vu, pos).double()
+                err = float((decode(q, kl, ku, vl, vu, pos, backend="triton").double() - want).abs().max())
+                row.update(max_abs_err=err, rel_err=err / max(float(want.abs().max()), 1e-30))
         else:
             t_lat = _time(lambda: decode_latent_torch(q, kl, ku, vl, vu, pos), device, reps)
             row.update(latent_torch_s=t_lat, ratio_materialize_over_latent=t_mat / t_lat,

@@ -133,7 +133,7 @@ def random_inputs(g: int, c: int, w: int, d: int, device: str = "cpu", seed: int
 
 def _bench(mode: str, backend: Backend):
     def run(rel, phi, dom):
-        guarded_quantify(rel, phi, dom, mode, backend=backend)
+        return guarded_quantify(rel, phi, dom, mode, backend=backend)
     return run
 
 

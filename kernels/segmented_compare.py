@@ -141,7 +141,7 @@ def random_inputs(b: int, h: int, w: int, k: int, device: str = "cpu", seed: int
 
 def _bench(backend: Backend):
     def run(proto, actual, seg, k):
-        segmented_compare(proto, actual, seg, k, backend=backend)
+        return segmented_compare(proto, actual, seg, k, backend=backend)
     return run
 
 

@@ -97,3 +97,17 @@ def test_small_benchmark_cases_run():
         inputs = make("cpu")
         torch.testing.assert_close(kern(*inputs), ref(*inputs), atol=1e-9, rtol=1e-9)
         assert nbytes > 0 and flops > 0
+
+
+def test_step_sizes_in_chunks_equal_one_call(monkeypatch):
+    """ista_step_sizes computes the eigenvalues EIGH_CHUNK problems at a time (cuSOLVER's batched syev failed on
+    65,536 problems in one call on an H200): chunked and unchunked agree, also when P is not a multiple of the chunk."""
+    import kernels.batched_lasso as bl
+
+    g = torch.Generator().manual_seed(3)
+    x = torch.randn(11, 9, 5, generator=g, dtype=torch.float64)
+    gram = x.transpose(1, 2) @ x * 1.7
+    want = 1.0 / torch.linalg.eigvalsh(gram).amax(-1)
+    monkeypatch.setattr(bl, "EIGH_CHUNK", 4)
+    torch.testing.assert_close(bl.ista_step_sizes(gram), want, rtol=1e-12, atol=0)
+    assert bl.ista_step_sizes(gram[:0]).shape == (0,)

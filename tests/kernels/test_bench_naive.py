@@ -130,3 +130,29 @@ def test_cuda_roofline_arithmetic(monkeypatch):
     assert row["achieved_gbs"] == pytest.approx(2000.0) and row["bandwidth_fraction"] == pytest.approx(0.5)
     assert row["flop_fraction"] == pytest.approx(3.0)
     assert "50.0%" in table([row]) and "| 0.25" in table([row])
+
+
+def test_parity_column_measures_the_kernels_deviation():
+    """bench's parity: outputs and input gradients of kernel vs reference on the case's own inputs. A planted
+    wrong kernel (output ×1.01, or a wrong gradient in a fwd+bwd case) shows its deviation; an exact one 0."""
+    from kernels.bench import parity
+
+    x = torch.linspace(-2.0, 3.0, 12).view(3, 4).requires_grad_(True)
+    w = torch.full((4,), 0.7)
+    ref = lambda x, w: (x * w).tanh()                                        # noqa: E731
+    assert parity(ref, ref, (x, w)) == {"max_abs_err": 0.0, "rel_err": 0.0}
+    off = parity(lambda x, w: ref(x, w) * 1.01, ref, (x, w))
+    want = float((ref(x, w) * 0.01).abs().max())                              # the gradients differ by 1% too
+    assert off["max_abs_err"] >= want * 0.999 and 0.005 < off["rel_err"] < 0.02
+
+    def fwd_bwd(scale):
+        def run(x, w):
+            (ref(x, w) * scale).sum().backward()                               # returns None: grads in x.grad
+        return run
+    assert parity(fwd_bwd(1.0), fwd_bwd(1.0), (x, w))["max_abs_err"] == 0.0
+    bad = parity(fwd_bwd(1.5), fwd_bwd(1.0), (x, w))
+    assert bad["rel_err"] == pytest.approx(0.5 / 1.0, rel=1e-6)
+    assert x.grad is None                                                     # the case's own inputs untouched
+    ints = torch.arange(5)
+    assert parity(lambda a: a + 1, lambda a: a + 1, (ints,)) == {"max_abs_err": 0.0, "rel_err": 0.0}
+    assert parity(lambda a: a + 2, lambda a: a + 1, (ints,))["max_abs_err"] == float("inf")
