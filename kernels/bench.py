@@ -12,7 +12,7 @@ Columns:
   (CUDA only): bytes an ideal kernel moves (declared per case) / time / the device's peak memory
   bandwidth (looked up from the device name, or --peak-gbs), i.e. the fraction of the memory
   roofline reached; ``TFLOP/s`` likewise against --peak-tflops when given.
-- ``max |Δ|/|ref|`` (wherever the Triton path runs): the kernel's largest deviation from its torch reference on the
+- ``max rel. err.`` (wherever the Triton path runs): the kernel's largest deviation from its torch reference on the
   benchmark's own inputs, over every output and (for inputs that require grad) every input gradient under one
   seeded cotangent, relative to the reference's largest magnitude — on CUDA the check that the compiled kernel
   computes what the reference computes at the timed shapes (``--no-check`` skips it).
@@ -156,7 +156,7 @@ def _x(row: dict, key: str, fmt: str = "{:.2f}") -> str:
 
 def table(rows: list[dict]) -> str:
     cols = ["kernel", "case", "torch ms", "naive ms", "naive/torch", "Triton ms", "Triton/torch", "GB/s", "% peak BW",
-            "max |Δ|/|ref|"]
+            "max rel. err."]
     body = [[r["kernel"], r["case"] if len(r["case"]) <= 60 else r["case"][:59] + "…", _ms(r, "reference_s"),
              _ms(r, "naive_s"), _x(r, "ratio_naive_over_reference"), _ms(r, "kernel_s"),
              _x(r, "ratio_kernel_over_reference"), _x(r, "achieved_gbs", "{:.0f}"),

@@ -30,6 +30,7 @@ except ImportError:  # pragma: no cover
     triton = None
 
 BLOCK_B, BLOCK_M = 16, 16
+NUM_WARPS = 8  # Triton 3.6 on an H200: 1, 2 and 4 warps crash its TritonGPUOptimizeThreadLocality pass at D = 64
 EPS = 1e-6
 MAX_D = 256
 BIG = 3.0e38
@@ -70,6 +71,8 @@ if triton is not None:
     # (the interpreter does not check; found on the first CUDA run, an H200)
     _BIG = tl.constexpr(BIG)
 
+    # (in the loops below the discarded norms get their own names: a name bound outside a loop and rebound inside
+    # it is loop-carried, and must keep its shape; BLOCK_B != BLOCK_M failed to compile with ``_`` reused)
     @triton.jit
     def _load_unit_rows(P, rows, n, D, BLOCK_D: tl.constexpr, eps):
         cols = tl.arange(0, BLOCK_D)
@@ -94,7 +97,7 @@ if triton is not None:
         for m0 in range(0, M, BLOCK_M):
             qrows = m0 + tl.arange(0, BLOCK_M)
             qmask = qrows < M
-            qh, _, _ = _load_unit_rows(Q, qrows, M, D, BLOCK_D, eps)
+            qh, _qn, _qv = _load_unit_rows(Q, qrows, M, D, BLOCK_D, eps)
             z = s * tl.dot(xh, tl.trans(qh), input_precision="ieee")       # (BB, BM) = s·cos
             valid = rmask[:, None] & qmask[None, :]
             t = tl.load(T + rows[:, None] * M + qrows[None, :], mask=valid, other=0.0)
@@ -139,7 +142,7 @@ if triton is not None:
         ds = tl.zeros([BLOCK_B], dtype=tl.float32)
         for m0 in range(0, M, BLOCK_M):
             qrows = m0 + tl.arange(0, BLOCK_M)
-            qh, _, _ = _load_unit_rows(Q, qrows, M, D, BLOCK_D, eps)
+            qh, _qn, _qv = _load_unit_rows(Q, qrows, M, D, BLOCK_D, eps)
             c, t, lse, g, valid = _dz_tile(xh, qh, s, T, G, LSE, rows, qrows, B, M)
             prob = tl.where(valid, tl.exp(s * c - lse[:, None]), 0.0)
             dz = tl.where(ts[:, None] > 0, g[:, None] * (prob - t * inv_ts[:, None]), 0.0)  # g (softmax − p)
@@ -162,7 +165,7 @@ if triton is not None:
         for b0 in range(0, B, BLOCK_B):
             rows = b0 + tl.arange(0, BLOCK_B)
             rmask = rows < B
-            xh, _, _ = _load_unit_rows(X, rows, B, D, BLOCK_D, eps)
+            xh, _xn, _xv = _load_unit_rows(X, rows, B, D, BLOCK_D, eps)
             ts = tl.load(TS + rows, mask=rmask, other=0.0)
             inv_ts = tl.where(ts > 0, 1.0 / tl.maximum(ts, 1e-30), 0.0)
             c, t, lse, g, valid = _dz_tile(xh, qh, s, T, G, LSE, rows, qrows, B, M)
@@ -191,7 +194,8 @@ class _CosineSoftCE(torch.autograd.Function):
         loss, lse = torch.empty(B, device=dev), torch.empty(B, device=dev)
         minp, maxn = torch.empty(B, device=dev), torch.empty(B, device=dev)
         _forward[(triton.cdiv(B, BLOCK_B),)](x32, q32, t32, s32, loss, lse, minp, maxn, B, M, D, EPS,
-                                            BLOCK_B=BLOCK_B, BLOCK_M=BLOCK_M, BLOCK_D=_block_d(D))
+                                            BLOCK_B=BLOCK_B, BLOCK_M=BLOCK_M, BLOCK_D=_block_d(D),
+                                            num_warps=NUM_WARPS)
         ctx.save_for_backward(x32, q32, t32, s32, lse)
         ctx.scale_shape = scale.shape
         ctx.mark_non_differentiable(minp, maxn)
@@ -207,9 +211,11 @@ class _CosineSoftCE(torch.autograd.Function):
         dx, dq = torch.empty_like(x32), torch.empty_like(q32)
         ds = torch.empty(B, device=x32.device)
         _backward_x[(triton.cdiv(B, BLOCK_B),)](x32, q32, t32, s32, g, lse, ts, dx, ds, B, M, D, EPS,
-                                               BLOCK_B=BLOCK_B, BLOCK_M=BLOCK_M, BLOCK_D=_block_d(D))
+                                               BLOCK_B=BLOCK_B, BLOCK_M=BLOCK_M, BLOCK_D=_block_d(D),
+                                               num_warps=NUM_WARPS)
         _backward_q[(triton.cdiv(M, BLOCK_M),)](x32, q32, t32, s32, g, lse, ts, dq, B, M, D, EPS,
-                                               BLOCK_B=BLOCK_B, BLOCK_M=BLOCK_M, BLOCK_D=_block_d(D))
+                                               BLOCK_B=BLOCK_B, BLOCK_M=BLOCK_M, BLOCK_D=_block_d(D),
+                                               num_warps=NUM_WARPS)
         return dx, dq, None, ds.sum().reshape(ctx.scale_shape)
 
 

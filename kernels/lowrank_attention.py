@@ -13,8 +13,9 @@ tokens' positions. rope: the RoPE base θ (float; θ_i = base^(−2i/D)) or the 
 a (D/2,) tensor (e.g. Llama-3.1's scaled ones). RoPE is rotate-half (channel i pairs with i + D/2, as in
 Hugging Face Llama). out[b, h] = softmax(q[b,h]·RoPE(K[b,:,g])ᵀ/√D)·V[b,:,g], g = h // (Hq/Hkv).
 
-The Triton path never materializes K or V in memory. One program per (batch, KV head) serves all G = Hq/Hkv
-query heads of the group (the latents are read once per KV head): per block of cached tokens it rebuilds
+The Triton path never materializes K or V in memory. One program per (batch, KV head, split of the cached
+tokens) serves all G = Hq/Hkv query heads of the group (the latents are read once per KV head; the splits'
+partial softmaxes are merged after the kernel, as in flash-decoding): per block of cached tokens it rebuilds
 the two RoPE halves of the keys from the latents in registers (tl.dot), rotates them, scores all G queries,
 and accumulates the softmax-weighted *value latents* (online softmax); the value up-projection is applied
 once at the end (p·V = (p·v_latent)·v_up), as one batched GEMM over all heads after the kernel.
@@ -234,13 +235,18 @@ if triton is not None:
 
     @triton.jit
     def _lowrank_decode_kernel(q_ptr, kx_ptr, klo_ptr, kshi_ptr, kslo_ptr, kup_ptr,
-                               vx_ptr, vlo_ptr, vshi_ptr, vslo_ptr, pos_ptr, invf_ptr, o_ptr,
-                               T, Hq, Hkv, G, D, HALF, RK, RV, KNHI, KNLOB, KNG, KGS, VNHI, VNLOB, VNG, VGS, scale,
+                               vx_ptr, vlo_ptr, vshi_ptr, vslo_ptr, pos_ptr, invf_ptr, o_ptr, m_ptr, l_ptr,
+                               T, CHUNK, NSPLIT, Hq, Hkv, G, D, HALF, RK, RV, KNHI, KNLOB, KNG, KGS, VNHI, VNLOB, VNG,
+                               VGS, scale,
                                BLOCK_T: tl.constexpr, BLOCK_G: tl.constexpr, BLOCK_H: tl.constexpr,
                                BLOCK_RK: tl.constexpr, BLOCK_RV: tl.constexpr,
-                               QUANT: tl.constexpr, K_HI_SCALED: tl.constexpr, V_HI_SCALED: tl.constexpr):
+                               QUANT: tl.constexpr, K_HI_SCALED: tl.constexpr, V_HI_SCALED: tl.constexpr,
+                               PREC: tl.constexpr):
         b = tl.program_id(0)
         g = tl.program_id(1)                 # KV head: serves query heads g*G .. g*G + G - 1
+        sp = tl.program_id(2)                # split of the cached tokens: [sp·CHUNK, (sp+1)·CHUNK) ∩ [0, T)
+        t_lo = sp * CHUNK
+        t_hi = tl.minimum(t_lo + CHUNK, T)
         offs_g = tl.arange(0, BLOCK_G)
         gmask = offs_g < G
         offs_i = tl.arange(0, BLOCK_H)       # half-channel index
@@ -262,15 +268,15 @@ if triton is not None:
         m_i = tl.full([BLOCK_G], -float("inf"), dtype=tl.float32)
         l_i = tl.zeros([BLOCK_G], dtype=tl.float32)
         acc = tl.zeros([BLOCK_G, BLOCK_RV], dtype=tl.float32)   # softmax-weighted value latents per query head
-        for start in range(0, T, BLOCK_T):
+        for start in range(t_lo, t_hi, BLOCK_T):
             tok = start + offs_t
-            tmask = tok < T
+            tmask = tok < t_hi
             krows = (b * T + tok) * Hkv + g
             x = _load_latent(kx_ptr, klo_ptr, kshi_ptr, kslo_ptr, krows, offs_rk, tmask, RK, KNHI, KNLOB, KNG, KGS,
                              QUANT, K_HI_SCALED)
             # ALGO: keys rebuilt from the latent in registers, K_half = X · U_half  (BLOCK_T, BLOCK_H)
-            k1 = tl.dot(x, u1, input_precision="ieee")
-            k2 = tl.dot(x, u2, input_precision="ieee")
+            k1 = tl.dot(x, u1, input_precision=PREC)
+            k2 = tl.dot(x, u2, input_precision=PREC)
             pos = tl.load(pos_ptr + tok, mask=tmask, other=0).to(tl.float32)
             ang = pos[:, None] * invf[None, :]
             c = tl.cos(ang)
@@ -278,8 +284,8 @@ if triton is not None:
             # ALGO: rotate-half RoPE applied after reconstruction, then q · RoPE(k) for the G queries
             r1 = k1 * c - k2 * s_
             r2 = k2 * c + k1 * s_
-            s = (tl.dot(r1, tl.trans(q1), input_precision="ieee")
-                 + tl.dot(r2, tl.trans(q2), input_precision="ieee")) * scale   # (BLOCK_T, BLOCK_G)
+            s = (tl.dot(r1, tl.trans(q1), input_precision=PREC)
+                 + tl.dot(r2, tl.trans(q2), input_precision=PREC)) * scale   # (BLOCK_T, BLOCK_G)
             s = tl.where(tmask[:, None], s, -float("inf"))
             m_new = tl.maximum(m_i, tl.max(s, axis=0))
             alpha = tl.exp(m_i - m_new)  # ALGO: online softmax rescaling
@@ -290,33 +296,66 @@ if triton is not None:
                               QUANT, V_HI_SCALED)
             l_i = l_i * alpha + tl.sum(p, axis=0)
             # ALGO: p · v_latent in latent space  (BLOCK_G, BLOCK_RV)
-            acc = acc * alpha[:, None] + tl.dot(tl.trans(p), vx, input_precision="ieee")
+            acc = acc * alpha[:, None] + tl.dot(tl.trans(p), vx, input_precision=PREC)
             m_i = m_new
-        acc = acc / tl.where(gmask, l_i, 1.0)[:, None]
-        # the normalized value latents p·v_latent (G, RV) of this KV head's query heads; the up-projection
-        # (one GEMM over all heads) follows in _launch: a (next_pow2(Rv), D) v_up tile here needs more shared
-        # memory than a GPU has at the paper's ranks (Rv = 522: 512 KiB fp32; an H200 has 227 KiB)
-        tl.store(o_ptr + (b * Hq + g * G + offs_g)[:, None] * RV + offs_rv[None, :], acc,
-                 mask=gmask[:, None] & (offs_rv < RV)[None, :])
+        # this split's running max, softmax denominator and un-normalized value latents p·v_latent (G, RV) of the
+        # KV head's query heads; the splits are merged and the up-projection applied (one GEMM over all heads) in
+        # _launch: a (next_pow2(Rv), D) v_up tile here needs more shared memory than a GPU has at the paper's
+        # ranks (Rv = 522: 512 KiB fp32; an H200 has 227 KiB)
+        hrow = (b * Hq + g * G + offs_g) * NSPLIT + sp
+        tl.store(m_ptr + hrow, m_i, mask=gmask)
+        tl.store(l_ptr + hrow, l_i, mask=gmask)
+        tl.store(o_ptr + hrow[:, None] * RV + offs_rv[None, :], acc, mask=gmask[:, None] & (offs_rv < RV)[None, :])
 
 
 def _p2(n: int) -> int:
     return max(16, triton.next_power_of_2(n))
 
 
+# Launch settings, from a sweep at the paper's shape on an H200 (Triton 3.6; materialize + SDPA 9.6 ms, SDPA on a
+# dense fp16 cache 0.49 ms): ieee dots, 4 warps 27.3 ms, 8 warps 21.2 ms (BLOCK_T 32: 25.1; 64: out of shared
+# memory); tf32 dots 7.9 ms (8 warps, BLOCK_T 32; max error 2.6e-3 of the output scale against 1.3e-3 with ieee,
+# fp16 caches); 4 or 8 programs per SM the same; one split per (batch, KV head) 23.6 ms
+BLOCK_T = 16            # cached tokens per loop step of the decode kernel
+NUM_WARPS = 8
+DOT_PRECISION = "ieee"  # fp32 tl.dot inputs: "ieee" (exact fp32 FMAs, as every kernel here) or "tf32" (tensor cores)
+PROGRAMS_PER_SM = 4     # CUDA: token splits chosen for about this many programs per streaming multiprocessor
+
+
+def n_splits(B: int, Hkv: int, T: int, device) -> int:
+    """How many token splits the decode kernel runs per (batch, KV head) (flash-decoding): on CUDA enough programs
+    for ~4 per streaming multiprocessor (B·Hkv = 128 programs at the paper's shape leave a 132-SM H200 walking
+    32,768 tokens serially per program), at least 64 tokens per split; on the CPU interpreter up to 4 splits of at
+    least BLOCK_T tokens, so the tests run the split and merge path."""
+    if device.type != "cuda":
+        return max(1, min(4, triton.cdiv(T, BLOCK_T)))
+    target = PROGRAMS_PER_SM * torch.cuda.get_device_properties(device).multi_processor_count
+    return max(1, min(triton.cdiv(target, B * Hkv), triton.cdiv(T, 64)))
+
+
 def _launch(q, k_parts, k_up, v_parts, v_up, positions, rope, T, Hkv, Rk, Rv, quant: bool,
             k_hi_scaled: bool = False, v_hi_scaled: bool = False):
     B, Hq, D = q.shape
-    lat = torch.empty((B, Hq, Rv), dtype=torch.float32, device=q.device)   # softmax-weighted value latents
+    S = n_splits(B, Hkv, T, q.device)
+    chunk = triton.cdiv(triton.cdiv(T, S), BLOCK_T) * BLOCK_T
+    S = triton.cdiv(T, chunk)                                  # no empty split
+    acc = torch.empty((B, Hq, S, Rv), dtype=torch.float32, device=q.device)   # per split: un-normalized p·v_latent
+    m = torch.empty((B, Hq, S), dtype=torch.float32, device=q.device)        # ... its running max
+    den = torch.empty((B, Hq, S), dtype=torch.float32, device=q.device)      # ... its softmax denominator
     invf = inv_freq(D, rope, q.device).contiguous()
     kx, klo, kshi, kslo, knhi, knlob, kng, kgs = k_parts
     vx, vlo, vshi, vslo, vnhi, vnlob, vng, vgs = v_parts
-    _lowrank_decode_kernel[(B, Hkv)](
+    _lowrank_decode_kernel[(B, Hkv, S)](
         q.contiguous(), kx, klo, kshi, kslo, k_up.contiguous(), vx, vlo, vshi, vslo,
-        positions.contiguous(), invf, lat, T, Hq, Hkv, Hq // Hkv, D, D // 2, Rk, Rv, knhi, knlob, kng, kgs,
-        vnhi, vnlob, vng, vgs, 1.0 / math.sqrt(D), BLOCK_T=16, BLOCK_G=_p2(Hq // Hkv), BLOCK_H=_p2(D // 2),
+        positions.contiguous(), invf, acc, m, den, T, chunk, S, Hq, Hkv, Hq // Hkv, D, D // 2, Rk, Rv, knhi, knlob,
+        kng, kgs, vnhi, vnlob, vng, vgs, 1.0 / math.sqrt(D), BLOCK_T=BLOCK_T, BLOCK_G=_p2(Hq // Hkv),
+        BLOCK_H=_p2(D // 2),
         BLOCK_RK=_p2(Rk), BLOCK_RV=_p2(Rv), QUANT=quant,
-        K_HI_SCALED=bool(quant and kshi.numel() > 1), V_HI_SCALED=bool(quant and vshi.numel() > 1))
+        K_HI_SCALED=bool(quant and kshi.numel() > 1), V_HI_SCALED=bool(quant and vshi.numel() > 1),
+        PREC=DOT_PRECISION, num_warps=NUM_WARPS)
+    # ALGO: split-softmax merge (flash-decoding): w_s = exp(m_s − max_s m_s), lat = Σ_s w_s·acc_s / Σ_s w_s·l_s
+    w = torch.exp(m - m.amax(-1, keepdim=True))
+    lat = (w[..., None] * acc).sum(2) / (w * den).sum(-1, keepdim=True)        # (B, Hq, Rv)
     # ALGO: expand once, out[b, g·G + j] = lat[b, g·G + j] · v_up[:, g·D:(g+1)·D]  (one batched GEMM, all heads)
     up = v_up.float().view(Rv, Hkv, D).permute(1, 0, 2)                          # (Hkv, Rv, D)
     out = lat.view(B, Hkv, Hq // Hkv, Rv) @ up                                    # (B, Hkv, G, D)

@@ -170,3 +170,16 @@ def test_bench_paths_agree_and_row_reports_ratios():
     (row,) = bench_rows("cpu", small=True, reps=1)
     assert row["device"] == "cpu" and row["paper_speedup"] == 6.9 and "skipped" in row["gpu_entry"]
     assert row["ratio_materialize_over_latent"] > 0 and row["ratio_dense_over_latent"] > 0
+
+
+def test_cpu_shapes_run_the_split_merge_path():
+    """The decode kernel splits the cached tokens (flash-decoding) and merges the partial softmaxes after it: the
+    interpreter runs several splits at the test shapes (T = 37: 3 splits, the last one partial), so the parity
+    tests above check the merge; a single-token cache is one split."""
+    from kernels.lowrank_attention import n_splits
+
+    assert n_splits(2, 2, 37, torch.device("cpu")) == 3
+    assert n_splits(2, 2, 1, torch.device("cpu")) == 1
+    q, kl, ku, vl, vu, pos = random_inputs(1, 4, 2, 16, 1, 4, 6)
+    torch.testing.assert_close(decode(q, kl, ku, vl, vu, pos, backend="triton"), decode_ref(q, kl, ku, vl, vu, pos),
+                               atol=1e-5, rtol=1e-5)
