@@ -6,6 +6,8 @@ Every per-token log-prob goes through ``kernels/token_logprob`` (counted in a Ke
 """
 from __future__ import annotations
 
+from functools import partial
+
 import time
 
 import lightning as L
@@ -125,17 +127,31 @@ def stream_ttfr(model: TinyTransformer, prompt: torch.Tensor, max_new: int) -> d
 # ----------------------------------------------------------------------------------------------
 # SFT
 # ----------------------------------------------------------------------------------------------
+def wsd_factor(step: int, steps: int, decay_frac: float) -> float:
+    """Warmup-free warmup-stable-decay: lr × 1 for the first (1 − decay_frac)·steps steps, then linearly to 0 at
+    ``steps`` (the factor of the lr at optimizer step ``step``, 0-based)."""
+    start = int(round(steps * (1.0 - decay_frac)))
+    return 1.0 if step < start else max(0.0, (steps - step) / max(steps - start, 1))
+
+
 class SFTModule(L.LightningModule):
     """Next-token cross-entropy on the trace tokens (prompt excluded), via the log-prob kernel;
     the NLL on hidden (thinking) and visible (<ans>) tokens is logged separately."""
 
-    def __init__(self, model: TinyTransformer, lr: float, weight_decay: float, counter: Counter):
+    def __init__(self, model: TinyTransformer, lr: float, weight_decay: float, counter: Counter,
+                 steps: int = 0, decay_frac: float = 0.0):
         super().__init__()
         self.model, self.lr, self.weight_decay, self.counter = model, lr, weight_decay, counter
+        self.steps, self.decay_frac = steps, decay_frac
         self.history: list[dict] = []
 
     def configure_optimizers(self):
-        return torch.optim.AdamW(self.model.parameters(), lr=self.lr, weight_decay=self.weight_decay)
+        opt = torch.optim.AdamW(self.model.parameters(), lr=self.lr, weight_decay=self.weight_decay)
+        if not self.decay_frac:
+            return opt
+        sched = torch.optim.lr_scheduler.LambdaLR(opt, partial(wsd_factor, steps=self.steps,
+                                                               decay_frac=self.decay_frac))
+        return {"optimizer": opt, "lr_scheduler": {"scheduler": sched, "interval": "step"}}
 
     def training_step(self, batch, _):
         n_tok = int(batch[:, 1].sum(1).max())                                # trim the batch's padding

@@ -49,6 +49,9 @@ class SFTConfig(StageConfig):
     batch: PositiveInt = Field(32, le=4096)
     lr: float = Field(3e-3, gt=0, le=1.0)
     weight_decay: float = Field(0.0, ge=0, le=10.0)
+    decay_frac: float = Field(0.0, ge=0, lt=1.0, description=(
+        "learning-rate schedule: constant lr, then linear decay to 0 over the last this fraction of the steps "
+        "(warmup-stable-decay; 0: constant lr throughout)"))
     curve_every: int = Field(100, ge=0, le=100_000, description=(
         "SFT learning curve: greedy pass@1 on the dev slice every this many steps (0: off)"))
     curve_prompts: PositiveInt = Field(100, le=10_000, description=(
@@ -192,7 +195,8 @@ def sft_grpo_run(job: tuple[int, str]) -> dict:
     rw = cfg.rl.reward
     # --- 1. SFT on this format's traces
     torch.manual_seed(seed)
-    module = SFTModule(TinyTransformer(mcfg).to(device), cfg.sft.lr, cfg.sft.weight_decay, counter)
+    module = SFTModule(TinyTransformer(mcfg).to(device), cfg.sft.lr, cfg.sft.weight_decay, counter,
+                       steps=cfg.sft.steps, decay_frac=cfg.sft.decay_frac)
     curve = SFTCurve(dev_prompts, p["dev_problems"], fmt, cfg.sft.curve_every, cfg.sft.steps)
     trainer = make_trainer(tcfg, None, max_steps=cfg.sft.steps, callbacks=[curve])   # W&B: the parent logs the rows
     trainer.fit(module, PromptLoader(p["sft"][fmt].to(device), cfg.sft.batch, cfg.sft.steps, seed=seed))
@@ -229,6 +233,9 @@ def sft_grpo_run(job: tuple[int, str]) -> dict:
 
 def run(cfg: Config, ctx: StageContext) -> None:
     if cfg.source.kind != "toy":                   # full profile: SFT + GRPO on a real LM (issue 41)
+        if cfg.sft.decay_frac:
+            raise ValueError(f"sft.decay_frac: {cfg.sft.decay_frac} with source.kind {cfg.source.kind!r}; the real "
+                             "model's SFT (stages.common.hf.sft_steps) runs a constant lr: set 0")
         from stages.plantain.hf_source import train_real
         return train_real(cfg, ctx)
     torch.set_num_threads(cfg.torch_threads)
