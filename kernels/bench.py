@@ -79,13 +79,14 @@ def peak_bandwidth(device: str, override: float | None) -> tuple[float | None, s
     return None, f"{name}: peak bandwidth unknown (pass --peak-gbs)"
 
 
-def _tensors(out) -> list[torch.Tensor]:
+def output_tensors(out) -> list[torch.Tensor]:
+    """The tensors in a function's output (a tensor, or dicts/lists/tuples of them), in order; [] for None."""
     if isinstance(out, torch.Tensor):
         return [out]
     if isinstance(out, dict):
-        return [t for v in out.values() for t in _tensors(v)]
+        return [t for v in out.values() for t in output_tensors(v)]
     if isinstance(out, (tuple, list)):
-        return [t for v in out for t in _tensors(v)]
+        return [t for v in out for t in output_tensors(v)]
     return []
 
 
@@ -97,7 +98,7 @@ def parity(kern, ref, inputs) -> dict:
     def run(fn):
         xs = [x.detach().clone().requires_grad_(x.requires_grad) if isinstance(x, torch.Tensor) else x
               for x in inputs]
-        outs = _tensors(fn(*xs))
+        outs = output_tensors(fn(*xs))
         leaves = [x for x in xs if isinstance(x, torch.Tensor) and x.requires_grad]
         grads = [x.grad for x in leaves if x.grad is not None]    # a fwd+bwd case: fn ran the backward itself
         if leaves and not grads and any(o.requires_grad for o in outs):

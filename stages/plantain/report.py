@@ -84,6 +84,24 @@ class Config(ReportConfig):
     pass
 
 
+def grpo_vs_sft_note(ev: dict) -> str:
+    """Test pass@1 of each format after SFT and after GRPO, the pass@1 delta against think-then-answer's better
+    checkpoint per seed, and the TTFR reduction of the SFT models (all per seed, from the evaluate stage)."""
+    p, t = ev.get("pass1", {}), ev.get("ttfr_tokens", {})
+    if not all(k in p.get(f, {}) for f in ("tta", "pf") for k in ("sft", "grpo")):
+        return "pass@1 after SFT and after GRPO are not in this run's evaluation"
+    fmt = lambda xs: " / ".join(f"{x:.2f}" for x in xs)                       # noqa: E731
+    best_tta = [max(a, b) for a, b in zip(p["tta"]["sft"], p["tta"]["grpo"])]
+    delta = [a - b for a, b in zip(p["pf"]["grpo"], best_tta)]
+    note = (f"Test pass@1, SFT → GRPO per seed: think-then-answer {fmt(p['tta']['sft'])} → {fmt(p['tta']['grpo'])}, "
+            f"plan-first {fmt(p['pf']['sft'])} → {fmt(p['pf']['grpo'])}; plan-first after GRPO minus "
+            f"think-then-answer's better checkpoint: {fmt(delta)}")
+    if all(k in t.get(f, {}) for f in ("tta", "pf") for k in ("sft",)):
+        red = [1 - a / b for a, b in zip(t["pf"]["sft"], t["tta"]["sft"])]
+        note += f"; the TTFR reduction of the SFT models (before GRPO): {fmt(red)}"
+    return note
+
+
 def derive(ev: dict) -> dict:
     tt, p1 = ev["ttfr_tokens"], ev["pass1"]
     ev["derived"] = {
@@ -503,16 +521,24 @@ pass, summarised in its bullet below):
   seed). Think-then-answer is the more exposed arm: at 900 SFT steps only 0.28 of its sampled answers were right, so
   r_correct is mostly noise and the judge's false positives drive its advantages, while a plan-first answer executes
   its plan, so r_correct pushes back against a wrong accepted plan. The reviewer ruled out the reward code, format
-  failures (≤ 0.8%), parsing, the length cap and the loss normalisation. At the committed SFT budget both formats
-  start stronger and improve ({judge_note}); longer GRPO is not adopted, and `grpo_improves_pass1_pf` reads the
-  committed budget. A 120-step study of this pipeline from the committed SFT budget
+  failures (≤ 0.8%), parsing, the length cap and the loss normalisation. In this run's rollouts: {judge_note};
+  longer GRPO is not adopted, and `grpo_improves_pass1_pf` reads the committed budget. Before the SFT schedule
+  change (constant lr, 1,500 steps), a 120-step study of this pipeline
   ([`reports/studies/plantain_grpo120/report.md`](../studies/plantain_grpo120/report.md), 4× the GRPO steps,
   9 min) found no judge gaming there: acceptance and right plans rise together (think-then-answer: accepted
   0.71 → 0.95, right 0.51 → 0.84; plan-first: 0.74 → 0.97 and 0.61 → 0.96, first vs last 10 steps). Plan-first
   test pass@1 rose 0.87 → 0.97 (seed 0: 0.68 → 0.90; the other two seeds start at 0.95 and 0.97), yet
   `grpo_improves_pass1_pf` stays inconclusive (gap 0.098, t-bounds [−0.059, 0.254]: 3 seeds, two at the ceiling);
   `pass1_no_drop` holds there, and `plan_rewind_fewer_tokens_after_rl` fails (almost no faulty plans are left to
-  rewind). The SFT ceiling, not the GRPO length, keeps `grpo_improves_pass1_pf` open.
+  rewind). The SFT ceiling, not the GRPO length, kept `grpo_improves_pass1_pf` open there.
+- **GRPO can weaken the baseline it is compared with.** {grpo_vs_sft_note(ev)}. `pass1_no_drop` reads both formats
+  after GRPO, so where GRPO lowers think-then-answer it compares plan-first with a weakened baseline (a red team
+  of this run: the +0.13 to +0.19 deltas are about twice the delta against think-then-answer's better checkpoint);
+  `grpo_improves_pass1_pf` is bounded by plan-first's SFT ceiling; `ttfr_drop_60` reads the models after GRPO,
+  whose reward pays nothing for latency and drives both formats towards drafting every step, where the format
+  caps the reduction at about 0.597 (below the paper's 60%). The SFT schedule (lr decayed to 0 over the last
+  {sft.get('decay_frac', 0):g} of the steps) was chosen on SFT-only dev pass@1 of the same three
+  think-then-answer seeds that are reported (three configurations, 100 dev problems).
   An SFT gate before RL, a w_helpful = 0 arm for think-then-answer, and an r_helpful paid only when the steps
   follow the plan are not built.
 - **Item noise.** Rates are over the same {ev['eval_prompts']} held-out problems (pass@1) and {ev['rr_prompts']}

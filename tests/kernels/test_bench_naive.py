@@ -9,7 +9,7 @@ import importlib
 import pytest
 import torch
 
-from kernels.bench import bench_case, kernel_modules, main, peak_bandwidth, table
+from kernels.bench import bench_case, kernel_modules, main, output_tensors, peak_bandwidth, table
 from kernels.naive import NAIVE, PerItem, naive_baseline
 
 SMALL_CASES = [(name, case) for name, module in kernel_modules() for case in module.BENCHMARKS_SMALL]
@@ -21,18 +21,6 @@ def test_every_kernel_has_a_naive_baseline():
 
 def _leaves(inputs):
     return [x for x in inputs if isinstance(x, torch.Tensor) and x.requires_grad and x.is_leaf]
-
-
-def _flat(out):
-    if out is None:
-        return []
-    if isinstance(out, torch.Tensor):
-        return [out]
-    if isinstance(out, dict):
-        return [t for v in out.values() for t in _flat(v)]
-    if isinstance(out, (tuple, list)):
-        return [t for v in out for t in _flat(v)]
-    return []
 
 
 # wrappers that return None: compare the function they time instead
@@ -73,7 +61,7 @@ def test_naive_computes_what_the_reference_computes(name, case):
         torch.testing.assert_close(g_naive, scale * g_ref, atol=1e-5, rtol=1e-4)
     else:
         got = naive(*inputs)
-        flat_want, flat_got = _flat(want), _flat(got)
+        flat_want, flat_got = output_tensors(want), output_tensors(got)
         assert flat_want and len(flat_want) == len(flat_got)
         for w, g in zip(flat_want, flat_got):
             torch.testing.assert_close(g, w, atol=1e-6, rtol=1e-5, equal_nan=True)

@@ -201,7 +201,7 @@ def test_full_profile_stages_on_fixture(setup, tmp_path):
     p["prepare"]["profiles"]["full"] = {"seeds": [1], "source": {"kind": "file", "dataset": str(d / "sft.jsonl")},
                                         "eval_source": {"kind": "file", "dataset": test}}
     p["train"]["profiles"]["full"] = {"source": {"kind": "file", "model": str(ckpt)}, "real_max_new": 8,
-                                      "sft": {"steps": 2, "batch": 2, "lr": 1e-3},
+                                      "sft": {"steps": 2, "batch": 2, "lr": 1e-3, "decay_frac": 0.0},
                                       "rl": {"steps": 1, "prompts_per_step": 1, "grpo": {"group_size": 2}},
                                       "trainer": {"accelerator": "cpu"}}
     p["evaluate"]["profiles"]["full"] = {"eval_prompts": 2, "wall_prompts": 1, "rr": {"max_retries": 1, "prompts": 1}}

@@ -56,3 +56,13 @@ def test_constant_lr_without_decay():
     model = TinyTransformer(TinyTransformerConfig(vocab_size=11, d_model=8, n_layers=1, n_heads=2, max_seq_len=8))
     opt = SFTModule(model, 0.004, 0.0, Counter(KernelRecord(torch.device("cpu")))).configure_optimizers()
     assert isinstance(opt, torch.optim.AdamW)
+
+
+def test_real_path_refuses_a_decay_it_would_ignore(tmp_path):
+    """The real-model SFT (stages.common.hf.sft_steps) runs a constant lr: a decay_frac there is refused with one
+    line naming the key, before any model is loaded."""
+    from stages.plantain.train import Config, run
+
+    cfg = Config.model_validate({"source": {"kind": "file", "model": str(tmp_path)}, "sft": {"decay_frac": 0.3}})
+    with pytest.raises(ValueError, match=r"sft.decay_frac: 0.3 .* set 0"):
+        run(cfg, None)
