@@ -93,8 +93,8 @@ def output_tensors(out) -> list[torch.Tensor]:
 def parity(kern, ref, inputs) -> dict:
     """Kernel vs reference on the same inputs: the largest absolute deviation over every floating output and,
     when inputs require grad, every input gradient (the one a fwd+bwd case's own backward leaves in ``.grad``, else
-    from one seeded cotangent on every output), and that
-    deviation relative to the reference's largest magnitude. Empty when neither returns a tensor."""
+    from one seeded cotangent on every output), and that deviation relative to the reference's largest magnitude.
+    Empty when neither returns a tensor."""
     def run(fn):
         xs = [x.detach().clone().requires_grad_(x.requires_grad) if isinstance(x, torch.Tensor) else x
               for x in inputs]

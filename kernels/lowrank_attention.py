@@ -20,7 +20,8 @@ the two RoPE halves of the keys from the latents in registers (tl.dot), rotates 
 and accumulates the softmax-weighted *value latents* (online softmax); the value up-projection is applied
 once at the end (p·V = (p·v_latent)·v_up), as one batched GEMM over all heads after the kernel.
 ``decode_quant`` takes ``QuantLatent`` caches (top ranks int8 or fp16, the rest int4 packed two per byte,
-fp16 scales per token and column group) and dequantizes them inside the same kernel. Register use grows with the value rank (one BLOCK_G × next_pow2(Rv) accumulator).
+fp16 scales per token and column group) and dequantizes them inside the same kernel. Register use grows with the
+value rank (one BLOCK_G × next_pow2(Rv) accumulator).
 """
 from __future__ import annotations
 
@@ -482,8 +483,8 @@ def bench_rows(device: str, small: bool = False, reps: int = 5, peak_gbs: float 
     + SDPA and vs SDPA on a dense cache; batch 1 (a batch-16 fp32 dense cache is 4.3 GB), fp32.
     CUDA: the Triton kernel (fp16 latents) vs SDPA on a dense fp16 cache (the paper's baseline, batch 16)
     and vs materialize + SDPA, with the fraction of the memory roofline the kernel reaches (latent bytes
-    read / time / peak_gbs). ``check``: on CUDA also the kernel's largest deviation from materialize + SDPA
-    (``max_abs_err``, and ``rel_err`` relative to the reference's largest magnitude)."""
+    read / time / peak_gbs). ``check``: on CUDA also the kernel's deviation from materialize + SDPA
+    (``kernels.bench.parity``: ``max_abs_err`` and ``rel_err``)."""
     shape = dict(PAPER_SHAPE)
     if small:
         shape.update(B=2, Hq=4, Hkv=2, D=32, T=37, Rk=8, Rv=12)
@@ -511,9 +512,9 @@ def bench_rows(device: str, small: bool = False, reps: int = 5, peak_gbs: float 
             if peak_gbs:
                 row["bandwidth_fraction"] = by["latent"] / t_k / 1e9 / peak_gbs
             if check:
-                want = materialize_sdpa(q, kl, ku, vl, vu, pos).double()
-                err = float((decode(q, kl, ku, vl, vu, pos, backend="triton").double() - want).abs().max())
-                row.update(max_abs_err=err, rel_err=err / max(float(want.abs().max()), 1e-30))
+                from kernels.bench import parity
+
+                row.update(parity(lambda *x: decode(*x, backend="triton"), materialize_sdpa, (q, kl, ku, vl, vu, pos)))
         else:
             t_lat = _time(lambda: decode_latent_torch(q, kl, ku, vl, vu, pos), device, reps)
             row.update(latent_torch_s=t_lat, ratio_materialize_over_latent=t_mat / t_lat,

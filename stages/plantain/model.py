@@ -6,9 +6,8 @@ Every per-token log-prob goes through ``kernels/token_logprob`` (counted in a Ke
 """
 from __future__ import annotations
 
-from functools import partial
-
 import time
+from functools import partial
 
 import lightning as L
 import numpy as np
