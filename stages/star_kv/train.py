@@ -38,6 +38,7 @@ from pydantic import Field, field_validator, model_validator
 from torch.utils.data import DataLoader, Dataset
 
 from stages.common.config import ConfigError, Fraction, Seed, Seeds, StageConfig, unique_items
+from stages.common.jobs import payload, run_jobs
 from stages.common.paths import write_json
 from stages.common.runner import StageContext
 from stages.common.sources import SourceConfig
@@ -100,7 +101,10 @@ class Config(StageConfig):
     curve_windows: int = Field(16, ge=1, le=10_000, description="held-out windows of the training curve")
     eval_windows: int = Field(128, ge=1, le=100_000, description="held-out windows of the before/after-fusion PPL "
                                                                  "(the evaluate stage uses the same windows)")
-    torch_threads: int = Field(1, ge=1, le=64)
+    torch_threads: int = Field(1, ge=1, le=64, description="intra-op threads of the teacher's training (the seeds' "
+                                                            "pool processes run one each)")
+    workers: int = Field(1, ge=1, le=64, description="processes for the seeds' runs (stages.common.jobs; 1 = this "
+                                                     "process, with one intra-op thread)")
     trainer: TrainerConfig = TrainerConfig(enable_progress_bar=False)
 
     @field_validator("seeds", "targets", "arms")
@@ -467,6 +471,74 @@ def student(teacher, arm: str, cfg: Config) -> StarKVLM:
     return s
 
 
+def seed_run(seed: int) -> dict:
+    """Every student of one seed (a job of ``jobs.run_jobs``; inputs from its payload): pass A, then pass B at
+    star_full's final rank totals. Its batches come from its own generator (10,000 + seed) and every student
+    starts from the teacher, so the result does not depend on the order or the pool. Returns the students'
+    weights, their run rows and the tracker's per-seed metrics."""
+    p = payload()
+    cfg, teacher = Config.model_validate(p["cfg"]), p["teacher"]
+    train, curve, full_eval = p["train"], p["curve"], p["full_eval"]
+    bb = llama_backbone(teacher)
+    steps = cfg.kd_steps + cfg.phase3_steps
+    data = Windows(train, cfg.student_batch, cfg.model.seq_len, steps, 10_000 + seed)
+    done: list[Member] = []
+    # pass A: the learned-threshold arms (star_gatefuse branches from star_full at fusion)
+    members = []
+    for c in cfg.targets:
+        for arm in PASS_A:
+            if cfg.runs_at(arm, c, seed):
+                s = student(teacher, arm, cfg)
+                members.append(Member(arm, c, s, 1, *budgets(bb, c, cfg)))
+        if cfg.runs_at("star_nokd", c, seed):
+            s = student(teacher, "star_nokd", cfg)
+            bk, bv = budgets(bb, c, cfg)
+            set_global_thresholds(s, bk, bv)  # pressure alone moves every α of a type identically
+            m = Member("star_nokd", c, s, 0, bk, bv)
+            m.info["nll_before_fusion"] = heldout_nll(s, full_eval)
+            for a in s.attn:
+                a.fuse()
+            m.info["nll_after_fusion"] = m.info["nll_after_phase3"] = heldout_nll(s, full_eval)
+            done.append(m)
+    done += run_cohort(teacher, members, cfg, data, curve, full_eval, {}, steps, seed)
+    totals = {m.target: m.model.rank_totals() for m in done if m.arm == "star_full"}
+    # pass B: the controls at star_full's final rank totals (equal KV bytes)
+    members = []
+    for c in cfg.targets:
+        if c not in totals:
+            continue
+        tk, tv = totals[c]
+        if cfg.runs_at("star_global", c, seed):
+            s = student(teacher, "star_global", cfg)
+            set_global_thresholds(s, tk, tv)
+            for a in s.attn:
+                a.alpha_k.requires_grad_(False)
+                a.alpha_v.requires_grad_(False)
+            members.append(Member("star_global", c, s, 2, tk, tv))
+        for arm in ("uniform_kd", "svd_uniform"):
+            if cfg.runs_at(arm, c, seed):
+                s = student(teacher, arm, cfg)
+                fuse_uniform(s, tk, tv)
+                m = Member(arm, c, s, 2 if arm == "uniform_kd" else 0, tk, tv)
+                if arm == "svd_uniform":
+                    m.info["nll_after_fusion"] = m.info["nll_after_phase3"] = heldout_nll(s, full_eval)
+                    done.append(m)
+                else:
+                    members.append(m)
+    done += run_cohort(teacher, members, cfg, data, curve, full_eval, totals, steps, seed)
+    students, runs = {}, []
+    for m in done:
+        key = f"s{seed}_c{round(m.target * 100)}_{m.arm}"
+        students[key] = {k: v.detach().cpu() for k, v in m.model.state_dict().items()}
+        rk, rv = zip(*(a.ranks() for a in m.model.attn))
+        runs.append({"key": key, "seed": seed, "target": m.target, "arm": m.arm, "k_mode": m.model.k_mode,
+                     "ranks_k": [list(r) for r in rk], "ranks_v": list(rv), "budget_k": m.budget_k,
+                     "budget_v": m.budget_v, "steps": list(m.steps), "kd_steps_total": sum(m.steps),
+                     "curve": m.curve, **m.info})
+    return {"students": students, "runs": runs,
+            "log": {f"s{seed}/{m.arm}_c{round(m.target * 100)}/nll": m.info.get("nll_after_phase3") for m in done}}
+
+
 def run(cfg: Config, ctx: StageContext) -> None:
     torch.set_num_threads(cfg.torch_threads)
     warnings.filterwarnings("ignore", message=".*(does not have many workers|no optimizer|configure_optimizers).*")
@@ -484,66 +556,19 @@ def run(cfg: Config, ctx: StageContext) -> None:
     teacher.requires_grad_(False)
     bb = llama_backbone(teacher)
     teacher_nll = heldout_nll(teacher, full_eval)
-    steps = cfg.kd_steps + cfg.phase3_steps
     out = {"teacher": teacher.state_dict() if cfg.source.kind == "toy" else None, "students": {}}
+    # the seeds are independent runs (their own batches; every student starts from the teacher): one job each on
+    # the shared process pool, the heaviest first (a seed at the side targets trains more members)
+    order = sorted(cfg.seeds, key=lambda s: -sum(cfg.runs_at(a, c, s) for c in cfg.targets for a in cfg.arms))
+    data = {"cfg": cfg.model_dump(mode="json"), "teacher": teacher, "train": train, "curve": curve,
+            "full_eval": full_eval}
+    done = dict(zip(order, run_jobs(seed_run, order, data, cfg.workers)))
     runs = []
-    for seed in cfg.seeds:
-        data = Windows(train, cfg.student_batch, T, steps, 10_000 + seed)
-        done: list[Member] = []
-        # pass A: the learned-threshold arms (star_gatefuse branches from star_full at fusion)
-        members = []
-        for c in cfg.targets:
-            for arm in PASS_A:
-                if cfg.runs_at(arm, c, seed):
-                    s = student(teacher, arm, cfg)
-                    members.append(Member(arm, c, s, 1, *budgets(bb, c, cfg)))
-            if cfg.runs_at("star_nokd", c, seed):
-                s = student(teacher, "star_nokd", cfg)
-                bk, bv = budgets(bb, c, cfg)
-                set_global_thresholds(s, bk, bv)  # pressure alone moves every α of a type identically
-                m = Member("star_nokd", c, s, 0, bk, bv)
-                m.info["nll_before_fusion"] = heldout_nll(s, full_eval)
-                for a in s.attn:
-                    a.fuse()
-                m.info["nll_after_fusion"] = m.info["nll_after_phase3"] = heldout_nll(s, full_eval)
-                done.append(m)
-        done += run_cohort(teacher, members, cfg, data, curve, full_eval, {}, steps, seed)
-        totals = {m.target: m.model.rank_totals() for m in done if m.arm == "star_full"}
-        # pass B: the controls at star_full's final rank totals (equal KV bytes)
-        members = []
-        for c in cfg.targets:
-            if c not in totals:
-                continue
-            tk, tv = totals[c]
-            if cfg.runs_at("star_global", c, seed):
-                s = student(teacher, "star_global", cfg)
-                set_global_thresholds(s, tk, tv)
-                for a in s.attn:
-                    a.alpha_k.requires_grad_(False)
-                    a.alpha_v.requires_grad_(False)
-                members.append(Member("star_global", c, s, 2, tk, tv))
-            for arm in ("uniform_kd", "svd_uniform"):
-                if cfg.runs_at(arm, c, seed):
-                    s = student(teacher, arm, cfg)
-                    fuse_uniform(s, tk, tv)
-                    m = Member(arm, c, s, 2 if arm == "uniform_kd" else 0, tk, tv)
-                    if arm == "svd_uniform":
-                        m.info["nll_after_fusion"] = m.info["nll_after_phase3"] = heldout_nll(s, full_eval)
-                        done.append(m)
-                    else:
-                        members.append(m)
-        done += run_cohort(teacher, members, cfg, data, curve, full_eval, totals, steps, seed)
-        for m in done:
-            key = f"s{seed}_c{round(m.target * 100)}_{m.arm}"
-            out["students"][key] = {k: v.detach().cpu() for k, v in m.model.state_dict().items()}
-            rk, rv = zip(*(a.ranks() for a in m.model.attn))
-            runs.append({"key": key, "seed": seed, "target": m.target, "arm": m.arm, "k_mode": m.model.k_mode,
-                         "ranks_k": [list(r) for r in rk], "ranks_v": list(rv), "budget_k": m.budget_k,
-                         "budget_v": m.budget_v, "steps": list(m.steps), "kd_steps_total": sum(m.steps),
-                         "curve": m.curve, **m.info})
+    for seed in cfg.seeds:                                               # rows in seed order
+        out["students"].update(done[seed]["students"])
+        runs += done[seed]["runs"]
         if ctx.tracker is not None:
-            ctx.tracker.log({f"s{seed}/{m.arm}_c{round(m.target * 100)}/nll": m.info.get("nll_after_phase3")
-                             for m in done})
+            ctx.tracker.log(done[seed]["log"])
     torch.save(out, ctx.out / "models.pt")
     write_json(ctx.out / "runs.json", {"teacher": teacher_info, "teacher_nll": teacher_nll, "runs": runs,
                                        "seeds": list(cfg.seeds), "targets": list(cfg.targets),
