@@ -381,9 +381,11 @@ THREATS = """- **One teacher.** Seeds vary the distillation data order only (the
   (g) An independent float64 decoder written from `models.pt` alone (ragged per-head latent caches, explicit RoPE,
   RMSNorm, SwiGLU, GQA, its own quantizer) reproduced the committed per-seed NLLs to < 1e-6 (fp) and the mixed-cache
   bytes by hand.
-- **Budget.** The default run is close to the 300 s target (Runtime table; most of it is the train stage's KD steps);
-  the seeds are trained in a lockstep cohort (one teacher forward per batch for every member), not with the shared
-  vectorized ensemble (`stages/common/ensemble.py`).
+- **Budget.** Most of the default run is the train stage's KD steps (Runtime table). A seed's students train in a
+  lockstep cohort (one teacher forward per batch for every member); the seeds run as jobs of the shared process
+  pool (`stages/common/jobs.py`, two single-threaded processes), not as the shared vectorized ensemble
+  (`stages/common/ensemble.py`): after fusion every seed's students have their own learned ranks, so their shapes
+  differ. Pool and in-process runs agree bit for bit (`tests/star_kv/test_jobs.py`).
 - **Speed.** No speed claim is tested (CPU only); the kernel reads the value latent once per KV head, which at the
   paper's shapes is more bytes than the dense fp16 cache unless L2 keeps it — the GPU bench row reports the bytes
   it assumes."""
