@@ -131,6 +131,9 @@ class Config(StageConfig):
         if self.alpha_steps > self.kd_steps:
             raise ValueError(f"alpha_steps: {self.alpha_steps} exceeds kd_steps {self.kd_steps} (phase 1 is part of "
                              "the KD steps before fusion)")
+        if self.workers > 1 and self.source.kind != "toy":
+            raise ValueError(f"workers: {self.workers} would copy the pretrained teacher ({self.source.kind} source) "
+                             "into every pool process; use workers: 1")
         return self
 
     def runs_at(self, arm: str, c: float, seed: int | None = None) -> bool:

@@ -162,6 +162,9 @@ def test_bad_config_rejected():
         _load_with("train", {"arms": ["uniform_kd", "svd_uniform"]})
     with pytest.raises(ConfigError, match="n_kv_heads"):
         _load_with("train", {"model": {"n_kv_heads": 3}})
+    with pytest.raises(ValueError, match="workers: 2 would copy the pretrained teacher"):
+        _cfg(workers=2, source={"kind": "hf", "model": "org/name", "dataset": "x.jsonl"})
+    assert _cfg(workers=1, source={"kind": "hf", "model": "org/name", "dataset": "x.jsonl"}).workers == 1
     with pytest.raises(ConfigError, match="source.kind: hf sources run only at the full profile"):
         _load_with("prepare", {"source": {"kind": "hf", "model": "org/name", "dataset": "x.jsonl"},
                                "eval_sources": {"w": {"kind": "file", "dataset": "y.jsonl"}}}, profile="default")
