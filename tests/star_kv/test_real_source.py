@@ -113,7 +113,8 @@ def test_full_profile_stages_on_fixture(fixture, tmp_path):
         "eval_sources": {"wikitext2": {"kind": "file", "dataset": str(d / "test.jsonl")}},
         "train_tokens": 400, "val_tokens": 70}
     p["train"]["profiles"]["full"] = {
-        "source": {"kind": "file", "model": str(ckpt)}, "seeds": [0], "targets": [0.6], "main_targets": [0.6],
+        "source": {"kind": "file", "model": str(ckpt)}, "workers": 1, "seeds": [0], "targets": [0.6],
+        "main_targets": [0.6],
         "arms": ["star_full", "star_global", "uniform_kd", "svd_uniform"], "model": {"seq_len": 16},
         "student_batch": 2, "alpha_lr": 0.2, "alpha_steps": 3, "kd_steps": 3, "phase3_steps": 2, "curve_every": 2,
         "curve_windows": 2, "eval_windows": 2, "trainer": {"accelerator": "cpu", "precision": "32-true"}}
