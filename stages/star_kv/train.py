@@ -474,11 +474,19 @@ def student(teacher, arm: str, cfg: Config) -> StarKVLM:
     return s
 
 
+def quiet_lightning() -> None:
+    """Drop Lightning's notices about the manual-optimization cohorts (no optimizer, one-batch loaders); called in
+    the stage process and in every pool process, which does not inherit the filters."""
+    warnings.filterwarnings("ignore", message=".*(does not have many workers|no optimizer|configure_optimizers).*")
+    logging.getLogger("lightning.pytorch").setLevel(logging.WARNING)
+
+
 def seed_run(seed: int) -> dict:
     """Every student of one seed (a job of ``jobs.run_jobs``; inputs from its payload): pass A, then pass B at
     star_full's final rank totals. Its batches come from its own generator (10,000 + seed) and every student
     starts from the teacher, so the result does not depend on the order or the pool. Returns the students'
     weights, their run rows and the tracker's per-seed metrics."""
+    quiet_lightning()
     p = payload()
     cfg, teacher = Config.model_validate(p["cfg"]), p["teacher"]
     train, curve, full_eval = p["train"], p["curve"], p["full_eval"]
@@ -544,8 +552,7 @@ def seed_run(seed: int) -> dict:
 
 def run(cfg: Config, ctx: StageContext) -> None:
     torch.set_num_threads(cfg.torch_threads)
-    warnings.filterwarnings("ignore", message=".*(does not have many workers|no optimizer|configure_optimizers).*")
-    logging.getLogger("lightning.pytorch").setLevel(logging.WARNING)
+    quiet_lightning()
     prep = ctx.input("prepare")
     meta = __import__("json").loads((prep / "meta.json").read_text())
     train = torch.from_numpy(np.load(prep / "train.npy").astype(np.int64))
