@@ -36,6 +36,8 @@ import scipy.linalg
 import scipy.sparse as sp
 from scipy.sparse.csgraph import connected_components
 
+from stages.l2g_net import secular_jit
+
 EPS = np.finfo(np.float64).eps
 ROW_BLOCK = 512  # rows/roots handled at once, so no temporary exceeds ROW_BLOCK x n
 
@@ -425,6 +427,18 @@ def _order_cut_edges(part_of: np.ndarray, sizes: np.ndarray, edges: np.ndarray) 
 # the secular equation
 # --------------------------------------------------------------------------------------------
 def solve_secular(d: np.ndarray, z: np.ndarray, rho: float, max_iter: int = 200):
+    """Roots of f(lam) = 1/rho + sum_i z_i^2 / (d_i - lam) as (origin, tau): the compiled per-root loop of
+    ``secular_jit`` (the method of ``solve_secular_numpy``, which the tests compare it with)."""
+    m = d.size
+    z2 = z * z
+    if m == 1:
+        return np.zeros(1, dtype=np.int64), np.array([rho * z2[0]])
+    origin, tau = np.empty(m, dtype=np.int64), np.empty(m)
+    secular_jit.secular_roots(np.ascontiguousarray(d, dtype=np.float64), z2, float(rho), int(max_iter), origin, tau)
+    return origin, tau
+
+
+def solve_secular_numpy(d: np.ndarray, z: np.ndarray, rho: float, max_iter: int = 200):
     """Roots of f(lam) = 1/rho + sum_i z_i^2 / (d_i - lam) for strictly increasing d, z != 0, rho > 0.
 
     # ALGO: secular equation 1 + rho sum_i z_i^2/(d_i - lam~) = 0, root j in (d_j, d_{j+1}),
@@ -517,8 +531,10 @@ def _solve_block(d, z2, rho, roots, max_iter):
     return origin, tau
 
 
-def _gu_eisenstat_z(d, z, rho, origin, tau):
-    """# ALGO: Gu-Eisenstat: z^_i^2 = prod_j (lam~_j - d_i) / (rho prod_{j != i} (d_j - d_i)).
+def gu_eisenstat_z_numpy(d, z, rho, origin, tau):
+    """Reference of ``secular_jit.gu_eisenstat_z`` (vectorized in row blocks).
+
+    # ALGO: Gu-Eisenstat: z^_i^2 = prod_j (lam~_j - d_i) / (rho prod_{j != i} (d_j - d_i)).
 
     Evaluated as a product of ratios that each lie in (0, 1]: for j < i (lam~_j - d_i)/(d_j - d_i),
     for i <= j < m-1 (lam~_j - d_i)/(d_{j+1} - d_i), and (lam~_m - d_i)/rho; the eigenvectors built
@@ -538,8 +554,9 @@ def _gu_eisenstat_z(d, z, rho, origin, tau):
     return np.copysign(zhat, z)
 
 
-def _column_scales(d, zhat, origin, tau):
-    """a_j = 1 / || z^ / (d - lam~_j) ||: makes each Cauchy column a unit eigenvector."""
+def column_scales_numpy(d, zhat, origin, tau):
+    """Reference of ``secular_jit.column_scales``: a_j = 1 / || z^ / (d - lam~_j) ||, which makes each Cauchy
+    column a unit eigenvector."""
     m = d.size
     a = np.empty(m)
     for start in range(0, m, ROW_BLOCK):
@@ -650,8 +667,8 @@ def rank_one_update(lam: np.ndarray, z: np.ndarray, w: float, later: np.ndarray 
             raise RuntimeError("rank-one update: non-deflated eigenvalues are not strictly increasing")
         rho_k = w * nz * nz
         origin, tau = solve_secular(d, zz, rho_k)
-        zhat = _gu_eisenstat_z(d, zz, rho_k, origin, tau)
-        a = _column_scales(d, zhat, origin, tau)
+        zhat = secular_jit.gu_eisenstat_z(d, zz, rho_k, origin, tau)
+        a = secular_jit.column_scales(d, zhat, origin, tau)
         org = d[origin]
         fac = CauchyFactor(*rot, idx, d, zhat, org, tau, a)
         lam[idx] = org + tau

@@ -6,8 +6,10 @@ import numpy as np
 import pytest
 import scipy.sparse as sp
 
-from stages.l2g_net.gft import (GraphInputError, bisection_parts, factorize, partition, rank_one_update,
-                                  resolve_partitioner, solve_secular, sparsify_cut)
+from stages.l2g_net import secular_jit
+from stages.l2g_net.gft import (GraphInputError, bisection_parts, column_scales_numpy, factorize,
+                                  gu_eisenstat_z_numpy, partition, rank_one_update, resolve_partitioner,
+                                  solve_secular, solve_secular_numpy, sparsify_cut)
 from stages.l2g_net.scaling import crossover, fits
 from stages.l2g_net.scaling import main as scaling_main
 from stages.l2g_net.graphs import exactness_suite, laplacian, random_parts, sbm_blocks
@@ -103,6 +105,35 @@ def test_secular_roots_interlace_and_solve():
     ref = np.linalg.eigvalsh(np.diag(d) + rho * np.outer(z, z))
     np.testing.assert_allclose(lam, ref, atol=1e-13)
     assert np.all(lam[:-1] > d[:-1]) and np.all(lam[:-1] < d[1:]) and lam[-1] > d[-1]
+
+
+@pytest.mark.parametrize("m, spread, rho", [(1, 1.0, 0.8), (2, 1.0, 2.5), (37, 1e-6, 0.3), (300, 1.0, 4.2)])
+def test_compiled_secular_loops_match_numpy_references_and_eigh(m, spread, rho):
+    """secular_jit's per-root loops (the production path) vs gft's vectorized numpy versions and a dense eigh:
+    roots, Gu-Eisenstat z and column scales, on poles that are spread out or clustered within 1e-6."""
+    rng = np.random.default_rng(m)
+    d = np.cumsum(rng.uniform(0.1, 1.0, m)) * spread + 0.7
+    z = rng.normal(size=m)
+    z /= np.linalg.norm(z)
+    origin, tau = solve_secular(d, z, rho)
+    o_ref, t_ref = solve_secular_numpy(d, z, rho)
+    lam, lam_ref = d[origin] + tau, d[o_ref] + t_ref
+    brute = np.linalg.eigvalsh(np.diag(d) + rho * np.outer(z, z))
+    np.testing.assert_allclose(lam, brute, rtol=0, atol=1e-13 * max(1.0, brute.max()))
+    np.testing.assert_allclose(lam, lam_ref, rtol=1e-13, atol=0)
+    if m == 1:
+        return
+    # the distances to the poles, which the eigenvectors are built from, agree to relative precision
+    gaps, gaps_ref = (d[:, None] - d[origin][None, :]) - tau, (d[:, None] - d[o_ref][None, :]) - t_ref
+    np.testing.assert_allclose(gaps, gaps_ref, rtol=1e-9, atol=0)
+    zhat = secular_jit.gu_eisenstat_z(d, z, rho, origin, tau)
+    np.testing.assert_allclose(zhat, gu_eisenstat_z_numpy(d, z, rho, origin, tau), rtol=1e-12)
+    a = secular_jit.column_scales(d, zhat, origin, tau)
+    np.testing.assert_allclose(a, column_scales_numpy(d, zhat, origin, tau), rtol=1e-12)
+    U = (zhat[:, None] / gaps) * a[None, :]            # the Cauchy eigenvectors: orthonormal, and they solve it
+    assert np.abs(U.T @ U - np.eye(m)).max() < 1e-12
+    A = np.diag(d) + rho * np.outer(z, z)
+    assert np.abs(A @ U - U * lam[None, :]).max() < 1e-12 * np.abs(A).max()
 
 
 def test_rank_one_update_deflates_tiny_z_and_equal_eigenvalues():
