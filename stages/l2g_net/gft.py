@@ -161,12 +161,13 @@ def _lowest_eigenpairs(Lp: sp.spmatrix, top: int, v0: np.ndarray, deg: np.ndarra
     m = Lp.shape[0]
     if m <= 400:
         return scipy.linalg.eigh(Lp.toarray(), subset_by_index=[0, top])
-    from scipy.sparse.linalg import ArpackNoConvergence, eigsh
+    from scipy.sparse.linalg import ArpackError, eigsh
 
     shift = 1e-3 * max(float(deg.max()), 1e-12)
     try:
         vals, vecs = eigsh(sp.csc_matrix(Lp), k=top + 1, sigma=-shift, which="LM", v0=v0)
-    except ArpackNoConvergence:  # fall back to dense eigh (slow, exact)
+    except ArpackError:  # no convergence, or "no shifts could be applied" (error 3: a null space of dozens of
+        # components, as the parts of a sparse BA graph can have): dense eigh instead (slower, exact)
         return scipy.linalg.eigh(Lp.toarray(), subset_by_index=[0, top])
     order = np.argsort(vals)
     return vals[order], vecs[:, order]

@@ -7,7 +7,7 @@ import pytest
 import scipy.sparse as sp
 
 from stages.l2g_net import secular_jit
-from stages.l2g_net.gft import (GraphInputError, bisection_parts, column_scales_numpy, factorize,
+from stages.l2g_net.gft import (GraphInputError, _fiedler_vector, bisection_parts, column_scales_numpy, factorize,
                                   gu_eisenstat_z_numpy, partition, rank_one_update, resolve_partitioner,
                                   solve_secular, solve_secular_numpy, sparsify_cut)
 from stages.l2g_net.scaling import crossover, fits
@@ -134,6 +134,40 @@ def test_compiled_secular_loops_match_numpy_references_and_eigh(m, spread, rho):
     assert np.abs(U.T @ U - np.eye(m)).max() < 1e-12
     A = np.diag(d) + rho * np.outer(z, z)
     assert np.abs(A @ U - U * lam[None, :]).max() < 1e-12 * np.abs(A).max()
+
+
+def test_spectral_partitioner_survives_arpack_error_on_many_components(monkeypatch):
+    """A part with 86 components (40 isolated nodes, 40 pairs, 5 triangles beside a 321-node tree) has a null space of
+    dimension 86, and the Fiedler search asks for up to 127 eigenpairs. Shift-invert ARPACK can stop there with error 3
+    ("no shifts could be applied"; the large-n study hit it at BA n = 3000, depending on ARPACK's state from earlier
+    calls, so here eigsh is made to raise it): the partitioner falls back to dense eigh instead of raising."""
+    import scipy.sparse.linalg as sla
+
+    G = nx.barabasi_albert_graph(321, 1, seed=3)
+    k = 321
+    G.add_nodes_from(range(k, k + 40))
+    k += 40
+    for _ in range(40):
+        G.add_edge(k, k + 1)
+        k += 2
+    for _ in range(5):
+        G.add_edges_from([(k, k + 1), (k + 1, k + 2), (k, k + 2)])
+        k += 3
+    A = sp.csr_matrix(nx.to_scipy_sparse_array(G, format="csr", dtype=float))
+    L = sp.diags(np.asarray(A.sum(axis=1)).ravel()) - A
+    calls = []
+
+    def eigsh_error_3(M, k=6, **kw):
+        calls.append(k)
+        raise sla.ArpackError(3)
+
+    monkeypatch.setattr(sla, "eigsh", eigsh_error_3)
+    v = _fiedler_vector(A)       # lambda_2 = 0 (disconnected): v lies in the null space, unit, orthogonal to 1
+    assert calls                 # ARPACK was asked (n > 400) and failed
+    assert abs(np.linalg.norm(v) - 1) < 1e-12 and abs(v.sum()) < 1e-9
+    assert np.abs(L @ v).max() < 1e-8
+    parts, _ = bisection_parts(L, 2, method="spectral")
+    assert np.array_equal(np.sort(np.concatenate(parts)), np.arange(L.shape[0]))
 
 
 def test_rank_one_update_deflates_tiny_z_and_equal_eigenvalues():
