@@ -133,14 +133,23 @@ def _check_parts(parts, n: int) -> list[np.ndarray]:
 def _fiedler_vector(A: sp.csr_matrix) -> np.ndarray:
     """Fiedler vector of the graph with weighted adjacency A, made canonical: the projection of a fixed start
     vector onto the lambda_2 eigenspace (every eigenvector within a relative 1e-9 of lambda_2: the lowest
-    eigenpairs are computed in growing batches until one lies above it), orthogonal to the constant vector.
+    eigenpairs are computed in growing batches until one lies above it; for a disconnected graph exactly the null
+    space, from its components), orthogonal to the constant vector.
     When lambda_2 is repeated (square grids, hypercubes) an eigensolver's basis of it is arbitrary, and its last
     bits differ between processes and machines; the projection is not (up to rounding), so the sweep cut is
     reproducible."""
     m = A.shape[0]
+    v0 = np.cos(np.arange(m) * 0.7 + 0.1)  # deterministic start vector
+    nc, labels = connected_components(A, directed=False)
+    if nc > 1:  # lambda_2 = 0: its eigenspace is the null space, spanned by the components' indicators, so the
+        # projection of v0 onto it is v0's mean on each component (exact, no eigensolver: shift-invert ARPACK
+        # stalls on null spaces of dozens of components, as the parts of sparse BA graphs have)
+        v = (np.bincount(labels, weights=v0) / np.bincount(labels))[labels]
+        v -= v.mean()
+        if np.linalg.norm(v) > 1e-8 * np.linalg.norm(v0):
+            return v / np.linalg.norm(v)
     deg = np.asarray(A.sum(axis=1)).ravel()
     Lp = sp.diags(deg) - A
-    v0 = np.cos(np.arange(m) * 0.7 + 0.1)  # deterministic start vector
     tol = 1e-9 * max(2.0 * float(deg.max()), 1e-300)          # lambda_max <= 2 max degree
     top = min(m - 1, 3)
     while True:

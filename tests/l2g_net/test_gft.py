@@ -136,13 +136,8 @@ def test_compiled_secular_loops_match_numpy_references_and_eigh(m, spread, rho):
     assert np.abs(A @ U - U * lam[None, :]).max() < 1e-12 * np.abs(A).max()
 
 
-def test_spectral_partitioner_survives_arpack_error_on_many_components(monkeypatch):
-    """A part with 86 components (40 isolated nodes, 40 pairs, 5 triangles beside a 321-node tree) has a null space of
-    dimension 86, and the Fiedler search asks for up to 127 eigenpairs. Shift-invert ARPACK can stop there with error 3
-    ("no shifts could be applied"; the large-n study hit it at BA n = 3000, depending on ARPACK's state from earlier
-    calls, so here eigsh is made to raise it): the partitioner falls back to dense eigh instead of raising."""
-    import scipy.sparse.linalg as sla
-
+def _many_components_graph() -> nx.Graph:
+    """86 components: a 321-node tree, 40 isolated nodes, 40 pairs, 5 triangles (456 nodes)."""
     G = nx.barabasi_albert_graph(321, 1, seed=3)
     k = 321
     G.add_nodes_from(range(k, k + 40))
@@ -153,8 +148,38 @@ def test_spectral_partitioner_survives_arpack_error_on_many_components(monkeypat
     for _ in range(5):
         G.add_edges_from([(k, k + 1), (k + 1, k + 2), (k, k + 2)])
         k += 3
+    return G
+
+
+def _adj_lap(G):
     A = sp.csr_matrix(nx.to_scipy_sparse_array(G, format="csr", dtype=float))
-    L = sp.diags(np.asarray(A.sum(axis=1)).ravel()) - A
+    A.data *= 1.7                                   # non-unit weights
+    return A, (sp.diags(np.asarray(A.sum(axis=1)).ravel()) - A).tocsr()
+
+
+def test_fiedler_vector_of_disconnected_graph_is_null_space_projection():
+    """A disconnected part (86 components; the large-n study's BA parts have dozens, where shift-invert ARPACK
+    stopped with error 3): the Fiedler vector is the projection of the start vector onto the null space, brute
+    force: every eigenvector of a dense eigh with eigenvalue ~0."""
+    A, L = _adj_lap(_many_components_graph())
+    v = _fiedler_vector(A)
+    lam, U = np.linalg.eigh(L.toarray())
+    null = U[:, lam < 1e-9]
+    assert null.shape[1] == 86
+    v0 = np.cos(np.arange(A.shape[0]) * 0.7 + 0.1)
+    ref = null @ (null.T @ v0)
+    ref -= ref.mean()
+    np.testing.assert_allclose(v, ref / np.linalg.norm(ref), atol=1e-10)
+    parts, _ = bisection_parts(L, 3, method="spectral")
+    assert np.array_equal(np.sort(np.concatenate(parts)), np.arange(A.shape[0]))
+
+
+def test_spectral_partitioner_survives_arpack_error(monkeypatch):
+    """Shift-invert ARPACK can stop with error 3 ("no shifts could be applied"), not only fail to converge: the
+    Fiedler search then falls back to dense eigh instead of raising (eigsh is made to raise it here)."""
+    import scipy.sparse.linalg as sla
+
+    A, L = _adj_lap(nx.barabasi_albert_graph(450, 2, seed=5))    # connected, > 400 nodes: ARPACK's path
     calls = []
 
     def eigsh_error_3(M, k=6, **kw):
@@ -162,12 +187,11 @@ def test_spectral_partitioner_survives_arpack_error_on_many_components(monkeypat
         raise sla.ArpackError(3)
 
     monkeypatch.setattr(sla, "eigsh", eigsh_error_3)
-    v = _fiedler_vector(A)       # lambda_2 = 0 (disconnected): v lies in the null space, unit, orthogonal to 1
-    assert calls                 # ARPACK was asked (n > 400) and failed
+    v = _fiedler_vector(A)
+    assert calls
+    lam = np.linalg.eigvalsh(L.toarray())
     assert abs(np.linalg.norm(v) - 1) < 1e-12 and abs(v.sum()) < 1e-9
-    assert np.abs(L @ v).max() < 1e-8
-    parts, _ = bisection_parts(L, 2, method="spectral")
-    assert np.array_equal(np.sort(np.concatenate(parts)), np.arange(L.shape[0]))
+    np.testing.assert_allclose(L @ v, lam[1] * v, atol=1e-9)     # an eigenvector of lambda_2 (simple here)
 
 
 def test_rank_one_update_deflates_tiny_z_and_equal_eigenvalues():
