@@ -76,6 +76,16 @@ def _scratch(workdir: Path, module: str) -> Path:
     return workdir / module.replace("/", "_").removesuffix(".py")
 
 
+def module_env(module: str, root: Path = ROOT) -> dict[str, str]:
+    """Extra environment of a module's mutant runs: its registry entry's optional ``"env"`` (e.g.
+    ``{"NUMBA_DISABLE_JIT": "1"}`` for compiled loops, which mutmut can only mutate and run as plain Python)."""
+    for path in sorted((root / "tests").glob("*/mutation.json")):
+        entry = json.loads(path.read_text())["modules"].get(module)
+        if entry is not None:
+            return {str(k): str(v) for k, v in (entry.get("env") or {}).items()}
+    return {}
+
+
 def run_module(module: str, tests: list[str], workdir: Path) -> dict:
     work = _scratch(workdir, module)
     work.mkdir(parents=True)
@@ -93,7 +103,7 @@ def run_module(module: str, tests: list[str], workdir: Path) -> dict:
     (work / "pyproject.toml").write_text(pyproject)
     # one OpenMP/MKL thread as well: no thread pool for a forked worker to inherit half-started
     env = {**os.environ, "TRITON_INTERPRET": "1", "WANDB_MODE": "disabled", "OMP_NUM_THREADS": "1",
-           "MKL_NUM_THREADS": "1"}
+           "MKL_NUM_THREADS": "1", **module_env(module)}
     with open(work / "mutmut.log", "w") as log:  # kept with --keep: why mutants were "not run"
         subprocess.run([sys.executable, "-m", "mutmut", "run", "--max-children", "2"], cwd=work, env=env,
                        stdout=log, stderr=subprocess.STDOUT)

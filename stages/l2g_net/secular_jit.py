@@ -5,7 +5,9 @@ They compute what ``gft``'s vectorized numpy versions compute (kept there as the
 compare with; README: on n = 3000 graphs the numpy secular solver was ~77% of L2G's time, mostly
 temporaries of m x ROW_BLOCK arrays). Differences are rounding only: sums here run in index order where
 numpy sums pairwise. Single-threaded (no ``parallel``), so CPU timings stay those of one thread; compiled
-once per machine (``cache=True`` writes next to this file) and warmed by ``warm_up`` before timings.
+once per machine (``cache=True`` writes next to this file) and warmed by ``warm_up`` before timings. The loops are
+written as plain functions and compiled below, so that mutation testing can mutate them (it skips decorated
+functions) and run them as Python (``NUMBA_DISABLE_JIT=1``, tests/l2g_net/mutation.json).
 """
 from __future__ import annotations
 
@@ -18,8 +20,7 @@ EPS = float(np.finfo(np.float64).eps)
 _JIT = dict(cache=True, nogil=True, error_model="numpy", fastmath={"reassoc"})   # numpy semantics: x/0 -> inf/nan, no exception
 
 
-@numba.njit(**_JIT)
-def secular_roots(d, z2, rho, max_iter, origin, tau):
+def _secular_roots(d, z2, rho, max_iter, origin, tau):
     """# ALGO: secular equation f(lam) = 1/rho + sum_i z_i^2/(d_i - lam) = 0, root j in (d_j, d_{j+1}),
     last root in (d_m, d_m + rho |z|^2); lam~_j = d[origin_j] + tau_j with origin the nearer pole.
     Per root: the two-pole rational model (Bunch-Nielsen-Sorensen fixed weights) matched in value and
@@ -95,8 +96,7 @@ def secular_roots(d, z2, rho, max_iter, origin, tau):
         tau[j] = t
 
 
-@numba.njit(**_JIT)
-def gu_eisenstat_z(d, z, rho, origin, tau):
+def _gu_eisenstat_z(d, z, rho, origin, tau):
     """# ALGO: Gu-Eisenstat: z^_i^2 = prod_j (lam~_j - d_i) / (rho prod_{j != i} (d_j - d_i)), as a product of
     ratios in (0, 1]: (lam~_j - d_i)/(d_j - d_i) for j < i, (lam~_j - d_i)/(d_{j+1} - d_i) for i <= j < m-1,
     (lam~_m - d_i)/rho for the last root."""
@@ -117,8 +117,7 @@ def gu_eisenstat_z(d, z, rho, origin, tau):
     return zhat
 
 
-@numba.njit(**_JIT)
-def column_scales(d, zhat, origin, tau):
+def _column_scales(d, zhat, origin, tau):
     """a_j = 1 / || z^ / (d - lam~_j) ||: makes each Cauchy column a unit eigenvector."""
     m = d.size
     a = np.empty(m)
@@ -130,6 +129,11 @@ def column_scales(d, zhat, origin, tau):
             s += v * v
         a[j] = 1.0 / math.sqrt(s)
     return a
+
+
+secular_roots = numba.njit(**_JIT)(_secular_roots)
+gu_eisenstat_z = numba.njit(**_JIT)(_gu_eisenstat_z)
+column_scales = numba.njit(**_JIT)(_column_scales)
 
 
 def warm_up() -> None:
