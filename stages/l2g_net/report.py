@@ -13,6 +13,7 @@ from stages.common.config import ReportConfig
 from stages.common.paths import read_json
 from stages.common.reporting import Report
 from stages.common.runner import StageContext
+from stages.l2g_net.scaling import fit_exponent
 
 TITLE = "L2G-Net: exact local-to-global factorization of the graph Fourier transform"
 PAPER_CLAIM = (
@@ -110,6 +111,27 @@ class Config(ReportConfig):
     pass
 
 
+def _upper_half(sc: pl.DataFrame) -> dict:
+    """Per family: exponents fitted over the upper half of the sizes only (n >= the median size), the kept cut
+    edges and mean active update size at the smallest and largest n, and the exact-cut timings where run: what
+    the exponent and speed claims rest on (threats to validity)."""
+    out = {}
+    for fam in sc["family"].unique(maintain_order=True).to_list():
+        d = sc.filter(pl.col("family") == fam).sort("n")
+        n = d["n"].to_numpy()
+        up = d.filter(pl.col("n") >= float(np.median(n)))
+        ex = d.filter(pl.col("exact_l2g_s").is_not_null())
+        out[fam] = {"sizes_from": int(up["n"][0]), "sizes": up.height,
+                    "l2g_exponent": fit_exponent(up["n"].to_numpy(), up["l2g_s"].to_numpy()),
+                    "eigh_exponent": fit_exponent(up["n"].to_numpy(), up["eigh_s"].to_numpy()),
+                    "cut_kept": [int(d["cut_kept"][0]), int(d["cut_kept"][-1])],
+                    "update_size_over_n": [float(d["mean_update_size"][0] / n[0]),
+                                           float(d["mean_update_size"][-1] / n[-1])],
+                    "exact_cut_timed": [{"n": int(r["n"]), "exact_l2g_s": float(r["exact_l2g_s"]),
+                                         "eigh_s": float(r["eigh_s"])} for r in ex.iter_rows(named=True)]}
+    return out
+
+
 def _mean_sd(v):
     a = np.asarray(v, float)
     return float(a.mean()), float(a.std(ddof=1)) if a.size > 1 else 0.0
@@ -143,6 +165,7 @@ def run(cfg: Config, ctx: StageContext) -> None:
                       "max_filter_rel_err": float(every["filter_rel_err"].max()),
                       "graphs_checked": int(every.height + sc.height + 2 * len(graphs))},
         "scaling": fits,
+        "scaling_upper": _upper_half(sc.filter(pl.col("partitioner") == primary)),
         "scaling_partitioner": primary,
         "timing_processes": res.get("timing_processes", 1),
         "scaling_by_partitioner": fits_all,
@@ -222,9 +245,10 @@ process count).
         "A review ran this factorization side by side with the official implementation (sf219/L2G_NET: "
         "same METIS parts, every cut edge kept, no sparsification) on five graphs: the largest eigenvalue "
         "error here was <= 2e-13, the official code's up to 8.6e6 (its Cauchy factors lose column "
-        "normalization on hard graphs); time 0.43-1.13x the official one (faster on four of the five). The "
-        "official code needs numba, which this pipeline does not install, so the comparison is "
-        "quoted, not recomputed by `dvc repro`."))
+        "normalization on hard graphs); time 0.43-1.13x the official one (faster on four of the five; measured "
+        "with this factorization's earlier numpy secular solver, before its loops were compiled). The official "
+        "repository is not a dependency of this pipeline, so the comparison is quoted, not recomputed by "
+        "`dvc repro`."))
     # ---------------------------------------------------------------- scaling
     cols = ["family", "partitioner", "n", "parts", "cut_edges", "cut_kept", "l2g_s", "local_eigh_s", "updates_s",
             "mean_update_size", "eigh_s", "eig_err_vs_sparsified", "probe_err_vs_sparsified", "spectral_err_vs_true_L", "storage_mb", "dense_U_mb",
@@ -317,7 +341,8 @@ process count).
     rep.section("Discussion", _discussion(metrics, ttab, ptab))
     rep.section("Threats to validity", _threats(metrics, len(task["seeds"]), train))
     rep.finish(_applicable(CLAIMS, metrics), metrics,
-               wallclock=("scaling", "scaling_by_partitioner", "scaling_k", "task_graph", "parity_graph"))
+               wallclock=("scaling", "scaling_upper", "scaling_by_partitioner", "scaling_k", "task_graph",
+                          "parity_graph"))
 
 
 def _applicable(claims: list, metrics: dict) -> list:
@@ -490,6 +515,26 @@ def _late_arms(train: dict) -> list[str]:
     return out
 
 
+def _upper_text(m: dict) -> str:
+    """Threat: the exponent claim's fit leans on small sizes; the speed claim times a sparsified factorization."""
+    parts = []
+    for fam, u in m["scaling_upper"].items():
+        f = m["scaling"][fam]
+        ex = "; ".join(f"n = {r['n']}: {r['exact_l2g_s']:.2f} s vs eigh {r['eigh_s']:.2f} s"
+                       for r in u["exact_cut_timed"])
+        parts.append(
+            f"{fam}: over all sizes L2G ~n^{f['l2g_exponent']:.2f} vs eigh ~n^{f['eigh_exponent']:.2f}, over the "
+            f"{u['sizes']} sizes from n = {u['sizes_from']} L2G ~n^{u['l2g_exponent']:.2f} vs eigh "
+            f"~n^{u['eigh_exponent']:.2f}; kept cut edges {u['cut_kept'][0]} → {u['cut_kept'][1]}, mean active "
+            f"update size {u['update_size_over_n'][0]:.2f} → {u['update_size_over_n'][1]:.2f} x n; eigenvalues "
+            f"off the true L's by up to {f['max_spectral_err_vs_true_L']:.2f} x lambda_max"
+            + (f"; exact cut (every cut edge kept) timed at {ex}" if ex else ""))
+    return ("- **What the speed claims rest on.** Fixed per-part work dominates L2G at small n, so the exponent fitted "
+            "over all sizes is lower than the growth at the top (each rank-one update costs ~m^2 in its active size "
+            "m, and the kept cut edges grow with n), and L2G's speed is bought by sparsifying the cut, while eigh is "
+            "exact for the true L. " + "; ".join(parts) + ".")
+
+
 def _threats(m: dict, seeds: int, train: dict) -> str:
     pdata = m.get("parity_data", {})
     late = _late_arms(train)
@@ -525,10 +570,11 @@ def _threats(m: dict, seeds: int, train: dict) -> str:
         "- **Implementations, not only algorithms, are timed.** eigh is LAPACK (compiled); L2G's inner loops "
         "(secular roots, Gu-Eisenstat z, column scales) are compiled per-root loops (`stages/l2g_net/secular_jit.py`, "
         "numba, as LAPACK's dlaed4), the rest numpy/scipy. With the earlier vectorized-numpy solver (kept as the "
-        "tests' reference) L2G took 10.3 s CPU at BA n = 3000 against 1.9 s compiled, and `faster_than_eigh_ba` "
-        "failed (9.6 s vs 5.5 s in that run); the speed verdicts therefore say what these implementations do.",
-        "- **Large-n study outside the DVC graph.** The committed standalone study to n = 8000 (the paper's regime, "
-        "where the crossover lies; median of 3 timings per size and method) is neither a dependency of this report "
+        "tests' reference) L2G was about 5x slower at these sizes and `faster_than_eigh_ba` failed (README, "
+        "Performance); the speed verdicts say what these implementations do.",
+        _upper_text(m),
+        "- **Large-n study outside the DVC graph.** The committed standalone study to n = 8000 (the paper's regime; "
+        "median of 3 timings per size and method) is neither a dependency of this report "
         "nor re-run by `dvc repro`; its timings are CPU seconds of this machine and change on another, and its "
         "exponent-gap claims rest on six sizes (4 df), so only large gaps can be resolved there.",
         "- **Red-team pass (self-review).** Exactness could fail on any of the graphs (40+ factorizations, two "

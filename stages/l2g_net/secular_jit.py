@@ -3,8 +3,9 @@ and the Cauchy column scales, one root / row at a time in O(m) work each, as LAP
 
 They compute what ``gft``'s vectorized numpy versions compute (kept there as the references the tests
 compare with; README: on n = 3000 graphs the numpy secular solver was ~77% of L2G's time, mostly
-temporaries of m x ROW_BLOCK arrays). Differences are rounding only: sums here run in index order where
-numpy sums pairwise. Single-threaded (no ``parallel``), so CPU timings stay those of one thread; compiled
+temporaries of m x ROW_BLOCK arrays). Differences are rounding only: ``fastmath={"reassoc"}`` (no other fast-math
+flag, so NaN/inf compare as usual) lets the compiler split each sum and product into vectorized partial ones,
+where numpy sums pairwise; the pole distances (d_i - d_o) - tau stay two subtractions. Single-threaded (no ``parallel``), so CPU timings stay those of one thread; compiled
 once per machine (``cache=True`` writes next to this file) and warmed by ``warm_up`` before timings. The loops are
 written as plain functions and compiled below, so that mutation testing can mutate them (it skips decorated
 functions) and run them as Python (``NUMBA_DISABLE_JIT=1``, tests/l2g_net/mutation.json).

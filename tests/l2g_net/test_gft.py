@@ -107,14 +107,15 @@ def test_secular_roots_interlace_and_solve():
     assert np.all(lam[:-1] > d[:-1]) and np.all(lam[:-1] < d[1:]) and lam[-1] > d[-1]
 
 
-@pytest.mark.parametrize("m, spread, rho", [(1, 1.0, 0.8), (2, 1.0, 2.5), (37, 1e-6, 0.3), (300, 1.0, 4.2)])
-def test_compiled_secular_loops_match_numpy_references_and_eigh(m, spread, rho):
+@pytest.mark.parametrize("m, spread, rho, znorm", [(1, 1.0, 0.8, 1.0), (2, 1.0, 2.5, 1.9), (37, 1e-6, 0.3, 0.4),
+                                                   (300, 1.0, 4.2, 1.9), (150, 1.0, 0.7, 0.6)])
+def test_compiled_secular_loops_match_numpy_references_and_eigh(m, spread, rho, znorm):
     """secular_jit's per-root loops (the production path) vs gft's vectorized numpy versions and a dense eigh:
     roots, Gu-Eisenstat z and column scales, on poles that are spread out or clustered within 1e-6."""
     rng = np.random.default_rng(m)
     d = np.cumsum(rng.uniform(0.1, 1.0, m)) * spread + 0.7
     z = rng.normal(size=m)
-    z /= np.linalg.norm(z)
+    z *= znorm / np.linalg.norm(z)       # |z| != 1, as after deflation: the last root lies in (d_m, d_m + rho |z|^2)
     origin, tau = solve_secular(d, z, rho)
     o_ref, t_ref = solve_secular_numpy(d, z, rho)
     lam, lam_ref = d[origin] + tau, d[o_ref] + t_ref
@@ -134,6 +135,35 @@ def test_compiled_secular_loops_match_numpy_references_and_eigh(m, spread, rho):
     assert np.abs(U.T @ U - np.eye(m)).max() < 1e-12
     A = np.diag(d) + rho * np.outer(z, z)
     assert np.abs(A @ U - U * lam[None, :]).max() < 1e-12 * np.abs(A).max()
+
+
+@pytest.mark.parametrize("m, spread, rho", [(37, 1e-6, 0.3), (300, 1.0, 4.2), (200, 1.0, 0.05), (120, 1e-3, 30.0)])
+def test_secular_roots_converge_in_few_iterations(m, spread, rho):
+    """The two-pole rational step converges in a handful of iterations (3-5 here; LAPACK's dlaed4 allows 30):
+    8 are enough for full accuracy, where bisection alone from the half-gap bracket needs 20-40."""
+    rng = np.random.default_rng(m)
+    d = np.cumsum(rng.uniform(0.1, 1.0, m)) * spread + 0.7
+    z = rng.normal(size=m)
+    z /= np.linalg.norm(z)
+    origin, tau = solve_secular(d, z, rho, max_iter=8)
+    brute = np.linalg.eigvalsh(np.diag(d) + rho * np.outer(z, z))
+    np.testing.assert_allclose(d[origin] + tau, brute, rtol=0, atol=1e-13 * max(1.0, brute.max()))
+    o_ref, t_ref = solve_secular_numpy(d, z, rho)
+    np.testing.assert_allclose((d[:, None] - d[origin][None, :]) - tau, (d[:, None] - d[o_ref][None, :]) - t_ref,
+                               rtol=1e-9, atol=0)
+
+
+def test_warm_up_compiles_what_a_factorization_uses():
+    """After warm_up, a factorization adds no compiled signature: no timed call pays for compilation."""
+    if not hasattr(secular_jit.secular_roots, "signatures"):
+        pytest.skip("NUMBA_DISABLE_JIT: the loops run as Python")
+    secular_jit.warm_up()
+    fns = (secular_jit.secular_roots, secular_jit.gu_eisenstat_z, secular_jit.column_scales)
+    before = [list(f.signatures) for f in fns]
+    assert all(len(b) >= 1 for b in before)
+    fact = factorize(laplacian(nx.barabasi_albert_graph(120, 2, seed=1)), min_part_size=16, max_cut_fraction=0.5)
+    assert len(fact.factors) > 0                  # the rank-one updates ran
+    assert [list(f.signatures) for f in fns] == before
 
 
 def _many_components_graph() -> nx.Graph:
