@@ -27,6 +27,18 @@ from mutmut.stats import status_by_exit_code
 
 ROOT = Path(__file__).resolve().parents[1]
 
+def _registry_files(root: Path) -> list[tuple[Path, dict]]:
+    """(path relative to root, its "modules" mapping) of every ``tests/<area>/mutation.json``."""
+    out = []
+    for path in sorted((root / "tests").glob("*/mutation.json")):
+        rel = path.relative_to(root)
+        try:
+            out.append((rel, json.loads(path.read_text())["modules"]))
+        except (ValueError, KeyError, TypeError) as exc:
+            raise SystemExit(f"error: {rel}: not a mutation registry ({exc})") from None
+    return out
+
+
 def load_registry(root: Path = ROOT) -> tuple[dict[str, list[str]], dict[str, str]]:
     """Core modules and their equivalent mutants, from every ``tests/<area>/mutation.json``.
 
@@ -38,12 +50,7 @@ def load_registry(root: Path = ROOT) -> tuple[dict[str, list[str]], dict[str, st
     """
     core: dict[str, list[str]] = {}
     equivalent: dict[str, str] = {}
-    for path in sorted((root / "tests").glob("*/mutation.json")):
-        rel = path.relative_to(root)
-        try:
-            modules = json.loads(path.read_text())["modules"]
-        except (ValueError, KeyError, TypeError) as exc:
-            raise SystemExit(f"error: {rel}: not a mutation registry ({exc})") from None
+    for rel, modules in _registry_files(root):
         for module, entry in modules.items():
             if module in core:
                 raise SystemExit(f"error: {rel}: {module} is registered twice")
@@ -79,10 +86,9 @@ def _scratch(workdir: Path, module: str) -> Path:
 def module_env(module: str, root: Path = ROOT) -> dict[str, str]:
     """Extra environment of a module's mutant runs: its registry entry's optional ``"env"`` (e.g.
     ``{"NUMBA_DISABLE_JIT": "1"}`` for compiled loops, which mutmut can only mutate and run as plain Python)."""
-    for path in sorted((root / "tests").glob("*/mutation.json")):
-        entry = json.loads(path.read_text())["modules"].get(module)
-        if entry is not None:
-            return {str(k): str(v) for k, v in (entry.get("env") or {}).items()}
+    for _, modules in _registry_files(root):
+        if module in modules:
+            return {str(k): str(v) for k, v in (modules[module].get("env") or {}).items()}
     return {}
 
 
