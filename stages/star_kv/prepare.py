@@ -1,7 +1,11 @@
 """prepare: the token streams the teacher, the students and the evaluation read.
 
-toy (default): a byte-level corpus of Python standard-library sources (files already on this machine), split
-train/val by file; token = byte (vocab 256).
+toy (default): a byte-level corpus of Python standard-library sources, split train/val by file; token = byte
+(vocab 256). ``corpus: snapshot`` (default) reads them from ``stdlib_snapshot.tar.xz`` beside this module: the first 19
+top-level ``*.py`` files of CPython 3.11.7's sorted list (the committed runs' interpreter), so every machine reads the
+same bytes (this interpreter's stdlib differs by patch version and build: ``_sysconfigdata__<platform>.py`` is one of
+the files). ``corpus: live`` reads this interpreter's files. Rebuilt with ``stages.unembed_rank.corpus.build_snapshot``
+({"stdlib_py": 19}, path=...), the same format as unembed_rank's snapshot.
 full (``source.kind: hf | file``): the KD corpus (``source.dataset``, e.g. fineweb-edu or WikiText-2 train)
 and the evaluation sets (``eval_sources``, e.g. WikiText-2 test and C4 validation), each read through
 ``stages.common.hf.load_records`` (column ``text``) and tokenized with the model's tokenizer.
@@ -13,8 +17,12 @@ Writes train.npy, val_<name>.npy (one per evaluation set; the first is the claim
 from __future__ import annotations
 
 import hashlib
+import json
+import platform
 import sysconfig
+import tarfile
 from pathlib import Path
+from typing import Literal
 
 import numpy as np
 from pydantic import Field, model_validator
@@ -25,6 +33,27 @@ from stages.common.runner import StageContext
 from stages.common.sources import SourceConfig, SourceError
 
 TOY_EVAL = "stdlib_val"
+SNAPSHOT = Path(__file__).with_name("stdlib_snapshot.tar.xz")
+SNAPSHOT_GLOB = "*.py"
+
+
+class SnapshotFile:
+    """One file of the snapshot, with what ``read_files`` uses of a Path."""
+
+    def __init__(self, name: str, data: bytes):
+        self.name, self.data = name, data
+
+    def read_bytes(self) -> bytes:
+        return self.data
+
+
+def snapshot_files() -> tuple[list[SnapshotFile], int, str]:
+    """The snapshot's files (a prefix of the sorted list), the full list's length, and a line naming it."""
+    with tarfile.open(SNAPSHOT, "r:xz") as tar:
+        manifest = json.loads(tar.extractfile("manifest.json").read())
+        info = manifest["families"]["stdlib_py"]
+        files = [SnapshotFile(n, tar.extractfile(f"stdlib_py/{n}").read()) for n in info["names"]]
+    return files, info["files_total"], f"snapshot of CPython {manifest['python']} ({SNAPSHOT.name})"
 
 
 class Config(StageConfig):
@@ -33,6 +62,8 @@ class Config(StageConfig):
         default_factory=dict, max_length=8,
         description="name -> held-out text set (kind hf/file, full profile only); the first decides the claims")
     text_column: str = Field("text", min_length=1, max_length=100)
+    corpus: Literal["snapshot", "live"] = Field("snapshot", description=(
+        "toy: the pinned CPython 3.11.7 files (the same bytes on every machine) or this interpreter's stdlib (live)"))
     glob: str = Field("*.py", min_length=1, description="toy: files under the stdlib directory")
     train_tokens: int = Field(300_000, ge=100, le=2_000_000_000)
     val_tokens: int = Field(30_000, ge=20, le=200_000_000)
@@ -99,15 +130,26 @@ def run(cfg: Config, ctx: StageContext) -> None:
     key = "papers.star_kv.prepare"
     if cfg.source.kind == "toy":
         root = Path(sysconfig.get_paths()["stdlib"])
-        files = sorted(p for p in root.glob(cfg.glob) if p.is_file())
-        if len(files) < 2 * cfg.val_every:
-            raise ConfigError(f"{key}.glob: {cfg.glob!r} matches {len(files)} files under {root}")
+        if cfg.corpus == "snapshot":
+            if cfg.glob != SNAPSHOT_GLOB:
+                raise ConfigError(f"{key}.glob: the pinned snapshot holds only {SNAPSHOT_GLOB!r} files (got "
+                                  f"{cfg.glob!r}); set {key}.corpus: live to read this interpreter's files")
+            files, total, corpus = snapshot_files()
+        else:
+            files = sorted(p for p in root.glob(cfg.glob) if p.is_file())
+            total, corpus = len(files), f"live stdlib of Python {platform.python_version()}"
+        if total < 2 * cfg.val_every:
+            raise ConfigError(f"{key}.glob: {cfg.glob!r} matches {total} files under {root}")
         val_files = files[::cfg.val_every]
         train_files = [f for f in files if f not in set(val_files)]
         train = read_files(train_files, cfg.train_tokens)
         vals = {TOY_EVAL: read_files(val_files, cfg.val_tokens)}
-        if train.size < cfg.train_tokens or vals[TOY_EVAL].size < cfg.val_tokens:
-            raise ConfigError(f"{key}.train_tokens: more bytes requested than the sources hold")
+        for what, got, n in (("train_tokens", train.size, cfg.train_tokens),
+                             ("val_tokens", vals[TOY_EVAL].size, cfg.val_tokens)):
+            if got < n:
+                hint = (f"the pinned snapshot holds the first {len(files)} files; set {key}.corpus: live for more"
+                        if len(files) < total else "the sources hold no more")
+                raise ConfigError(f"{key}.{what}: {n} bytes requested, {got} available ({hint})")
         vocab, tok_name = 256, "bytes"
     else:
         tok = tokenizer_for(cfg.source, f"{key}.source")
@@ -117,11 +159,12 @@ def run(cfg: Config, ctx: StageContext) -> None:
                                        revision=src.revision, key=f"{key}.eval_sources.{name}.dataset")
                 for name, src in cfg.eval_sources.items()}
         vocab, tok_name = len(tok), cfg.source.tokenizer or cfg.source.model
+        corpus = f"{cfg.source.kind}: {cfg.source.dataset}"
     np.save(ctx.out / "train.npy", train)
     for name, v in vals.items():
         np.save(ctx.out / f"val_{name}.npy", v)
     write_json(ctx.out / "meta.json", {
-        "vocab_size": int(vocab), "tokenizer": tok_name, "train_tokens": int(train.size),
+        "vocab_size": int(vocab), "tokenizer": tok_name, "corpus": corpus, "train_tokens": int(train.size),
         "eval_sets": list(vals), "val_tokens": {k: int(v.size) for k, v in vals.items()},
         "sha256_16": {k: hashlib.sha256(v.tobytes()).hexdigest()[:16]
                       for k, v in (("train", train), *vals.items())}})

@@ -311,3 +311,52 @@ def test_saturation_gap_is_undefined_without_saturated_runs():
     assert math.isnan(c["erank_gap_within_wd"]) and c["n_wd_levels_mixed"] == 0
     c = A.saturation_counts(res.with_columns(saturated=pl.Series([True, False, False, False])))
     assert c["erank_gap_within_wd"] == pytest.approx(10.0) and c["n_wd_levels_mixed"] == 1
+
+
+# the default corpus digests of the committed runs (read on 2026-12-04 from that run's interpreter, pyenv CPython
+# 3.11.7, with corpus: live); the pinned snapshot must give them on any interpreter
+COMMITTED_DEFAULT_DIGESTS = {"train": "f61aeb80dc9f9c45", "ood": "6023d67e10af4a87"}
+
+
+def _prepare(tmp_path, **cfg):
+    from stages.common.runner import StageContext
+    from stages.unembed_rank import prepare
+
+    out = tmp_path / "prep"
+    out.mkdir()
+    prepare.run(prepare.Config(**cfg), StageContext(slug="unembed_rank", stage="prepare", profile="default",
+                                                    out=out, root=tmp_path))
+    return out
+
+
+def test_snapshot_corpus_gives_the_committed_default_bytes(tmp_path):
+    import json
+
+    meta = json.loads((_prepare(tmp_path) / "meta.json").read_text())
+    assert meta["corpus"].startswith("snapshot of CPython 3.11.7")
+    assert {k: meta["splits"][k]["sha256_16"] for k in COMMITTED_DEFAULT_DIGESTS} == COMMITTED_DEFAULT_DIGESTS
+    assert meta["splits"]["val"]["bytes"] == 40_000 and meta["splits"]["train"]["files"] == 11
+    assert np.load(tmp_path / "prep" / "train.npy").size == 400_000
+
+
+@pytest.mark.parametrize("cfg,match", [
+    ({"train_bytes": 2_000_000}, r"prepare\.train_bytes: 2000000 bytes requested, \d+ available \(the pinned "
+                                 r"snapshot holds the first 40 files; set papers\.unembed_rank\.prepare\.corpus: live"),
+    ({"val_bytes": 400_000}, r"prepare\.val_bytes: 400000 bytes requested"),
+    ({"ood_glob": "*.c"}, r"prepare\.ood_glob: the pinned snapshot holds only '\*\.h' files \(got '\*\.c'\)"),
+])
+def test_snapshot_limits_are_config_errors(tmp_path, cfg, match):
+    from stages.common.config import ConfigError
+
+    with pytest.raises(ConfigError, match=match):
+        _prepare(tmp_path, **cfg)
+    assert not any((tmp_path / "prep").iterdir())    # nothing half-written
+
+
+def test_live_corpus_reads_this_interpreter(tmp_path):
+    import json
+    import platform
+
+    meta = json.loads((_prepare(tmp_path, corpus="live", train_bytes=20_000) / "meta.json").read_text())
+    assert meta["corpus"] == f"live stdlib of Python {platform.python_version()}"
+    assert meta["splits"]["train"]["bytes"] == 20_000
