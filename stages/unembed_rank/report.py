@@ -321,6 +321,7 @@ def run(cfg: Config, ctx: StageContext) -> None:
     res = pl.read_csv(ev / "results.csv")
     hist = pl.read_csv(tr / "history.csv")
     info = read_json(tr / "runs.json")
+    corpus = read_json(ctx.input("prepare") / "meta.json").get("corpus", "live stdlib")
     g = an["grid"]
     main, tok, stp, probe = (res.filter(pl.col(f"in_{d}")) for d in ("main", "tokens", "steps", "sat"))
     main_hist = hist.filter(pl.col("run").is_in(main["run"].to_list()))
@@ -333,11 +334,14 @@ def run(cfg: Config, ctx: StageContext) -> None:
     m = info["model"]
     rep.section("Setup", f"""
 - Corpus (prepare, offline): bytes of the Python standard library's top-level `*.py` sources
-  (in-domain; every 10th file → val) and CPython's C headers `include/*.h` (OOD: another file family). Vocab = 256 bytes.
+  (in-domain; every 10th file → val) and CPython's C headers `include/*.h` (OOD: another file family), read from the
+  {corpus}: the same bytes on every machine (a live stdlib differs by Python version and build). Vocab = 256 bytes.
 - Model: shared tiny transformer, OLMo-style (pre-norm RMSNorm, no biases, SwiGLU, RoPE, **untied** W_U of
   shape {m['vocab_size']}×d), {m['n_layers']} layers, {m['n_heads']} heads, context {info['seq_len']}, width d ∈ {g['d_models']}.
   AdamW (β = 0.9/0.95), linear warm-up then cosine to a final LR of {g['final_lr_fracs']} × the peak; weight decay on
-  2-D weights incl. W_U, not on the input embedding or norms. One Lightning fit per run, all inside the train stage.
+  2-D weights incl. W_U, not on the input embedding or norms. One Lightning fit per cell, all inside the train stage:
+  the seeds of a cell train as one vectorized `SeedEnsemble` (member k = seed k's solo run; tested equal to seed after
+  seed, `vectorize_seeds: false`).
 - **Design 1, equal tokens** (every run **{g['tokens']:,} tokens**, steps = tokens / (batch × context)): batch size
   {g['batch_sizes']} × weight decay {g['weight_decays']} × peak lr {g['lrs']} × final LR {g['final_lr_fracs']} × width
   {g['d_models']}. The **main block** (width {g['d_models'][0]}, final LR {g['final_lr_fracs'][0]}) runs seeds {g['seeds']}

@@ -37,7 +37,7 @@ from stages.common.sources import SourceConfig
 from stages.common.tiny_transformer import TinyTransformerConfig
 from stages.common.trainer import TrainerConfig, make_trainer
 from stages.unembed_rank.hf_source import HFSweepOptions
-from stages.unembed_rank.lm import KERNEL, GridRun, WindowBatches, eval_windows
+from stages.unembed_rank.lm import KERNEL, GridEnsemble, GridRun, SeedWindowBatches, WindowBatches, eval_windows
 
 BatchSize = Annotated[int, Field(gt=0, le=4096)]
 WeightDecay = Annotated[float, Field(ge=0.0, le=10.0)]
@@ -87,6 +87,9 @@ class Config(StageConfig):
     eval_windows: int = Field(64, ge=1, le=100_000, description="fixed val / OOD windows per evaluation")
     model: ModelConfig = ModelConfig()
     torch_threads: int = Field(1, ge=1, le=64)
+    vectorize_seeds: bool = Field(True, description=(
+        "train the seeds of a grid cell as one SeedEnsemble (vmap; member k = the solo run of its seed); "
+        "false: seed after seed"))
     trainer: TrainerConfig = TrainerConfig(enable_progress_bar=False)
     # real path (full profile only): the same grid on a real corpus with a tiny HF Llama (stages/unembed_rank/hf_source.py)
     source: SourceConfig = SourceConfig()
@@ -135,6 +138,18 @@ def grid(cfg: Config) -> list[dict]:
 
 
 DESIGNS = ("main", "tokens", "steps", "sat")
+
+
+def seed_groups(specs: list[dict], vectorize: bool = True) -> list[list[dict]]:
+    """The runs grouped into cells that differ only in their seed (in first-appearance order), each trained as
+    one ensemble; every run alone when not ``vectorize``."""
+    if not vectorize:
+        return [[s] for s in specs]
+    cells: dict[tuple, list[dict]] = {}
+    for s in specs:
+        key = tuple((k, v) for k, v in s.items() if k not in ("name", "seed"))
+        cells.setdefault(key, []).append(s)
+    return list(cells.values())
 
 
 def run_specs(cfg: Config) -> list[dict]:
@@ -212,34 +227,50 @@ def run(cfg: Config, ctx: StageContext) -> None:
     logging.getLogger("lightning.pytorch").setLevel(logging.WARNING)  # one fit per run: no per-fit banners
     probe = make_trainer(cfg.trainer, None, max_steps=1)
     rec = KernelRecord(probe.strategy.root_device)
-    history, dense, runs, states, models = [], [], [], {}, {}
+    models, done = {}, {}
     meta_keys = ("batch_size", "weight_decay", "lr", "final_lr_frac", "d_model", "seed")
-    for spec in specs:
-        bs, seed, steps, name = spec["batch_size"], spec["seed"], spec["steps"], spec["name"]
+    for cell in seed_groups(specs, cfg.vectorize_seeds):
+        spec = cell[0]
+        bs, steps = spec["batch_size"], spec["steps"]
         evals = sorted({max(1, round(steps * (i + 1) / cfg.n_evals)) for i in range(cfg.n_evals)})
         mcfg = models.setdefault(spec["d_model"], model_config(cfg, spec["d_model"]))
-        torch.manual_seed(seed)  # same initialization for every grid cell of a seed and width (paired arms)
-        module = GridRun(mcfg, name=name, lr=spec["lr"], weight_decay=spec["weight_decay"], steps=steps,
-                         warmup_frac=cfg.warmup_frac, final_lr_frac=spec["final_lr_frac"], eval_steps=evals,
-                         val=val, ood=ood, rec=rec, tracker=ctx.tracker, meta={k: spec[k] for k in meta_keys},
-                         tokens_per_step=bs * T,
-                         dense_steps=cfg.dense_steps if (spec["in_main"] or spec["in_steps"]) else 0)
         # the same seed draws the same batches for every weight decay / final LR / width (paired within a batch size)
         corpus = probe_train if spec["probe"] else train
-        data = DataLoader(WindowBatches(corpus, bs, T, steps, seed=10_000 + seed), batch_size=None, shuffle=False)
+        common = dict(lr=spec["lr"], weight_decay=spec["weight_decay"], steps=steps, warmup_frac=cfg.warmup_frac,
+                      final_lr_frac=spec["final_lr_frac"], eval_steps=evals, val=val, ood=ood, rec=rec,
+                      tracker=ctx.tracker, tokens_per_step=bs * T,
+                      dense_steps=cfg.dense_steps if (spec["in_main"] or spec["in_steps"]) else 0)
         trainer = make_trainer(cfg.trainer, None, max_steps=steps)  # per-run curves: ctx.tracker, keyed by run
-        trainer.fit(module, data)
-        history.extend(module.history)
-        dense.extend(module.dense)
+        if len(cell) > 1:   # the cell's seeds as one vectorized ensemble; member k = the solo run of its seed
+            seeds = [s["seed"] for s in cell]
+            module = GridEnsemble(mcfg, seeds, names=[s["name"] for s in cell],
+                                  metas=[{k: s[k] for k in meta_keys} for s in cell], **common)
+            trainer.fit(module, DataLoader(SeedWindowBatches(corpus, bs, T, steps, [10_000 + s for s in seeds]),
+                                           batch_size=None, shuffle=False))
+            for k, s in enumerate(cell):
+                done[s["name"]] = (module.logs[k], module.ensemble.member(k))
+        else:
+            torch.manual_seed(spec["seed"])  # same initialization for every grid cell of a seed and width (paired arms)
+            module = GridRun(mcfg, name=spec["name"], meta={k: spec[k] for k in meta_keys}, **common)
+            trainer.fit(module, DataLoader(WindowBatches(corpus, bs, T, steps, seed=10_000 + spec["seed"]),
+                                           batch_size=None, shuffle=False))
+            done[spec["name"]] = (module.log_, module.model)
+    history, dense, runs, states = [], [], [], {}
+    for spec in specs:      # in run_specs order, whichever way the runs were grouped
+        log, model = done[spec["name"]]
+        history.extend(log.history)
+        dense.extend(log.dense)
         runs.append(spec)
-        states[name] = {k: v.detach().cpu() for k, v in module.model.state_dict().items()}
-        if len(runs) == 1:  # Triton path vs torch reference on this run's real hidden states and W_U
-            with torch.no_grad():
-                batch = data.dataset[steps - 1][:2].to(module.model.unembed.device)
-                h = module.model.hidden(batch[:, :-1])
-                rec.parity(KERNEL, linear_cross_entropy, h.reshape(-1, h.shape[-1])[:96].contiguous(),
-                           module.model.unembed.detach(), batch[:, 1:].reshape(-1)[:96],
-                           slice=f"96 positions of run {name}'s last training batch (trained W_U)")
+        states[spec["name"]] = {k: v.detach().cpu() for k, v in model.state_dict().items()}
+    first = specs[0]   # Triton path vs torch reference on the first run's real hidden states and W_U
+    model = done[first["name"]][1]
+    last = WindowBatches(probe_train if first["probe"] else train, first["batch_size"], T, first["steps"],
+                         seed=10_000 + first["seed"])[first["steps"] - 1][:2].to(model.unembed.device)
+    with torch.no_grad():
+        h = model.hidden(last[:, :-1])
+        rec.parity(KERNEL, linear_cross_entropy, h.reshape(-1, h.shape[-1])[:96].contiguous(),
+                   model.unembed.detach(), last[:, 1:].reshape(-1)[:96],
+                   slice=f"96 positions of run {first['name']}'s last training batch (trained W_U)")
     torch.save(states, ctx.out / "models.pt")
     pl.DataFrame(history, infer_schema_length=None).write_csv(ctx.out / "history.csv")
     # the dense early points (every step ≤ dense_steps that is not a regular point): ID val loss + erank only

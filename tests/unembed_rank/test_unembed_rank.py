@@ -360,3 +360,56 @@ def test_live_corpus_reads_this_interpreter(tmp_path):
     meta = json.loads((_prepare(tmp_path, corpus="live", train_bytes=20_000) / "meta.json").read_text())
     assert meta["corpus"] == f"live stdlib of Python {platform.python_version()}"
     assert meta["splits"]["train"]["bytes"] == 20_000
+
+
+def test_seed_groups_cells_differ_only_in_seed():
+    from stages.unembed_rank.train import Config, run_specs, seed_groups
+
+    cfg = Config(seeds=[0, 1, 2], batch_sizes=[8, 32], weight_decays=[0.0, 1.0], tokens=8 * 64 * 20, n_evals=2,
+                 d_models=[32, 16], final_lr_fracs=[0.1, 0.0], extra_seeds=[0],
+                 equal_steps={"steps": 4}, saturation={"steps": 4, "seeds": [0, 1], "batch_sizes": [8]})
+    specs = run_specs(cfg)
+    cells = seed_groups(specs)
+    assert sorted(s["name"] for c in cells for s in c) == sorted(s["name"] for s in specs)   # each run once
+    for c in cells:
+        assert len({s["seed"] for s in c}) == len(c)
+        assert all({k: v for k, v in s.items() if k not in ("name", "seed")}
+                   == {k: v for k, v in c[0].items() if k not in ("name", "seed")} for s in c)
+    # main block 2×2 cells × 3 seeds, equal-steps 2×2 cells × 3 seeds, probe 2 cells × 2 seeds; extra cells alone
+    assert sorted(len(c) for c in cells).count(3) == 8 and sorted(len(c) for c in cells).count(2) == 2
+    assert seed_groups(specs, vectorize=False) == [[s] for s in specs]
+
+
+def test_vectorized_seeds_equal_seed_after_seed(smoke_run, tmp_path):
+    """The stage with the seeds of each cell as one ensemble writes what it writes seed after seed: the same
+    history rows (every metric of every evaluation point) and the same trained weights, to float rounding."""
+    import polars as pl
+
+    from stages.common.runner import StageContext, load_config
+    from stages.unembed_rank import train
+
+    smoke_run("unembed_rank", stages=("prepare",))
+    _, cfg, _ = load_config("unembed_rank", "train", "smoke")
+    cfg = cfg.model_copy(update={"seeds": [0, 3]})
+    outs = {}
+    for vec in (True, False):
+        out = tmp_path / f"vec{vec}"
+        out.mkdir()
+        train.run(cfg.model_copy(update={"vectorize_seeds": vec}),
+                  StageContext(slug="unembed_rank", stage="train", profile="smoke", out=out, root=smoke_run.root))
+        outs[vec] = out
+    assert len(train.seed_groups(train.run_specs(cfg))) < len(train.run_specs(cfg))   # some cell is an ensemble
+    a, b = (pl.read_csv(outs[v] / "history.csv") for v in (True, False))
+    assert a.columns == b.columns and a["run"].to_list() == b["run"].to_list() and a.height > 0
+    for col in ("val_loss", "ood_loss", "train_loss", "erank", "h_erank", "isotropy"):
+        x, y = a[col].to_numpy().astype(float), b[col].to_numpy().astype(float)
+        np.testing.assert_allclose(x, y, rtol=1e-5, atol=1e-6, equal_nan=True, err_msg=col)
+    da, db = (pl.read_csv(outs[v] / "history_dense.csv") for v in (True, False))
+    assert da["run"].to_list() == db["run"].to_list()
+    np.testing.assert_allclose(da["val_loss"].to_numpy(), db["val_loss"].to_numpy(), rtol=1e-5)
+    sa, sb = (torch.load(outs[v] / "models.pt") for v in (True, False))
+    assert list(sa) == list(sb)
+    for name in sa:
+        assert sa[name].keys() == sb[name].keys()
+        for k in sa[name]:
+            torch.testing.assert_close(sa[name][k], sb[name][k], rtol=1e-5, atol=1e-6)
