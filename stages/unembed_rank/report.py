@@ -340,8 +340,9 @@ def run(cfg: Config, ctx: StageContext) -> None:
   shape {m['vocab_size']}×d), {m['n_layers']} layers, {m['n_heads']} heads, context {info['seq_len']}, width d ∈ {g['d_models']}.
   AdamW (β = 0.9/0.95), linear warm-up then cosine to a final LR of {g['final_lr_fracs']} × the peak; weight decay on
   2-D weights incl. W_U, not on the input embedding or norms. One Lightning fit per cell, all inside the train stage:
-  the seeds of a cell train as one vectorized `SeedEnsemble` (member k = seed k's solo run; tested equal to seed after
-  seed, `vectorize_seeds: false`).
+  the seeds of a cell with batch ≤ {info.get('vectorize_max_batch', 0)} train as one vectorized `SeedEnsemble` (member k =
+  seed k's solo run; tested equal to seed after seed, `vectorize_seeds: false`); larger batches train seed after seed
+  (no speed-up there).
 - **Design 1, equal tokens** (every run **{g['tokens']:,} tokens**, steps = tokens / (batch × context)): batch size
   {g['batch_sizes']} × weight decay {g['weight_decays']} × peak lr {g['lrs']} × final LR {g['final_lr_fracs']} × width
   {g['d_models']}. The **main block** (width {g['d_models'][0]}, final LR {g['final_lr_fracs'][0]}) runs seeds {g['seeds']}

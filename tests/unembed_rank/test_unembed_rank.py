@@ -378,6 +378,9 @@ def test_seed_groups_cells_differ_only_in_seed():
     # main block 2×2 cells × 3 seeds, equal-steps 2×2 cells × 3 seeds, probe 2 cells × 2 seeds; extra cells alone
     assert sorted(len(c) for c in cells).count(3) == 8 and sorted(len(c) for c in cells).count(2) == 2
     assert seed_groups(specs, vectorize=False) == [[s] for s in specs]
+    capped = seed_groups(specs, max_batch=8)      # the batch-32 cells' seeds train one after another
+    assert all(len(c) == 1 for c in capped if c[0]["batch_size"] == 32)
+    assert [c for c in capped if c[0]["batch_size"] == 8] == [c for c in cells if c[0]["batch_size"] == 8]
 
 
 def test_vectorized_seeds_equal_seed_after_seed(smoke_run, tmp_path):
