@@ -139,7 +139,8 @@ def run(cfg: Config, ctx: StageContext) -> None:
             files = sorted(p for p in root.glob(cfg.glob) if p.is_file())
             total, corpus = len(files), f"live stdlib of Python {platform.python_version()}"
         if total < 2 * cfg.val_every:
-            raise ConfigError(f"{key}.glob: {cfg.glob!r} matches {total} files under {root}")
+            raise ConfigError(f"{key}.glob: {cfg.glob!r} matches {total} files in the {corpus} (need ≥ 2 × val_every "
+                              f"= {2 * cfg.val_every})")
         val_files = files[::cfg.val_every]
         train_files = [f for f in files if f not in set(val_files)]
         train = read_files(train_files, cfg.train_tokens)

@@ -221,6 +221,8 @@ def run(cfg: Config, ctx: StageContext) -> None:
     res = json.loads((ctx.input("evaluate") / "results.json").read_text())
     runs = json.loads((ctx.input("train") / "runs.json").read_text())
     corpus = json.loads((ctx.input("prepare") / "meta.json").read_text()).get("corpus", "live stdlib")
+    source_text = (f"Python stdlib sources (read from the {corpus})" if corpus.startswith(("snapshot", "live"))
+                   else f"the KD corpus ({corpus})")
     claims, metrics = build(res, runs, cfg.claim_target)
     ct = ctag(cfg.claim_target)
     rep = Report(ctx, "STAR-KV: adaptive low-rank KV-cache compression (miniature, GQA Llama)",
@@ -230,7 +232,7 @@ def run(cfg: Config, ctx: StageContext) -> None:
     bb, A = res["backbone"], metrics["arms"]
     rep.section("Setup", f"""Teacher: a Llama-style decoder built by `stages/common/hf.py` (`LlamaForCausalLM`, d={bb['d_model']},
 {bb['n_layers']} layers, {bb['n_heads']} query heads, **{bb['n_kv_heads']} KV heads (GQA)**, head_dim {bb['head_dim']}, RoPE,
-SwiGLU, RMSNorm, byte-level) trained on Python stdlib sources (the {corpus}); held-out PPL {metrics['teacher']['ppl']:.3f} (unigram
+SwiGLU, RMSNorm, byte-level) trained on {source_text}; held-out PPL {metrics['teacher']['ppl']:.3f} (unigram
 {metrics['unigram_ppl']:.2f}) on {res['n_windows']} disjoint windows of {res['seq_len']} tokens from held-out files
 (`{res['eval_set']}`). Students per seed × target C {res['targets']}: per-KV-head SVD of k_proj with head thresholds
 α_h, joint SVD of v_proj with a block threshold, soft threshold (custom autograd), KL distillation + λΣe^(−α), phase 1

@@ -50,7 +50,11 @@ def source_files(cfg: Config) -> tuple[dict[str, list], str, Snapshot | None]:
 def run(cfg: Config, ctx: StageContext) -> None:
     files, source, snap = source_files(cfg)
     id_files, ood_files = files["stdlib_py"], files["c_headers"]
-    if len(id_files) < cfg.val_every:
+    if snap is not None and len(id_files) < cfg.val_every <= snap.manifest["families"]["stdlib_py"]["files_total"]:
+        raise ConfigError(f"{KEY}.val_every: {cfg.val_every} puts the first val file at position {cfg.val_every} of "
+                          f"the sorted list; the pinned snapshot holds its first {len(id_files)} files; set "
+                          f"{KEY}.corpus: live to read this interpreter's files")
+    if (snap.manifest["families"]["stdlib_py"]["files_total"] if snap is not None else len(id_files)) < cfg.val_every:
         raise ConfigError(f"{KEY}.id_glob: {cfg.id_glob!r} matches {len(id_files)} "
                           f"files under {source_root('stdlib_py')} (need ≥ val_every = {cfg.val_every})")
     if not ood_files:

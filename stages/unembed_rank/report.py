@@ -322,6 +322,11 @@ def run(cfg: Config, ctx: StageContext) -> None:
     hist = pl.read_csv(tr / "history.csv")
     info = read_json(tr / "runs.json")
     corpus = read_json(ctx.input("prepare") / "meta.json").get("corpus", "live stdlib")
+    vmax = info.get("vectorize_max_batch", 0)
+    vec_text = (f"the seeds of a cell with batch ≤ {vmax} train as one vectorized `SeedEnsemble` in one Lightning fit "
+                "(member k = seed k's solo run; tested equal to seed after seed, `vectorize_seeds: false`), larger "
+                "batches one fit per run, seed after seed (no speed-up there)" if vmax
+                else "one Lightning fit per run, seed after seed (`vectorize_seeds: false`)")
     g = an["grid"]
     main, tok, stp, probe = (res.filter(pl.col(f"in_{d}")) for d in ("main", "tokens", "steps", "sat"))
     main_hist = hist.filter(pl.col("run").is_in(main["run"].to_list()))
@@ -339,10 +344,7 @@ def run(cfg: Config, ctx: StageContext) -> None:
 - Model: shared tiny transformer, OLMo-style (pre-norm RMSNorm, no biases, SwiGLU, RoPE, **untied** W_U of
   shape {m['vocab_size']}×d), {m['n_layers']} layers, {m['n_heads']} heads, context {info['seq_len']}, width d ∈ {g['d_models']}.
   AdamW (β = 0.9/0.95), linear warm-up then cosine to a final LR of {g['final_lr_fracs']} × the peak; weight decay on
-  2-D weights incl. W_U, not on the input embedding or norms. One Lightning fit per cell, all inside the train stage:
-  the seeds of a cell with batch ≤ {info.get('vectorize_max_batch', 0)} train as one vectorized `SeedEnsemble` (member k =
-  seed k's solo run; tested equal to seed after seed, `vectorize_seeds: false`); larger batches train seed after seed
-  (no speed-up there).
+  2-D weights incl. W_U, not on the input embedding or norms. All runs inside the train stage: {vec_text}.
 - **Design 1, equal tokens** (every run **{g['tokens']:,} tokens**, steps = tokens / (batch × context)): batch size
   {g['batch_sizes']} × weight decay {g['weight_decays']} × peak lr {g['lrs']} × final LR {g['final_lr_fracs']} × width
   {g['d_models']}. The **main block** (width {g['d_models'][0]}, final LR {g['final_lr_fracs'][0]}) runs seeds {g['seeds']}

@@ -95,15 +95,15 @@ def test_core_effect_batch_size_drives_unembedding_rank():
     """Tiny scale, equal tokens: small-batch training (more optimizer steps) ends with a clearly lower
     erank(W_U) than large-batch training, on every seed, by more than the seed-to-seed spread (the
     effect claims 1-2 rest on); fails if the hyperparameters stop driving the rank."""
-    import os
-    from pathlib import Path
-
     from kernels.record import KernelRecord
     from stages.common.trainer import TrainerConfig, make_trainer
+    from stages.unembed_rank.corpus import Snapshot
     from stages.unembed_rank.lm import GridRun, WindowBatches, eval_windows
     from stages.unembed_rank.train import Config, model_config
 
-    corpus = torch.tensor(list(Path(os.__file__).read_bytes()[:30000]), dtype=torch.uint8)
+    # the same bytes on every interpreter: the pinned snapshot's first in-domain files
+    corpus = torch.tensor(list(b"".join(f.read_bytes() for f in Snapshot().files["stdlib_py"][:3])[:30000]),
+                          dtype=torch.uint8)
     T, tokens = 16, 32 * 16 * 6
     cfg = Config(model={"d_model": 16, "n_layers": 1, "n_heads": 2, "seq_len": T}, batch_sizes=[4, 32],
                  tokens=tokens, n_evals=2)
@@ -315,7 +315,7 @@ def test_saturation_gap_is_undefined_without_saturated_runs():
 
 # the default corpus digests of the committed runs (read on 2026-12-04 from that run's interpreter, pyenv CPython
 # 3.11.7, with corpus: live); the pinned snapshot must give them on any interpreter
-COMMITTED_DEFAULT_DIGESTS = {"train": "f61aeb80dc9f9c45", "ood": "6023d67e10af4a87"}
+COMMITTED_DEFAULT_DIGESTS = {"train": "f61aeb80dc9f9c45", "val": "2b995035f1a04873", "ood": "6023d67e10af4a87"}
 
 
 def _prepare(tmp_path, **cfg):
@@ -336,6 +336,7 @@ def test_snapshot_corpus_gives_the_committed_default_bytes(tmp_path):
     assert meta["corpus"].startswith("snapshot of CPython 3.11.7")
     assert {k: meta["splits"][k]["sha256_16"] for k in COMMITTED_DEFAULT_DIGESTS} == COMMITTED_DEFAULT_DIGESTS
     assert meta["splits"]["val"]["bytes"] == 40_000 and meta["splits"]["train"]["files"] == 11
+    assert [f for f in ("__future__.py", "_pydecimal.py") if f in meta["splits"]["train"]["first_files"]] == ["__future__.py"]
     assert np.load(tmp_path / "prep" / "train.npy").size == 400_000
 
 
@@ -344,6 +345,8 @@ def test_snapshot_corpus_gives_the_committed_default_bytes(tmp_path):
                                  r"snapshot holds the first 40 files; set papers\.unembed_rank\.prepare\.corpus: live"),
     ({"val_bytes": 400_000}, r"prepare\.val_bytes: 400000 bytes requested"),
     ({"ood_glob": "*.c"}, r"prepare\.ood_glob: the pinned snapshot holds only '\*\.h' files \(got '\*\.c'\)"),
+    ({"val_every": 41}, r"prepare\.val_every: 41 puts the first val file at position 41 of the sorted list; the pinned "
+                        r"snapshot holds its first 40 files; set papers\.unembed_rank\.prepare\.corpus: live"),
 ])
 def test_snapshot_limits_are_config_errors(tmp_path, cfg, match):
     from stages.common.config import ConfigError
@@ -410,6 +413,9 @@ def test_vectorized_seeds_equal_seed_after_seed(smoke_run, tmp_path):
     da, db = (pl.read_csv(outs[v] / "history_dense.csv") for v in (True, False))
     assert da["run"].to_list() == db["run"].to_list()
     np.testing.assert_allclose(da["val_loss"].to_numpy(), db["val_loss"].to_numpy(), rtol=1e-5)
+    import json
+    ka, kb = (json.loads((outs[v] / "kernels.json").read_text()) for v in (True, False))
+    assert ka["fused_linear_ce"]["calls"] == kb["fused_linear_ce"]["calls"] > 0
     sa, sb = (torch.load(outs[v] / "models.pt") for v in (True, False))
     assert list(sa) == list(sb)
     for name in sa:
