@@ -143,7 +143,27 @@ def adamw(groups: list[dict[str, Any]], lr: float, weight_decay: float) -> torch
                               for g in groups], lr=lr, betas=(0.9, 0.95), eps=1e-8)
 
 
-class GridRun(L.LightningModule):
+class EvalSchedule:
+    """What both run modules share (mixed in before the LightningModule): a full evaluation point at step 0 and at
+    every ``eval_steps`` step, a light one at every other step ≤ ``dense_steps``, and the OLMo LR schedule."""
+
+    def on_train_start(self) -> None:
+        self.evaluate_now(0)
+
+    def on_train_batch_end(self, outputs, batch, batch_idx: int) -> None:
+        step = self.global_step  # optimizer steps done
+        if step in self.eval_steps:
+            self.evaluate_now(step)
+        elif step <= self.dense_steps:
+            self.evaluate_light(step)
+
+    def scheduled(self, opt: torch.optim.Optimizer) -> dict[str, Any]:
+        sched = torch.optim.lr_scheduler.LambdaLR(
+            opt, lambda s: lr_lambda(s, self.steps, self.warmup, self.final_lr_frac))
+        return {"optimizer": opt, "lr_scheduler": {"scheduler": sched, "interval": "step"}}
+
+
+class GridRun(EvalSchedule, L.LightningModule):
     def __init__(self, model_cfg: TinyTransformerConfig, *, name: str, lr: float, weight_decay: float,
                  steps: int, warmup_frac: float, final_lr_frac: float, eval_steps: list[int],
                  val: torch.Tensor, ood: torch.Tensor, rec: Any, tracker: Any = None,
@@ -179,16 +199,6 @@ class GridRun(L.LightningModule):
         self.log_.train_loss(float(loss.detach()))
         return loss
 
-    def on_train_start(self) -> None:
-        self.evaluate_now(0)
-
-    def on_train_batch_end(self, outputs, batch, batch_idx: int) -> None:
-        step = self.global_step  # optimizer steps done
-        if step in self.eval_steps:
-            self.evaluate_now(step)
-        elif step <= self.dense_steps:
-            self.evaluate_light(step)
-
     @torch.no_grad()
     def evaluate_light(self, step: int) -> None:
         was = self.model.training
@@ -208,10 +218,8 @@ class GridRun(L.LightningModule):
         self.model.train(was)
 
     def configure_optimizers(self):
-        opt = adamw(decay_groups((n, p, 0) for n, p in self.model.named_parameters()), self.lr, self.wd)
-        sched = torch.optim.lr_scheduler.LambdaLR(
-            opt, lambda s: lr_lambda(s, self.steps, self.warmup, self.final_lr_frac))
-        return {"optimizer": opt, "lr_scheduler": {"scheduler": sched, "interval": "step"}}
+        return self.scheduled(adamw(decay_groups((n, p, 0) for n, p in self.model.named_parameters()),
+                                    self.lr, self.wd))
 
 
 class SeedWindowBatches(Dataset):
@@ -227,7 +235,7 @@ class SeedWindowBatches(Dataset):
         return torch.stack([m[i] for m in self.members])
 
 
-class GridEnsemble(EnsembleModule):
+class GridEnsemble(EvalSchedule, EnsembleModule):
     """The seeds of one grid cell as ONE vectorized ensemble (stages/common/ensemble.py): member k is the
     ``GridRun`` of seeds[k] (its init is ``TinyTransformer`` built right after ``torch.manual_seed(seeds[k])``, as
     the stage builds a solo run; its batches are ``SeedWindowBatches`` row k; the same AdamW groups and schedule).
@@ -270,16 +278,6 @@ class GridEnsemble(EnsembleModule):
             log.train_loss(v)
         return losses.sum()  # the sum: member k's gradient is its solo gradient
 
-    def on_train_start(self) -> None:
-        self.evaluate_now(0)
-
-    def on_train_batch_end(self, outputs, batch, batch_idx: int) -> None:
-        step = self.global_step
-        if step in self.eval_steps:
-            self.evaluate_now(step)
-        elif step <= self.dense_steps:
-            self.evaluate_light(step)
-
     @torch.no_grad()
     def evaluate_light(self, step: int) -> None:
         was = self.ensemble.training
@@ -301,7 +299,4 @@ class GridEnsemble(EnsembleModule):
         self.ensemble.train(was)
 
     def configure_optimizers(self):
-        opt = super().configure_optimizers()                     # elementwise AdamW over the stacked parameters
-        sched = torch.optim.lr_scheduler.LambdaLR(
-            opt, lambda s: lr_lambda(s, self.steps, self.warmup, self.final_lr_frac))
-        return {"optimizer": opt, "lr_scheduler": {"scheduler": sched, "interval": "step"}}
+        return self.scheduled(super().configure_optimizers())   # elementwise AdamW over the stacked parameters
