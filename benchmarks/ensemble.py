@@ -3,6 +3,7 @@
     python -m benchmarks.ensemble                  # paper-like sizes, S = 5, printed as a table
     python -m benchmarks.ensemble --seeds 3 --steps 20 --json out.json
     python -m benchmarks.ensemble --quick          # a few steps of the smallest size (CI smoke)
+    python -m benchmarks.ensemble --size 48,1,4,20,32 --seeds 3   # one size: d_model,n_layers,n_heads,seq_len,batch
 
 Both sides train the shared tiny transformer (``stages.common.tiny_transformer``) on next-token CE
 with AdamW through ``lightning.Trainer`` (built by ``stages.common.trainer.make_trainer``), seed k
@@ -111,13 +112,24 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--steps", type=int, default=30, help="optimizer steps per run")
     ap.add_argument("--quick", action="store_true", help="3 steps of the smallest size only")
     ap.add_argument("--json", type=Path, help="also write the rows here")
+    ap.add_argument("--size", action="append", default=[], metavar="D,L,H,T,B",
+                    help="a size to run instead of the built-in ones (repeatable): d_model,n_layers,n_heads,seq_len,batch")
     args = ap.parse_args(argv)
+    custom = []
+    for spec in args.size:
+        try:
+            d, L, H, T, B = (int(x) for x in spec.split(","))
+        except ValueError:
+            ap.error(f"--size {spec!r}: expected five integers d_model,n_layers,n_heads,seq_len,batch")
+        if min(d, L, H, T, B) < 1 or d % H:
+            ap.error(f"--size {spec!r}: every value must be positive and d_model divisible by n_heads")
+        custom.append((f"d={d} L={L} T={T} B={B}", d, L, H, T, B))
     if args.seeds < 1 or args.steps < 1:
         ap.error("--seeds and --steps must be positive")
     torch.set_num_threads(1)
     logging.getLogger("lightning.pytorch").setLevel(logging.ERROR)  # no per-fit banner lines
     warnings.filterwarnings("ignore", module="lightning")
-    sizes, steps = (SIZES[:1], 3) if args.quick else (SIZES, args.steps)
+    sizes, steps = (SIZES[:1], 3) if args.quick else (custom or SIZES, args.steps)
     seeds = list(range(args.seeds))
     print(f"S={len(seeds)} seeds, {steps} AdamW steps each, 1 intra-op thread; ratio = solo / ensemble (> 1: ensemble faster)")
     head = f"{'size':<30} {'solo wall s':>11} {'ens wall s':>10} {'wall ratio':>10} {'solo cpu s':>10} {'ens cpu s':>9} {'cpu ratio':>9} {'|Δ loss|':>9}"

@@ -310,3 +310,21 @@ def test_shared_batch_sgd_momentum_and_param_groups_equal_solo():
             torch.testing.assert_close(arm.ensemble.member_state_dict(k)[name], t, atol=1e-12, rtol=1e-12)
     assert bound  # the clip changed some gradients
     assert not torch.allclose(arm.ensemble.member_state_dict(0)["0.weight"], solo_model(make_mlp, SEEDS[0])[0].weight)
+
+
+def test_ensemble_benchmark_runs_a_given_size(tmp_path):
+    """`python -m benchmarks.ensemble --size D,L,H,T,B`: one row for that size, member losses equal to solo."""
+    import json
+
+    import pytest
+
+    from benchmarks import ensemble as bench
+
+    out = tmp_path / "rows.json"
+    assert bench.main(["--size", "16,1,2,8,4", "--seeds", "2", "--steps", "2", "--json", str(out)]) == 0
+    rows = json.loads(out.read_text())
+    assert [r["size"] for r in rows] == ["d=16 L=1 T=8 B=4"] and rows[0]["seeds"] == 2
+    assert rows[0]["last_loss_max_abs_diff"] < 1e-5 and rows[0]["cpu_ratio"] > 0
+    for bad in ("16,1,2,8", "16,1,3,8,4", "a,1,2,8,4"):
+        with pytest.raises(SystemExit):
+            bench.main(["--size", bad])
