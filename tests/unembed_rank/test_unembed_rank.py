@@ -422,3 +422,45 @@ def test_vectorized_seeds_equal_seed_after_seed(smoke_run, tmp_path):
         assert sa[name].keys() == sb[name].keys()
         for k in sa[name]:
             torch.testing.assert_close(sa[name][k], sb[name][k], rtol=1e-5, atol=1e-6)
+
+
+def test_ensemble_runs_the_triton_kernel_outside_vmap():
+    """On a GPU the members' losses go through the Triton path (an autograd Function with no vmap rule), called
+    outside the vmap once per member; under TRITON_INTERPRET=1 that path trains the same members as the torch
+    reference (two steps, two members)."""
+    from kernels.dispatch import interpreting, triton_available
+    from kernels.record import KernelRecord
+    from stages.common.tiny_transformer import TinyTransformerConfig
+    from stages.unembed_rank.lm import GridEnsemble, SeedWindowBatches
+
+    if not (triton_available() and interpreting()):
+        pytest.skip("needs triton under TRITON_INTERPRET=1")
+
+    class Record(KernelRecord):
+        def __init__(self, backend):
+            super().__init__("cpu")
+            self._backend = backend
+
+        @property
+        def backend(self):
+            return self._backend
+
+    mcfg = TinyTransformerConfig(vocab_size=256, d_model=8, n_layers=1, n_heads=2, max_seq_len=8, causal=True,
+                                 positional="rope", norm="rmsnorm", mlp="swiglu", tie_embeddings=False)
+    corpus = torch.arange(600, dtype=torch.uint8) * 7 % 251
+    data = SeedWindowBatches(corpus, 2, 8, 2, [10_000, 10_003])
+    weights = {}
+    for backend in ("torch", "triton"):
+        rec = Record(backend)
+        ens = GridEnsemble(mcfg, [0, 3], names=["a", "b"], lr=3e-2, weight_decay=0.1, steps=2, warmup_frac=0.5,
+                           final_lr_frac=0.1, eval_steps=[2], val=corpus[:18].view(2, 9).long(),
+                           ood=corpus[18:36].view(2, 9).long(), rec=rec)
+        opt = ens.configure_optimizers()["optimizer"]
+        for i in range(2):
+            opt.zero_grad()
+            ens.training_step(data[i], i).backward()
+            opt.step()
+        assert rec.to_dict()["fused_linear_ce"]["calls"] == 4          # once per member and step
+        weights[backend] = ens.unembed.detach().clone()
+    torch.testing.assert_close(weights["triton"], weights["torch"], rtol=1e-4, atol=1e-5)
+    assert not torch.equal(weights["torch"][0], weights["torch"][1])
