@@ -65,3 +65,21 @@ def pytest_collection_modifyitems(config, items):
         rel = item.nodeid.split("::", 1)[0]
         group = "flows" if rel.startswith("tests/flows/") else item.nodeid if rel in per_test else rel
         item.add_marker(pytest.mark.xdist_group(group))
+
+
+@pytest.fixture
+def run_stage(tmp_path):
+    """run_stage(slug, stage, **config) -> the output folder: one stage's ``run`` with that Config (profile default)
+    into a fresh folder under tmp_path, as the runner would call it (inputs read from tmp_path's data/)."""
+    from stages.common.runner import StageContext, stage_module
+
+    def run(slug: str, stage: str, **config):
+        module = stage_module(slug, stage)
+        out = tmp_path / f"{slug}-{stage}"
+        out.mkdir()
+        module.run(module.Config(**config),
+                   StageContext(slug=slug, stage=stage, profile="default", out=out, root=tmp_path))
+        return out
+
+    run.root = tmp_path
+    return run

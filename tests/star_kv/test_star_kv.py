@@ -230,23 +230,12 @@ def test_smoke_pipeline(smoke_run):
     assert {"ppl_vs_compression", "phase3_curve"} <= set(specs)
 
 
-def _star_prepare(tmp_path, **cfg):
-    from stages.common.runner import StageContext
-    from stages.star_kv import prepare
-
-    out = tmp_path / "prep"
-    out.mkdir()
-    prepare.run(prepare.Config(**cfg), StageContext(slug="star_kv", stage="prepare", profile="default",
-                                                    out=out, root=tmp_path))
-    return out
-
-
-def test_snapshot_corpus_gives_the_committed_default_bytes(tmp_path):
+def test_snapshot_corpus_gives_the_committed_default_bytes(run_stage):
     """The pinned snapshot gives the default corpus of the committed runs (digests read on 2026-12-04 from that run's
     interpreter, pyenv CPython 3.11.7, with corpus: live) on any interpreter."""
     import json
 
-    meta = json.loads((_star_prepare(tmp_path) / "meta.json").read_text())
+    meta = json.loads((run_stage("star_kv", "prepare") / "meta.json").read_text())
     assert meta["corpus"].startswith("snapshot of CPython 3.11.7")
     assert meta["sha256_16"] == {"train": "c6b8b0a79fee980d", "stdlib_val": "f2913eca5e33c860"}
 
@@ -256,9 +245,9 @@ def test_snapshot_corpus_gives_the_committed_default_bytes(tmp_path):
                                   r"snapshot holds the first 19 files; set papers\.star_kv\.prepare\.corpus: live"),
     ({"glob": "a*.py"}, r"prepare\.glob: the pinned snapshot holds only '\*\.py' files"),
 ])
-def test_snapshot_limits_are_config_errors(tmp_path, cfg, match):
+def test_snapshot_limits_are_config_errors(run_stage, cfg, match):
     from stages.common.config import ConfigError
 
     with pytest.raises(ConfigError, match=match):
-        _star_prepare(tmp_path, **cfg)
-    assert not any((tmp_path / "prep").iterdir())
+        run_stage("star_kv", "prepare", **cfg)
+    assert not any((run_stage.root / "star_kv-prepare").iterdir())

@@ -318,26 +318,15 @@ def test_saturation_gap_is_undefined_without_saturated_runs():
 COMMITTED_DEFAULT_DIGESTS = {"train": "f61aeb80dc9f9c45", "val": "2b995035f1a04873", "ood": "6023d67e10af4a87"}
 
 
-def _prepare(tmp_path, **cfg):
-    from stages.common.runner import StageContext
-    from stages.unembed_rank import prepare
-
-    out = tmp_path / "prep"
-    out.mkdir()
-    prepare.run(prepare.Config(**cfg), StageContext(slug="unembed_rank", stage="prepare", profile="default",
-                                                    out=out, root=tmp_path))
-    return out
-
-
-def test_snapshot_corpus_gives_the_committed_default_bytes(tmp_path):
+def test_snapshot_corpus_gives_the_committed_default_bytes(run_stage):
     import json
 
-    meta = json.loads((_prepare(tmp_path) / "meta.json").read_text())
+    meta = json.loads((run_stage("unembed_rank", "prepare") / "meta.json").read_text())
     assert meta["corpus"].startswith("snapshot of CPython 3.11.7")
     assert {k: meta["splits"][k]["sha256_16"] for k in COMMITTED_DEFAULT_DIGESTS} == COMMITTED_DEFAULT_DIGESTS
     assert meta["splits"]["val"]["bytes"] == 40_000 and meta["splits"]["train"]["files"] == 11
     assert [f for f in ("__future__.py", "_pydecimal.py") if f in meta["splits"]["train"]["first_files"]] == ["__future__.py"]
-    assert np.load(tmp_path / "prep" / "train.npy").size == 400_000
+    assert np.load(run_stage.root / "unembed_rank-prepare" / "train.npy").size == 400_000
 
 
 @pytest.mark.parametrize("cfg,match", [
@@ -348,19 +337,19 @@ def test_snapshot_corpus_gives_the_committed_default_bytes(tmp_path):
     ({"val_every": 41}, r"prepare\.val_every: 41 puts the first val file at position 41 of the sorted list; the pinned "
                         r"snapshot holds its first 40 files; set papers\.unembed_rank\.prepare\.corpus: live"),
 ])
-def test_snapshot_limits_are_config_errors(tmp_path, cfg, match):
+def test_snapshot_limits_are_config_errors(run_stage, cfg, match):
     from stages.common.config import ConfigError
 
     with pytest.raises(ConfigError, match=match):
-        _prepare(tmp_path, **cfg)
-    assert not any((tmp_path / "prep").iterdir())    # nothing half-written
+        run_stage("unembed_rank", "prepare", **cfg)
+    assert not any((run_stage.root / "unembed_rank-prepare").iterdir())    # nothing half-written
 
 
-def test_live_corpus_reads_this_interpreter(tmp_path):
+def test_live_corpus_reads_this_interpreter(run_stage):
     import json
     import platform
 
-    meta = json.loads((_prepare(tmp_path, corpus="live", train_bytes=20_000) / "meta.json").read_text())
+    meta = json.loads((run_stage("unembed_rank", "prepare", corpus="live", train_bytes=20_000) / "meta.json").read_text())
     assert meta["corpus"] == f"live stdlib of Python {platform.python_version()}"
     assert meta["splits"]["train"]["bytes"] == 20_000
 
