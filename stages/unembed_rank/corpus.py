@@ -51,9 +51,12 @@ class Snapshot:
             self.files = {fam: [SnapshotFile(n, tar.extractfile(f"{fam}/{n}").read()) for n in info["names"]]
                           for fam, info in self.manifest["families"].items()}
 
+    def total(self, family: str) -> int:
+        """Length of the whole sorted list the snapshot's files are a prefix of."""
+        return self.manifest["families"][family]["files_total"]
+
     def complete(self, family: str) -> bool:
-        info = self.manifest["families"][family]
-        return len(info["names"]) == info["files_total"]
+        return len(self.files[family]) == self.total(family)
 
     def describe(self) -> str:
         return f"snapshot of CPython {self.manifest['python']} ({SNAPSHOT.name})"

@@ -50,13 +50,14 @@ def source_files(cfg: Config) -> tuple[dict[str, list], str, Snapshot | None]:
 def run(cfg: Config, ctx: StageContext) -> None:
     files, source, snap = source_files(cfg)
     id_files, ood_files = files["stdlib_py"], files["c_headers"]
-    if snap is not None and len(id_files) < cfg.val_every <= snap.manifest["families"]["stdlib_py"]["files_total"]:
+    n_total = snap.total("stdlib_py") if snap is not None else len(id_files)
+    if n_total < cfg.val_every:
+        raise ConfigError(f"{KEY}.id_glob: {cfg.id_glob!r} matches {n_total} "
+                          f"files under {source_root('stdlib_py')} (need ≥ val_every = {cfg.val_every})")
+    if len(id_files) < cfg.val_every:      # only a snapshot's prefix can be shorter than the list
         raise ConfigError(f"{KEY}.val_every: {cfg.val_every} puts the first val file at position {cfg.val_every} of "
                           f"the sorted list; the pinned snapshot holds its first {len(id_files)} files; set "
                           f"{KEY}.corpus: live to read this interpreter's files")
-    if (snap.manifest["families"]["stdlib_py"]["files_total"] if snap is not None else len(id_files)) < cfg.val_every:
-        raise ConfigError(f"{KEY}.id_glob: {cfg.id_glob!r} matches {len(id_files)} "
-                          f"files under {source_root('stdlib_py')} (need ≥ val_every = {cfg.val_every})")
     if not ood_files:
         raise ConfigError(f"{KEY}.ood_glob: {cfg.ood_glob!r} matches no file under {source_root('c_headers')}")
     train_files, val_files = split_by_file(id_files, cfg.val_every)
