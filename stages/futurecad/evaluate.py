@@ -38,8 +38,7 @@ from stages.futurecad import cad, cputime, ground
 from stages.futurecad.model import (decode_script, encode_prompt, keyword_rule, known_words, pad_parts, predict,
                                     ranking_metrics, sample_scripts, set_metrics, synonym_rule, type_only)
 from stages.futurecad.sandbox import CadSandbox, exit_fast_when_interrupted
-from stages.futurecad.train import (EMPTY_KINDS, ModelGrounder, ProgramScorer, decide, load_ground, load_parts,
-                                    query_tensors)
+from stages.futurecad.infer import ModelGrounder, ProgramScorer, decide, load_ground, load_parts, query_tensors
 
 PRESENT = ("seen", "heldout", "freetext", "external")
 RANK_KEYS = ("recall@3", "recall@5", "recall@10", "ap")

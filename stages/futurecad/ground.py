@@ -49,7 +49,7 @@ def ground_solid(grounder, solid, query: str, threshold: float | None = None,
     """The grounder's answer to one query on one solid (the evaluate stage compares it with its batch)."""
     from stages.futurecad import cad
     from stages.futurecad.model import known_words
-    from stages.futurecad.train import decide
+    from stages.futurecad.infer import decide
 
     prims = cad.export_primitives(solid)
     g = grounder.meta["ground"]
@@ -96,7 +96,7 @@ def main(argv: list[str] | None = None) -> int:
         if not ckpt.is_file():
             raise UsageError(f"--checkpoint: {ckpt} not found")
         from stages.futurecad import cad
-        from stages.futurecad.train import ModelGrounder, load_ground
+        from stages.futurecad.infer import ModelGrounder, load_ground
 
         try:
             solid = cad.load_step(args.step)

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import json
 
-import lightning as L
 import numpy as np
 import torch
 import torch.nn as nn
@@ -109,30 +108,6 @@ class BRepGround(nn.Module):
         mask = torch.cat([wmask, fmask, emask], 1)
         h = self.fusion(x, src_key_padding_mask=~mask)
         return self.head(h[:, W:]).squeeze(-1)                                           # (B, F+E) logits
-
-
-class GroundModule(L.LightningModule):
-    """BCE over the real primitives of each query's B-Rep."""
-
-    def __init__(self, net: BRepGround, lr: float, weight_decay: float = 0.0):
-        super().__init__()
-        self.net, self.lr, self.weight_decay = net, lr, weight_decay
-        self.history: list[dict] = []
-
-    def training_step(self, batch, idx):
-        rows = batch.get("rows")
-        logits = self.net(batch["words"], batch["faces"], batch["edges"], batch["face_type"],
-                          batch["edge_type"], batch["fmask"], batch["emask"], rows)
-        mask = torch.cat([batch["fmask"], batch["emask"]], 1)
-        mask = (mask if rows is None else mask[rows]).float()
-        bce = F.binary_cross_entropy_with_logits(logits, batch["y"], reduction="none")  # ALGO: per-primitive BCE
-        loss = (bce * mask).sum() / mask.sum()
-        self.history.append({"step": int(self.global_step), "loss": float(loss.detach())})
-        self.log("ground/loss", loss, on_step=True, prog_bar=False)
-        return loss
-
-    def configure_optimizers(self):
-        return torch.optim.AdamW(self.net.parameters(), lr=self.lr, weight_decay=self.weight_decay)
 
 
 class GroundLoader:
@@ -347,27 +322,6 @@ def crop_trailing(x: torch.Tensor, prompt_len: int) -> torch.Tensor:
     nonpad = (x[:, prompt_len:] != TPAD).any(0)
     keep = int(torch.nonzero(nonpad).max()) + 1 if bool(nonpad.any()) else 1
     return x[:, : prompt_len + keep]
-
-
-class SFTModule(L.LightningModule):
-    """Supervised fine-tuning: cross-entropy on the script tokens given the description prefix."""
-
-    def __init__(self, model, prompt_len: int, lr: float):
-        super().__init__()
-        self.model, self.prompt_len, self.lr = model, prompt_len, lr
-        self.history: list[dict] = []
-
-    def training_step(self, batch, idx):
-        x = crop_trailing(batch, self.prompt_len)                              # (B, Lp + Ls'), Ls' ≤ Ls
-        logits = self.model(x[:, :-1])[:, self.prompt_len - 1:]                # predicts x[:, Lp:]
-        tgt = x[:, self.prompt_len:]
-        loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), tgt.reshape(-1), ignore_index=TPAD)
-        self.history.append({"step": int(self.global_step), "loss": float(loss.detach())})
-        self.log("sft/loss", loss, on_step=True)
-        return loss
-
-    def configure_optimizers(self):
-        return torch.optim.AdamW(self.model.parameters(), lr=self.lr)
 
 
 class RowLoader:

@@ -20,7 +20,7 @@ from stages.common.paths import read_json
 from stages.common.reporting import Report
 from stages.common.runner import StageContext
 from stages.futurecad import cad
-from stages.futurecad.train import ModelGrounder, load_ground
+from stages.futurecad.infer import ModelGrounder, load_ground
 
 G = "grounding.model"
 CLAIMS = [

@@ -174,7 +174,7 @@ def _load_grounder(spec):
 
         return oracle_grounder
     if spec[0] == "model":
-        from stages.futurecad.train import ModelGrounder, load_ground
+        from stages.futurecad.infer import ModelGrounder, load_ground
 
         return ModelGrounder(*load_ground(spec[1]))
     mod, _, fn = spec[1].partition(":")

@@ -7,9 +7,7 @@ Every per-token log-prob goes through ``kernels/token_logprob`` (counted in a Ke
 from __future__ import annotations
 
 import time
-from functools import partial
 
-import lightning as L
 import numpy as np
 import torch
 import torch.nn as nn
@@ -131,42 +129,6 @@ def wsd_factor(step: int, steps: int, decay_frac: float) -> float:
     ``steps`` (the factor of the lr at optimizer step ``step``, 0-based)."""
     start = int(round(steps * (1.0 - decay_frac)))
     return 1.0 if step < start else max(0.0, (steps - step) / max(steps - start, 1))
-
-
-class SFTModule(L.LightningModule):
-    """Next-token cross-entropy on the trace tokens (prompt excluded), via the log-prob kernel;
-    the NLL on hidden (thinking) and visible (<ans>) tokens is logged separately."""
-
-    def __init__(self, model: TinyTransformer, lr: float, weight_decay: float, counter: Counter,
-                 steps: int = 0, decay_frac: float = 0.0):
-        super().__init__()
-        self.model, self.lr, self.weight_decay, self.counter = model, lr, weight_decay, counter
-        self.steps, self.decay_frac = steps, decay_frac
-        self.history: list[dict] = []
-
-    def configure_optimizers(self):
-        opt = torch.optim.AdamW(self.model.parameters(), lr=self.lr, weight_decay=self.weight_decay)
-        if not self.decay_frac:
-            return opt
-        sched = torch.optim.lr_scheduler.LambdaLR(opt, partial(wsd_factor, steps=self.steps,
-                                                               decay_frac=self.decay_frac))
-        return {"optimizer": opt, "lr_scheduler": {"scheduler": sched, "interval": "step"}}
-
-    def training_step(self, batch, _):
-        n_tok = int(batch[:, 1].sum(1).max())                                # trim the batch's padding
-        batch = batch[:, :, :PROMPT_LEN + n_tok]
-        seqs, mask, vis = batch[:, 0], batch[:, 1, PROMPT_LEN:], batch[:, 2, PROMPT_LEN:]
-        logp = seq_logprobs(self.model, seqs, mask, self.counter)           # (B, Lg)
-        n = mask.sum().clamp_min(1)
-        loss = -(logp * mask).sum() / n                                      # ALGO: SFT token-level NLL
-        vm, hm = mask * vis, mask * (1 - vis)
-        logp = logp.detach()
-        row = {"step": int(self.global_step), "loss": float(loss.detach()),
-               "nll_visible": float(-(logp * vm).sum() / vm.sum().clamp_min(1)),
-               "nll_hidden": float(-(logp * hm).sum() / hm.sum().clamp_min(1))}
-        self.history.append(row)
-        self.log("sft/loss", loss, on_step=True, prog_bar=False)
-        return loss
 
 
 def sft_tensor(traces: list[list[int]], prompts: list[list[int]], max_new: int) -> torch.Tensor:

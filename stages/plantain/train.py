@@ -32,9 +32,10 @@ from stages.common.runner import StageContext
 from stages.common.sources import SourceConfig
 from stages.common.tiny_transformer import TinyTransformer, TinyTransformerConfig
 from stages.common.trainer import TrainerConfig, make_trainer
-from stages.plantain.model import (IGNORE, Counter, SFTModule, TracePolicy, greedy_traces, make_reward_fn, sft_tensor,
+from stages.plantain.model import (IGNORE, Counter, TracePolicy, greedy_traces, make_reward_fn, sft_tensor,
                                    trace_answer)
 from stages.plantain.judge import PlanJudge, quality
+from stages.plantain.lit import SFTModule
 from stages.plantain.prepare import MAX_TRACE, load_judge_pairs, load_split, to_problems
 from stages.plantain.task import PROMPT_LEN, VOCAB_SIZE, validate_plan
 

@@ -16,11 +16,12 @@ import torch
 from kernels.record import KernelRecord
 from stages.common.config import ConfigError
 from stages.futurecad import cad
-from stages.futurecad.model import (BRepGround, GroundLoader, GroundModule, build_vocab, keyword_rule, label_matrix,
-                                    pad_parts, predict, set_metrics, type_only)
+from stages.futurecad.infer import ProgramScorer, query_tensors
+from stages.futurecad.lit import GroundModule
+from stages.futurecad.model import (BRepGround, GroundLoader, build_vocab, keyword_rule, label_matrix, pad_parts,
+                                    predict, set_metrics, type_only)
 from stages.futurecad.prepare import oracle_grounder, part_queries, prim_tensors
 from stages.futurecad.sandbox import CadSandbox
-from stages.futurecad.train import ProgramScorer, query_tensors
 
 BOX_HOLE = 'cq.Workplane("XY").box(40, 30, 8).faces(">Z").workplane().center(7, 0).hole(6)'
 

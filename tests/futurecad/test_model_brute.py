@@ -12,12 +12,14 @@ import torch
 import torch.nn.functional as F
 
 from stages.futurecad import cad
-from stages.futurecad.model import (BOS, EOS, PAD, TPAD, TUNK, UNK, BRepGround, GroundLoader, GroundModule, RowLoader,
-                                    ScriptPolicy, SFTModule, build_program_vocab, build_vocab, crop_batch,
+from stages.futurecad.infer import decide
+from stages.futurecad.lit import GroundModule, SFTModule
+from stages.futurecad.model import (BOS, EOS, PAD, TPAD, TUNK, UNK, BRepGround, GroundLoader, RowLoader,
+                                    ScriptPolicy, build_program_vocab, build_vocab, crop_batch,
                                     crop_trailing, decode_script, desc_tokens, encode_prompt, encode_query,
                                     encode_script, keyword_rule, known_words, label_matrix, np_seed, pad_parts,
                                     predict, ranking_metrics, sample_scripts, set_metrics, synonym_rule, type_only)
-from stages.futurecad.train import decide, equal_compute_sft_steps
+from stages.futurecad.train import equal_compute_sft_steps
 
 
 # ------------------------------------------------------------------------------------ hand-made primitives

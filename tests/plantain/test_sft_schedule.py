@@ -19,7 +19,8 @@ def test_wsd_factor_by_hand():
 def test_sft_module_decays_the_lr_in_a_real_fit():
     from stages.common.tiny_transformer import TinyTransformer, TinyTransformerConfig
     from stages.common.trainer import TrainerConfig, make_trainer
-    from stages.plantain.model import Counter, SFTModule
+    from stages.plantain.lit import SFTModule
+    from stages.plantain.model import Counter
     from kernels.record import KernelRecord
 
     torch.manual_seed(0)
@@ -49,7 +50,8 @@ def test_sft_module_decays_the_lr_in_a_real_fit():
 
 
 def test_constant_lr_without_decay():
-    from stages.plantain.model import Counter, SFTModule
+    from stages.plantain.lit import SFTModule
+    from stages.plantain.model import Counter
     from kernels.record import KernelRecord
     from stages.common.tiny_transformer import TinyTransformer, TinyTransformerConfig
 

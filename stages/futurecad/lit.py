@@ -1,0 +1,55 @@
+"""The Lightning modules of futurecad's two models: BRepGround-mini's BCE (GroundModule) and the program
+model's SFT (SFTModule). Apart from ``model.py`` so the CAD sandbox workers, the evaluate and report stages and
+the grounding CLI, which only run trained models, do not import Lightning (~4.5 CPU-s per process)."""
+from __future__ import annotations
+
+import lightning as L
+import torch
+import torch.nn.functional as F
+
+from stages.futurecad.model import TPAD, BRepGround, crop_trailing
+
+
+class GroundModule(L.LightningModule):
+    """BCE over the real primitives of each query's B-Rep."""
+
+    def __init__(self, net: BRepGround, lr: float, weight_decay: float = 0.0):
+        super().__init__()
+        self.net, self.lr, self.weight_decay = net, lr, weight_decay
+        self.history: list[dict] = []
+
+    def training_step(self, batch, idx):
+        rows = batch.get("rows")
+        logits = self.net(batch["words"], batch["faces"], batch["edges"], batch["face_type"],
+                          batch["edge_type"], batch["fmask"], batch["emask"], rows)
+        mask = torch.cat([batch["fmask"], batch["emask"]], 1)
+        mask = (mask if rows is None else mask[rows]).float()
+        bce = F.binary_cross_entropy_with_logits(logits, batch["y"], reduction="none")  # ALGO: per-primitive BCE
+        loss = (bce * mask).sum() / mask.sum()
+        self.history.append({"step": int(self.global_step), "loss": float(loss.detach())})
+        self.log("ground/loss", loss, on_step=True, prog_bar=False)
+        return loss
+
+    def configure_optimizers(self):
+        return torch.optim.AdamW(self.net.parameters(), lr=self.lr, weight_decay=self.weight_decay)
+
+
+class SFTModule(L.LightningModule):
+    """Supervised fine-tuning: cross-entropy on the script tokens given the description prefix."""
+
+    def __init__(self, model, prompt_len: int, lr: float):
+        super().__init__()
+        self.model, self.prompt_len, self.lr = model, prompt_len, lr
+        self.history: list[dict] = []
+
+    def training_step(self, batch, idx):
+        x = crop_trailing(batch, self.prompt_len)                              # (B, Lp + Ls'), Ls' ≤ Ls
+        logits = self.model(x[:, :-1])[:, self.prompt_len - 1:]                # predicts x[:, Lp:]
+        tgt = x[:, self.prompt_len:]
+        loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), tgt.reshape(-1), ignore_index=TPAD)
+        self.history.append({"step": int(self.global_step), "loss": float(loss.detach())})
+        self.log("sft/loss", loss, on_step=True)
+        return loss
+
+    def configure_optimizers(self):
+        return torch.optim.AdamW(self.model.parameters(), lr=self.lr)
