@@ -19,17 +19,22 @@ PYTEST_ARGS ?= -n 2 --dist loadgroup
 system-deps:
 	$(PY) -m stages.common.system_deps install
 
-## The pinned packages go in with uv (a cold install here: ~60 s against pip's ~125 s), byte-compiled as pip
-## does (PYTHONDONTWRITEBYTECODE is set, so uncompiled modules would be recompiled at every import). uv does not
-## read pip's config: pip's find-links (PIP_FIND_LINKS, where these machines keep the CPU build of torch 2.13.0)
-## are passed on. If uv cannot install, pip does, as before.
+## The pinned packages go in with uv (cold caches here: ~62 s with byte-compilation against pip's ~125 s),
+## byte-compiled as pip does (PYTHONDONTWRITEBYTECODE is set, so uncompiled modules would be recompiled at every
+## import). uv does not read pip's config: pip's find-links (PIP_FIND_LINKS and pip.conf's global.find-links, where
+## these machines keep the CPU build of torch 2.13.0) are passed on, and the torch build installed is printed.
+## If installing uv or the set with it fails, pip installs the set, as before.
 UV_VERSION ?= 0.13.9
 $(STAMP): requirements.lock pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
-	{ $(BIN)/python -m pip install -q uv==$(UV_VERSION) && $(BIN)/uv pip install -q --compile-bytecode \
-	    --python $(BIN)/python $(foreach l,$(PIP_FIND_LINKS),--find-links $(l)) -r requirements.lock; } \
-	  || { echo "uv could not install requirements.lock: installing with pip"; \
+	{ $(BIN)/python -m pip install -q uv==$(UV_VERSION) \
+	  && links="$${PIP_FIND_LINKS:-} $$($(BIN)/python -m pip config get global.find-links 2>/dev/null || true)" \
+	  && $(BIN)/uv pip install -q --compile-bytecode --python $(BIN)/python \
+	       $$(for l in $$(printf '%s\n' $$links | sort -u); do printf -- '--find-links %s ' $$l; done) \
+	       -r requirements.lock; } \
+	  || { echo "uv (or installing uv) failed: installing requirements.lock with pip"; \
 	       $(BIN)/python -m pip install -q --upgrade pip && $(BIN)/python -m pip install -q -r requirements.lock; }
+	$(BIN)/python -c "import torch; print('installed torch', torch.__version__)"
 	touch $(STAMP)
 
 install: $(STAMP)

@@ -1,6 +1,7 @@
 """PLANTAIN on the shared tiny causal transformer: batched sampling (temperature, top-p), streaming
-decoding with a KV cache (time to first visible token), SFT as a LightningModule, the GRPO policy
-for ``stages.common.grpo`` and Rewind-and-Repeat at plan level vs answer level.
+decoding with a KV cache (time to first visible token), the SFT loss's log-probs and schedule (the
+LightningModule is ``lit.SFTModule``), the GRPO policy for ``stages.common.grpo`` and Rewind-and-Repeat at plan
+level vs answer level.
 
 Every per-token log-prob goes through ``kernels/token_logprob`` (counted in a KernelRecord).
 """

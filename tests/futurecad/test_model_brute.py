@@ -1,5 +1,6 @@
 """model.py (BRepGround-mini, its baselines, the grounding metrics, the program-model encodings and the GRPO
-rollout mask) against hand-made primitives, hand-worked numbers and an independent functional forward.
+rollout mask), lit.py (the two Lightning modules' losses and optimizers) and infer.py's decision rule,
+against hand-made primitives, hand-worked numbers and an independent functional forward.
 No CAD kernel calls: primitives are built by hand (attributes only), so these tests are fast."""
 from __future__ import annotations
 
