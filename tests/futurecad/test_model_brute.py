@@ -273,6 +273,32 @@ def test_ground_module_loss_is_masked_mean_bce():
     assert opt.param_groups[0]["lr"] == 0.003 and opt.param_groups[0]["weight_decay"] == 0.02
 
 
+def test_ground_module_loss_with_parts_given_once_is_the_per_query_loss():
+    """The default trains with per_part > 1: each part's primitives once and ``rows`` mapping queries to parts.
+    The loss must be the masked mean BCE of each query against its own part (brute force, per query and slot)."""
+    net, _, b = _net_and_batch()                                 # 2 parts: 3 faces / 4 edges and 2 / 2
+    words = torch.tensor([[3, 4, 5, 0], [6, 2, 0, 0], [7, 3, 2, 0]])
+    rows = torch.tensor([1, 0, 1])                               # queries 0 and 2 on part 1, query 1 on part 0
+    nf, ne = b["fmask"].shape[1], b["emask"].shape[1]
+    y = torch.tensor([[1, 0, 1, 0, 0, 1, 1, 0, 1], [0, 1, 0, 1, 1, 0, 0, 1, 0], [1, 1, 0, 0, 1, 0, 1, 0, 0]]).float()
+    m = GroundModule(net, lr=0.003)
+    m.log = lambda *a, **k: None
+    loss = m.training_step({"words": words, "y": y, "rows": rows, **b}, 0)
+    manual = []
+    for q in range(3):
+        part = {k: v[rows[q]][None] for k, v in b.items()}
+        with torch.no_grad():
+            logit = net(words[q:q + 1], part["faces"], part["edges"], part["face_type"], part["edge_type"],
+                        part["fmask"], part["emask"])[0]
+        mask = torch.cat([part["fmask"][0], part["emask"][0]])
+        for j in range(nf + ne):
+            if mask[j]:
+                prob = torch.sigmoid(logit[j])
+                manual.append(-(y[q, j] * torch.log(prob) + (1 - y[q, j]) * torch.log(1 - prob)))
+    assert len(manual) == 4 + 7 + 4                          # real slots: part 1 has 2 + 2, part 0 has 3 + 4
+    assert float(loss) == pytest.approx(float(torch.stack(manual).mean()), rel=1e-5)
+
+
 def test_ground_loader_batches_are_seeded_rows():
     b = pad_parts([_part(2, 3, 0), _part(3, 1, 1)], 4, 4)
     words = torch.tensor([[5, 0, 0, 0], [6, 7, 0, 0], [8, 0, 0, 0]])   # 3 rows × 4 columns
