@@ -501,6 +501,8 @@ def test_resume_room_reads_the_acting_decay_at_the_tick():
     a.acting_since = 0.0
     _pool_of(pol, [("p", 400, "reasoning")])
     assert pol.tick(3.0) == [("p", 0)]
+    # the pause step that follows reads a's undecayed claim: 700 + 500 > 1000, so a (Acting) is paused
+    assert pol.log == [(3.0, "resume", "p", 0), (3.0, "pause", "a", 0)]
     off = ThunderPolicy([1000])
     _active(off, "a", 0, 600)
     _pool_of(off, [("p", 400, "reasoning")])
@@ -524,6 +526,19 @@ def test_forced_resume_counts_the_wait_from_when_the_call_was_held():
     # forced onto its origin regardless of room; the same tick's pause step then marks it (600 > 100)
     assert pol.log[-2:] == [(40.0, "forced", "h", 0), (40.0, "mark", "h", 0)]
     assert pol.stats.forced == 1 and pol.stats.resumes == 1
+
+
+def test_forced_resume_times_the_call_from_its_hold_not_from_the_program_start():
+    # a starts at 0 and is paused at t = 1000 (b grew); its next call is held at t = 1000 and forced 1800 s later
+    pol = ThunderPolicy([1000])
+    assert pol.on_request("a", 300, 0.0) == 0
+    pol.on_response("a", 350, 1.0)
+    assert pol.on_request("b", 400, 2.0) == 0
+    pol.on_progress("b", 300)                                        # used 450 + 800 = 1250: over by 250
+    assert pol.tick(1000.0) == [] and pol.log[-1] == (1000.0, "pause", "a", 0)
+    assert pol.on_request("a", 400, 1000.0) is None and pol.progs["a"].wait_since == 1000.0
+    assert pol.tick(1800.0) == [] and pol.tick(2799.0) == []
+    assert pol.tick(2800.0) == [("a", 0)] and (2800.0, "forced", "a", 0) in pol.log
 
 
 @pytest.mark.parametrize("wait,starving", [(119.0, False), (120.0, True)])
