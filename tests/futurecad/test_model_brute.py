@@ -254,10 +254,8 @@ def test_ground_module_loss_is_masked_mean_bce():
     y = (torch.arange(c["fmask"].shape[1] + c["emask"].shape[1]) % 2).float().repeat(2, 1)
     c["y"] = y
     m = GroundModule(net, lr=0.003, weight_decay=0.02)
-    logged = []
-    m.log = lambda *a, **k: logged.append((a, k))
+    m.log = lambda *a, **k: pytest.fail("logged without a logger")    # tests/futurecad/test_encoder_layer.py
     loss = m.training_step(c, 0)
-    assert logged == [(("ground/loss", loss), {"on_step": True, "prog_bar": False})]
     logits = net(c["words"], c["faces"], c["edges"], c["face_type"], c["edge_type"], c["fmask"], c["emask"])
     mask = torch.cat([c["fmask"], c["emask"]], 1)
     manual = []

@@ -1,0 +1,193 @@
+"""EncoderLayer (model.py) against torch's own nn.TransformerEncoderLayer, and the grounder's optimizer and logging
+(lit.py): the speedups of the grounder's training step must not change a single bit of what it computes.
+
+The reference is torch's layer built from the same seed (its multi_head_attention_forward is independent of the
+code under test); comparisons are exact (torch.equal), on inputs of scale 1.7 with key padding, in training mode."""
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from stages.futurecad.lit import GroundModule
+from stages.futurecad.model import BRepGround, EncoderLayer, GroundLoader, pad_parts
+
+D, H = 24, 3
+
+
+def _pair(layers: int = 2, d: int = D, heads: int = H, dropout: float = 0.0):
+    out = []
+    for cls in (nn.TransformerEncoderLayer, EncoderLayer):
+        torch.manual_seed(7)
+        layer = cls(d, heads, 2 * d, dropout=dropout, batch_first=True, norm_first=True)
+        out.append(nn.TransformerEncoder(layer, layers, enable_nested_tensor=False))
+    return out
+
+
+def _inputs(B: int = 5, L: int = 9, d: int = D):
+    g = torch.Generator().manual_seed(3)
+    x = torch.randn(B, L, d, generator=g) * 1.7 + 0.3
+    pad = torch.zeros(B, L, dtype=torch.bool)
+    pad[0, 6:] = True          # a row with padding at the end
+    pad[2, 1:] = True          # a row with one real token
+    pad[3, 3:5] = True         # padding in the middle
+    w = torch.randn(B, L, d, generator=g)
+    return x, pad, w
+
+
+def _grads(enc, x, pad, w, **kw):
+    enc.zero_grad()
+    xi = x.clone().requires_grad_()
+    y = enc(xi, src_key_padding_mask=pad, **kw)
+    (y * w).sum().backward()
+    return y.detach(), xi.grad, [p.grad.clone() for p in enc.parameters()]
+
+
+def test_same_parameters_and_state_dict():
+    ref, new = _pair()
+    assert isinstance(new.layers[0], EncoderLayer) and isinstance(new.layers[1], EncoderLayer)
+    assert list(ref.state_dict()) == list(new.state_dict())
+    assert all(torch.equal(a, b) for a, b in zip(ref.state_dict().values(), new.state_dict().values()))
+    new.load_state_dict(ref.state_dict())         # a checkpoint of torch's layer loads (and the reverse)
+    ref.load_state_dict(new.state_dict())
+
+
+def test_outputs_and_every_gradient_bitwise_equal_with_padding():
+    ref, new = _pair()
+    x, pad, w = _inputs()
+    y0, gx0, gp0 = _grads(ref, x, pad, w)
+    y1, gx1, gp1 = _grads(new, x, pad, w)
+    assert torch.equal(y0, y1) and torch.equal(gx0, gx1)
+    assert len(gp0) == len(gp1) == 2 * 12
+    assert all(torch.equal(a, b) for a, b in zip(gp0, gp1))
+    assert gp1[0].abs().sum() > 0                 # the in-projection gets a gradient (q, k and v all reach it)
+    # the in-projection's three (E, E) blocks each differ from zero: q, k and v gradients are routed apart
+    assert all(blk.abs().sum() > 0 for blk in gp1[0].chunk(3))
+
+
+def test_without_padding_mask_and_other_shapes():
+    for B, L, d, heads in ((1, 1, 8, 2), (4, 13, 16, 4), (3, 5, 24, 1)):
+        ref, new = _pair(layers=1, d=d, heads=heads)
+        g = torch.Generator().manual_seed(B * 31 + L)
+        x = torch.randn(B, L, d, generator=g) * 2.5
+        w = torch.randn(B, L, d, generator=g)
+        for enc in (ref, new):
+            enc.zero_grad()
+        xa, xb = x.clone().requires_grad_(), x.clone().requires_grad_()
+        ya, yb = ref(xa), new(xb)
+        (ya * w).sum().backward()
+        (yb * w).sum().backward()
+        assert torch.equal(ya, yb) and torch.equal(xa.grad, xb.grad), (B, L, d, heads)
+        assert all(torch.equal(p.grad, q.grad) for p, q in zip(ref.parameters(), new.parameters()))
+
+
+def test_attn_mask_and_causal_calls_take_torchs_block():
+    ref, new = _pair(layers=1)
+    x, pad, w = _inputs()
+    L = x.shape[1]
+    causal = nn.Transformer.generate_square_subsequent_mask(L)
+    a = _grads(ref, x, pad, w, mask=causal, is_causal=True)
+    b = _grads(new, x, pad, w, mask=causal, is_causal=True)
+    assert torch.equal(a[0], b[0]) and all(torch.equal(p, q) for p, q in zip(a[2], b[2]))
+    bias = torch.randn(L, L, generator=torch.Generator().manual_seed(5))     # an additive float attn_mask
+    a = _grads(ref, x, pad, w, mask=bias)
+    b = _grads(new, x, pad, w, mask=bias)
+    assert torch.equal(a[0], b[0]) and torch.equal(a[1], b[1])
+    # and a causal mask does change the output (the masked call is not ignored)
+    assert not torch.equal(a[0], _grads(new, x, pad, w)[0])
+
+
+def test_attention_dropout_follows_training_mode():
+    ref, new = _pair(layers=1, dropout=0.3)
+    x, pad, w = _inputs()
+    for mode in ("train", "eval"):
+        for enc in (ref, new):
+            getattr(enc, mode)()
+        torch.manual_seed(11)
+        a = _grads(ref, x, pad, w)
+        torch.manual_seed(11)
+        b = _grads(new, x, pad, w)
+        assert torch.equal(a[0], b[0]) and all(torch.equal(p, q) for p, q in zip(a[2], b[2])), mode
+    torch.manual_seed(11)
+    new.train()
+    assert not torch.equal(_grads(new, x, pad, w)[0], a[0])      # train mode drops, eval mode does not
+
+
+def test_inference_unchanged():
+    ref, new = _pair()
+    x, pad, _ = _inputs()
+    ref.eval()
+    new.eval()
+    with torch.no_grad():
+        assert torch.allclose(ref(x, src_key_padding_mask=pad), new(x, src_key_padding_mask=pad), atol=1e-6)
+
+
+def _part(nf: int, ne: int, seed: int) -> dict:
+    from stages.futurecad import cad
+    g = torch.Generator().manual_seed(seed)
+    return {"faces": torch.randn(nf, cad.UV * cad.UV, cad.FACE_CH, generator=g) * 1.3,
+            "edges": torch.randn(ne, cad.CURVE, cad.EDGE_CH, generator=g) * 0.7,
+            "face_type": torch.randint(0, len(cad.FACE_TYPES), (nf,), generator=g),
+            "edge_type": torch.randint(0, len(cad.EDGE_TYPES), (ne,), generator=g)}
+
+
+def test_grounder_training_bitwise_equal_to_torchs_layer_and_per_tensor_adamw(monkeypatch):
+    """Twelve steps of the stage's GroundModule (EncoderLayer, foreach AdamW) against BRepGround built on torch's
+    layer and trained by torch's default (per-tensor) AdamW in a plain loop: the same weights, bit for bit."""
+    import stages.futurecad.model as model
+
+    parts = pad_parts([_part(3, 5, 1), _part(4, 7, 2), _part(2, 4, 3)], 6, 9)
+    g = torch.Generator().manual_seed(4)
+    n = 18
+    words = torch.randint(2, 15, (n, 6), generator=g)
+    words[::3, 4:] = 0
+    part_idx = torch.tensor([0, 1, 2] * 6)
+    y = (torch.rand(n, 6 + 9, generator=g) < 0.3).float()
+    batches = list(GroundLoader(words, part_idx, y, parts, batch=6, steps=12, seed=2, per_part=2))
+
+    def build():
+        torch.manual_seed(0)
+        return BRepGround(15, d=16, heads=2, text_layers=1, fusion_layers=2, max_words=6)
+
+    net = build()
+    module = GroundModule(net, lr=0.004, weight_decay=0.01)
+    opt = module.configure_optimizers()
+    assert opt.defaults["foreach"] is True
+    monkeypatch.setattr(module, "log", lambda *a, **k: pytest.fail("logged without a logger"))
+    for i, b in enumerate(batches):
+        opt.zero_grad()
+        module.training_step(b, i).backward()
+        opt.step()
+
+    torch_layer = lambda d, heads, layers: nn.TransformerEncoder(  # noqa: E731
+        nn.TransformerEncoderLayer(d, heads, 2 * d, dropout=0.0, batch_first=True, norm_first=True), layers,
+        enable_nested_tensor=False)
+    monkeypatch.setattr(model, "_encoder", torch_layer)
+    ref = build()
+    assert not isinstance(ref.fusion.layers[0], EncoderLayer)
+    ropt = torch.optim.AdamW(ref.parameters(), lr=0.004, weight_decay=0.01, foreach=False)
+    for b in batches:
+        ropt.zero_grad()
+        logits = ref(b["words"], b["faces"], b["edges"], b["face_type"], b["edge_type"], b["fmask"], b["emask"],
+                     b["rows"])
+        mask = torch.cat([b["fmask"], b["emask"]], 1)[b["rows"]].float()
+        loss = (F.binary_cross_entropy_with_logits(logits, b["y"], reduction="none") * mask).sum() / mask.sum()
+        loss.backward()
+        ropt.step()
+    assert [h["loss"] for h in module.history] != [module.history[0]["loss"]] * 12   # it trained
+    assert all(torch.equal(a, b) for a, b in zip(net.parameters(), ref.parameters()))
+
+
+def test_ground_loss_logged_only_with_a_logger(monkeypatch):
+    parts = pad_parts([_part(2, 3, 5)], 2, 3)
+    b = {"words": torch.tensor([[3, 4, 0]]), "y": torch.tensor([[1.0, 0, 0, 1, 0]]), **parts}
+    torch.manual_seed(0)
+    module = GroundModule(BRepGround(6, d=8, heads=2, max_words=3), lr=0.01)
+    calls = []
+    monkeypatch.setattr(module, "log", lambda *a, **k: calls.append((a, k)))
+    module.training_step(b, 0)
+    assert calls == []
+    monkeypatch.setattr(GroundModule, "logger", property(lambda self: object()))
+    loss = module.training_step(b, 1)
+    assert calls == [(("ground/loss", loss), {"on_step": True, "prog_bar": False})]
