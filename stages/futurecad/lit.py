@@ -32,8 +32,8 @@ class GroundModule(L.LightningModule):
         return loss
 
     def configure_optimizers(self):
-        # foreach: one update over the ~40 tensors instead of torch's CPU default per-tensor loop; the same
-        # arithmetic (bitwise-equal weights, tests/futurecad/test_encoder_layer.py)
+        # foreach: one update over the grounder's 51 tensors instead of torch's CPU default per-tensor loop; the
+        # same arithmetic (bitwise-equal weights and moments, tests/futurecad/test_encoder_layer.py)
         return torch.optim.AdamW(self.net.parameters(), lr=self.lr, weight_decay=self.weight_decay, foreach=True)
 
 

@@ -68,19 +68,23 @@ def label_matrix(rows, parts: dict, max_f: int, max_e: int) -> torch.Tensor:
 # BRepGround-mini
 # ----------------------------------------------------------------------------------------------
 class EncoderLayer(nn.TransformerEncoderLayer):
-    """``nn.TransformerEncoderLayer`` (batch first) whose self-attention block runs the ops of torch's own
+    """``nn.TransformerEncoderLayer`` whose self-attention block runs the ops of torch's own
     ``multi_head_attention_forward`` (packed in-projection, the key-padding mask merged per head, SDPA,
     out-projection), with the same values in the same layouts, except one step: q, k and v leave the packed
     projection as three contiguous (L, B, E) copies of its ``split``, whose backward is one concatenation,
     instead of three indexings of a (3, L, B, E) copy, whose backward zero-fills that whole gradient once each,
     adds the three and copies it back through a view. Same parameters and state_dict, bitwise-equal outputs
-    and gradients (tests/futurecad/test_encoder_layer.py); ~10% less CPU per grounder step at the default
-    shapes. An ``attn_mask`` or ``is_causal`` call (unused here) goes to torch's own block."""
+    and gradients (tests/futurecad/test_encoder_layer.py); ~10% less CPU per grounder training step at the
+    default shapes. Only the grounder's case takes this block: batched, batch-first input with a (B, L)
+    key-padding mask or none; anything else (an ``attn_mask``, ``is_causal``, sequence-first or unbatched input,
+    a mask of another shape, which torch then refuses) goes to torch's own block. Inference under ``no_grad``
+    mostly never reaches a block: torch's fused encoder-layer kernel runs instead, as for torch's layer."""
 
     def _sa_block(self, x, attn_mask, key_padding_mask, is_causal=False):
-        if attn_mask is not None or is_causal:
-            return super()._sa_block(x, attn_mask, key_padding_mask, is_causal)
         mha = self.self_attn
+        if (attn_mask is not None or is_causal or not mha.batch_first or x.dim() != 3
+                or (key_padding_mask is not None and key_padding_mask.shape != x.shape[:2])):
+            return super()._sa_block(x, attn_mask, key_padding_mask, is_causal)
         B, L, E = x.shape
         H = mha.num_heads
         proj = F.linear(x.transpose(1, 0), mha.in_proj_weight, mha.in_proj_bias)      # (L, B, 3E), as torch
@@ -89,7 +93,7 @@ class EncoderLayer(nn.TransformerEncoderLayer):
         mask = None
         if key_padding_mask is not None:          # float (-inf at padding): the layer's forward canonicalized it
             mask = key_padding_mask.view(B, 1, 1, L).expand(-1, H, -1, -1).reshape(B * H, 1, L).view(B, H, 1, L)
-        o = F.scaled_dot_product_attention(q, k, v, mask, mha.dropout if self.training else 0.0)
+        o = F.scaled_dot_product_attention(q, k, v, mask, mha.dropout if mha.training else 0.0)
         o = F.linear(o.permute(2, 0, 1, 3).reshape(L * B, E), mha.out_proj.weight, mha.out_proj.bias)
         return self.dropout1(o.view(L, B, E).transpose(1, 0))
 
