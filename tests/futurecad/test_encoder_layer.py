@@ -281,3 +281,32 @@ def test_ground_loss_logged_only_with_a_logger(monkeypatch):
     monkeypatch.setattr(GroundModule, "logger", property(lambda self: object()))
     loss = module.training_step(b, 1)
     assert calls == [(("ground/loss", loss), {"on_step": True, "prog_bar": False})]
+
+
+def test_the_grounders_case_runs_this_block_and_the_others_torchs(monkeypatch):
+    """Equal values cannot tell which block ran: count calls of torch's own block. The grounder's case (batched,
+    batch-first, a (B, L) mask or none, training) must not reach it; each other case must, once per layer."""
+    calls = []
+    torch_block = nn.TransformerEncoderLayer._sa_block
+    monkeypatch.setattr(nn.TransformerEncoderLayer, "_sa_block",
+                        lambda self, *a, **k: calls.append(type(self).__name__) or torch_block(self, *a, **k))
+    _, new = _pair()                                   # 2 layers
+    x, pad, w = _inputs()
+    _grads(new, x, pad, w)
+    _grads(new, x, None, w)
+    assert calls == []
+    causal = nn.Transformer.generate_square_subsequent_mask(x.shape[1])
+    for kw in ({"mask": causal}, {"mask": causal, "is_causal": True}):
+        _grads(new, x, pad, w, **kw)
+        assert calls == ["EncoderLayer"] * 2, kw
+        calls.clear()
+    new(x[0], src_key_padding_mask=pad[0])             # unbatched
+    assert calls == ["EncoderLayer"] * 2
+    calls.clear()
+    _, seq_first = _pair(batch_first=False)
+    seq_first(x.transpose(0, 1))
+    assert calls == ["EncoderLayer"] * 2
+    calls.clear()
+    with pytest.raises(Exception):
+        new(x, src_key_padding_mask=pad.T.contiguous())
+    assert calls == ["EncoderLayer"]                   # torch's block refuses the mask in the first layer
