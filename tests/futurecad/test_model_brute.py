@@ -616,3 +616,70 @@ def test_ground_loader_per_part_batches():
         for k, w in enumerate(b["words"]):
             p = row_of[tuple(w.tolist())]
             assert torch.equal(b["faces"][b["rows"][k]], parts["faces"][p][: b["faces"].shape[1]])
+
+
+# ------------------------------------------------- gaps a mutation run of model.py found (2026-12-05), by hand
+@pytest.mark.parametrize("query,prim,ids", [
+    ("fillet the upright edges", "edges", [1]),                  # vertical type, no place word: the sides
+    ("fillet the upright edges on the top", "edges", [1]),       # a vertical type ignores the place word
+    ("select the cylindrical faces", "faces", [2]),              # cylindrical, no place word: the sides
+    ("select the planar faces", "faces", []),                    # another type with no place: no match
+])
+def test_synonym_rule_types_that_fix_their_place(query, prim, ids):
+    assert synonym_rule(query, _prims()) == (prim, ids)
+
+
+def test_synonym_rule_type_without_place_and_size_words_dropped():
+    p = _sized_prims()
+    assert synonym_rule("fillet the circular edges", p) == ("edges", [])          # a type word, no place
+    assert synonym_rule("fillet the biggest linear edges on the top", p) == ("edges", [4, 5, 6, 7])
+    assert synonym_rule("fillet the short round edges on the top", p) == ("edges", [0, 1, 2])
+
+
+def test_first_words_of_the_synonym_table():
+    from stages.futurecad.model import _first_words
+    assert _first_words("top") == {"top", "upper", "uppermost"}
+    assert _first_words("bottom", "sides") == {"bottom", "underside", "lowest", "sides", "outside", "perimeter"}
+
+
+def test_ranking_metrics_ties_in_id_order_beyond_small_arrays():
+    """20 scores in three tied groups: numpy's default sort reorders ties at this length, the stable one keeps ids.
+    Stable ranking: 2s at ids 0 9 11 14 15 19, then 1s at 1 2 10 12 13 16 17 18, then the 0s; truth {19, 1} is at
+    ranks 6 and 7: AP = (1/6 + 2/7) / 2, recall@6 = 1/2, recall@7 = 1."""
+    s = np.array([2, 1, 1, 0, 0, 0, 0, 0, 0, 2, 1, 2, 1, 1, 2, 2, 1, 1, 1, 2], dtype=np.float32)
+    m = ranking_metrics(s, {19, 1}, ks=(6, 7))
+    assert m == {"recall@6": 0.5, "recall@7": 1.0, "ap": pytest.approx((1 / 6 + 2 / 7) / 2, abs=1e-12)}
+    with pytest.raises(ValueError, match=r"^ranking_metrics: empty truth$"):
+        ranking_metrics(s, set())
+
+
+@pytest.mark.parametrize("tau", [0.7, 1.0, 2.0])
+def test_token_logprobs_at_the_policy_temperature(tau):
+    """The policy's log-probs are those of softmax(logits / τ) (the distribution rollouts sample from)."""
+    from stages.common.tiny_transformer import TinyTransformer, TinyTransformerConfig
+
+    torch.manual_seed(2)
+    lm = TinyTransformer(TinyTransformerConfig(vocab_size=12, d_model=16, n_layers=1, n_heads=2, max_seq_len=9))
+    x = torch.tensor([[0, 5, 1, 7, 8, 2, 0, 0, 0], [4, 5, 1, 9, 3, 11, 6, 2, 0]])
+    pol = ScriptPolicy(lm, 3, 6, lambda lg, t: torch.log_softmax(lg, -1).gather(-1, t[..., None]).squeeze(-1),
+                       temperature=tau)
+    lp = pol.token_logprobs({"tokens": x})
+    with torch.no_grad():
+        logits = lm(x[:, :-1])[:, 2:]
+    ref = torch.log_softmax(logits / tau, -1).gather(-1, x[:, 3:, None]).squeeze(-1)
+    assert lp.shape == (2, 6) and torch.allclose(lp[:, :5], ref[:, :5], atol=1e-6)
+    assert float(lp[:, 5].abs().sum()) == 0.0                    # the all-pad last column is cropped (log-prob 0)
+
+
+def test_ground_loader_batch_of_one_part_and_every_part_drawn():
+    parts = pad_parts([_part(2, 3, 0), _part(3, 1, 1), _part(1, 1, 2)], 4, 4)
+    words = torch.arange(1, 13).reshape(6, 2)
+    y = torch.zeros(6, 8)
+    pidx = torch.tensor([0, 0, 1, 1, 1, 2])
+    one = list(GroundLoader(words, pidx, y, parts, batch=3, steps=5, seed=1, per_part=3))
+    assert all(b["words"].shape[0] == 3 and b["faces"].shape[0] == 1 for b in one)   # batch // per_part = 1 part
+    seen = set()
+    for b in GroundLoader(words, pidx, y, parts, batch=3, steps=60, seed=5, per_part=3):
+        seen |= {int(pidx[(words == w).all(1).nonzero()[0, 0]]) for w in b["words"]}
+    assert seen == {0, 1, 2}                                                     # part 0 is drawn too
+
