@@ -12,6 +12,7 @@ import torch.nn.functional as F
 
 from stages.futurecad.lit import GroundModule
 from stages.futurecad.model import BRepGround, EncoderLayer, GroundLoader, pad_parts
+from tests.futurecad.helpers import random_part
 
 D, H = 24, 3
 
@@ -214,12 +215,7 @@ def test_foreach_adamw_equals_the_per_tensor_loop_on_the_grounders_parameters():
 
 
 def _part(nf: int, ne: int, seed: int) -> dict:
-    from stages.futurecad import cad
-    g = torch.Generator().manual_seed(seed)
-    return {"faces": torch.randn(nf, cad.UV * cad.UV, cad.FACE_CH, generator=g) * 1.3,
-            "edges": torch.randn(ne, cad.CURVE, cad.EDGE_CH, generator=g) * 0.7,
-            "face_type": torch.randint(0, len(cad.FACE_TYPES), (nf,), generator=g),
-            "edge_type": torch.randint(0, len(cad.EDGE_TYPES), (ne,), generator=g)}
+    return random_part(nf, ne, seed, face_scale=1.3, edge_scale=0.7)
 
 
 def test_grounder_training_bitwise_equal_to_torchs_layer_and_per_tensor_adamw(monkeypatch):

@@ -21,6 +21,7 @@ from stages.futurecad.model import (BOS, EOS, PAD, TPAD, TUNK, UNK, BRepGround, 
                                     encode_script, keyword_rule, known_words, label_matrix, np_seed, pad_parts,
                                     predict, ranking_metrics, sample_scripts, set_metrics, synonym_rule, type_only)
 from stages.futurecad.train import equal_compute_sft_steps
+from tests.futurecad.helpers import random_part as _part
 
 
 # ------------------------------------------------------------------------------------ hand-made primitives
@@ -106,14 +107,6 @@ def test_label_matrix_offsets():
     want[0, 0] = want[0, 2] = 1.0
     want[1, 3 + 1] = want[1, 3 + 4] = 1.0
     assert torch.equal(y, want)
-
-
-def _part(nf, ne, seed):
-    g = torch.Generator().manual_seed(seed)
-    return {"faces": torch.randn(nf, cad.UV * cad.UV, cad.FACE_CH, generator=g),
-            "edges": torch.randn(ne, cad.CURVE, cad.EDGE_CH, generator=g),
-            "face_type": torch.randint(0, len(cad.FACE_TYPES), (nf,), generator=g),
-            "edge_type": torch.randint(0, len(cad.EDGE_TYPES), (ne,), generator=g)}
 
 
 def test_pad_parts_layout_and_overflow():
