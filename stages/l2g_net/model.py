@@ -17,12 +17,21 @@ with B = cubic B-splines on lambda / lambda_max (uniform knots), c (S, 1) learne
 per-channel combinator (1, h). Baselines swap the module: full-GFT (same filters on the dense eigh
 basis, no local stage), ChebNet (K Chebyshev terms), GCN (sym-normalized A + I), GIN ((1+eps) x + A x),
 each followed by the same feed-forward module.
+
+Seeds train as one vectorized ensemble (``NodeTaskEnsemble``, stages/common/ensemble.py) or one by one
+(``NodeTask``), with the same result per seed to float rounding. Two things make that possible:
+- the graph's operators (part bases, Cauchy chain, dense GFT basis, sparse propagation matrices) are
+  ``GraphConstants``, not parameters or buffers: every member shares one copy, so under vmap a product
+  ``chain @ h`` is one GEMM over the members' stacked columns, and a sparse product one CSR matmul;
+- dropout masks are drawn outside the forward from a per-seed generator (``draw_dropout_masks``) and
+  handed in (``dropout_masks``), so a seed's masks are the same in both modes (vmap refuses random ops).
 """
 from __future__ import annotations
 
 import copy
 import math
 import warnings
+from functools import partial
 
 import lightning as L
 import numpy as np
@@ -33,7 +42,103 @@ import torch.nn.functional as F
 from scipy.interpolate import BSpline
 from sklearn.metrics import roc_auc_score
 
+from stages.common.ensemble import EnsembleModule, solo_model
+
 DTYPE = torch.float32
+
+
+# --------------------------------------------------------------------------------------------
+# graph constants and planned dropout (what lets the seeds of a model run as one ensemble)
+# --------------------------------------------------------------------------------------------
+class GraphConstants(nn.Module):
+    """A module holding fixed tensors of the graph (not learned, not saved with the weights) outside its
+    parameters and buffers: an ensemble of members shares them instead of stacking one copy per member.
+    ``const(name, like)`` gives the tensor on ``like``'s device and (for floating tensors) dtype, converted once
+    per (device, dtype); ``copy.deepcopy`` shares them (they are never written)."""
+
+    def __init__(self):
+        super().__init__()
+        self._graph: dict[str, torch.Tensor] = {}
+        self._graph_cache: dict[tuple, torch.Tensor] = {}
+
+    def set_const(self, name: str, tensor: torch.Tensor) -> None:
+        self._graph[name] = tensor
+        self._graph_cache = {k: v for k, v in self._graph_cache.items() if k[0] != name}
+
+    def const(self, name: str, like: torch.Tensor) -> torch.Tensor:
+        t = self._graph[name]
+        dtype = like.dtype if t.is_floating_point() else t.dtype
+        if t.device == like.device and t.dtype == dtype:
+            return t
+        key = (name, like.device, dtype)
+        if key not in self._graph_cache:
+            self._graph_cache[key] = t.to(device=like.device, dtype=dtype)
+        return self._graph_cache[key]
+
+    def __deepcopy__(self, memo):
+        new = self.__class__.__new__(self.__class__)
+        memo[id(self)] = new
+        rest = {k: v for k, v in self.__dict__.items() if k not in ("_graph", "_graph_cache")}
+        new.__dict__.update(copy.deepcopy(rest, memo))
+        new.__dict__.update(_graph=dict(self._graph), _graph_cache={})
+        return new
+
+
+class PlannedDropout(nn.Module):
+    """Inverted dropout on (n, width) activations whose keep-mask (0 or 1/(1-p)) is drawn before the forward by
+    ``draw_dropout_masks`` and handed in by ``dropout_masks``; without a handed-in mask it is ``F.dropout`` (the
+    global RNG). In eval mode, or with p = 0, it is the identity."""
+
+    def __init__(self, p: float, width: int):
+        super().__init__()
+        if not 0.0 <= p < 1.0:
+            raise ValueError(f"dropout: expected a probability in [0, 1) (got {p})")
+        self.p, self.width = float(p), int(width)
+        self.mask: torch.Tensor | None = None
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if not self.training or self.p == 0.0:
+            return x
+        if self.mask is None:
+            return F.dropout(x, self.p, True)
+        return x * self.mask
+
+
+def dropout_sites(model: nn.Module) -> list[tuple[str, PlannedDropout]]:
+    """The model's dropout modules that draw (p > 0), in module order (the order of the draws)."""
+    return [(name, m) for name, m in model.named_modules() if isinstance(m, PlannedDropout) and m.p > 0]
+
+
+def draw_dropout_masks(sites: list[tuple[str, PlannedDropout]], n: int,
+                       generator: np.random.Generator) -> dict[str, torch.Tensor]:
+    """One forward's keep-masks: for each dropout site (``dropout_sites``, in module order), keep with probability
+    1 - p (u < 1 - p, u uniform float32 from ``generator``), shape (n, width), kept entries 1/(1 - p) (inverted
+    dropout). numpy's PCG64 draws them ~4x faster than torch's CPU bernoulli_ (~70 vs ~290 us for 576 x 32),
+    which at these sizes costs as much as the layer itself."""
+    masks = {}
+    for name, m in sites:
+        keep = 1.0 - m.p
+        u = generator.random((n, m.width), dtype=np.float32)
+        masks[name] = torch.from_numpy((u < keep).astype(np.float32) * np.float32(1.0 / keep))
+    return masks
+
+
+class dropout_masks:  # noqa: N801 (a context manager used like a function)
+    """``with dropout_masks(model, masks): model(x)``: each named dropout site uses its mask for this forward."""
+
+    def __init__(self, model: nn.Module, masks: dict[str, torch.Tensor]):
+        sites = dict(dropout_sites(model))
+        if set(masks) != set(sites):
+            raise ValueError(f"dropout masks: expected one per site {sorted(sites)} (got {sorted(masks)})")
+        self.pairs = [(sites[name], mask) for name, mask in masks.items()]
+
+    def __enter__(self):
+        for site, mask in self.pairs:
+            site.mask = mask
+
+    def __exit__(self, *exc):
+        for site, _ in self.pairs:
+            site.mask = None
 
 
 # --------------------------------------------------------------------------------------------
@@ -76,8 +181,9 @@ def _logit(p: float) -> float:
 class FeedForward(nn.Module):
     def __init__(self, dim: int, dropout: float, in_mult: int = 1, hidden_mult: int = 1):
         super().__init__()
-        self.net = nn.Sequential(nn.Linear(dim * in_mult, dim * hidden_mult, dtype=DTYPE), nn.Dropout(dropout),
-                                 nn.GELU(), nn.Linear(dim * hidden_mult, dim, dtype=DTYPE), nn.Dropout(dropout))
+        self.net = nn.Sequential(nn.Linear(dim * in_mult, dim * hidden_mult, dtype=DTYPE),
+                                 PlannedDropout(dropout, dim * hidden_mult), nn.GELU(),
+                                 nn.Linear(dim * hidden_mult, dim, dtype=DTYPE), PlannedDropout(dropout, dim))
 
     def forward(self, x):
         return self.net(x)
@@ -86,7 +192,7 @@ class FeedForward(nn.Module):
 # --------------------------------------------------------------------------------------------
 # modules
 # --------------------------------------------------------------------------------------------
-class L2GModule(nn.Module):
+class L2GModule(GraphConstants):
     """One L2G-Net step over precomputed spectral tensors (local bases, Cauchy chain matrix)."""
 
     def __init__(self, spec: dict, dim: int, num_basis: int, dropout: float,
@@ -94,10 +200,10 @@ class L2GModule(nn.Module):
         super().__init__()
         lam_max = float(spec["eigenvalues"].max())
         self.sizes = [int(len(p)) for p in spec["parts"]]
-        for k, (p, Q, lam) in enumerate(zip(spec["parts"], spec["local_bases"], spec["local_eigenvalues"])):
-            self.register_buffer(f"idx{k}", torch.as_tensor(np.asarray(p), dtype=torch.long))
-            self.register_buffer(f"U{k}", torch.tensor(Q, dtype=DTYPE))
-        self.register_buffer("chain", torch.tensor(spec["chain"], dtype=DTYPE))     # (n, n) basis_cauchy
+        for k, (p, Q) in enumerate(zip(spec["parts"], spec["local_bases"])):
+            self.set_const(f"idx{k}", torch.as_tensor(np.asarray(p), dtype=torch.long))
+            self.set_const(f"U{k}", torch.tensor(Q, dtype=DTYPE))
+        self.set_const("chain", torch.tensor(spec["chain"], dtype=DTYPE))           # (n, n) basis_cauchy
         self.local = nn.ModuleList(
             SplineBank(bspline_design(lam, num_basis, max(float(np.max(lam)), 1e-12)), dim, "band_pass")
             for lam in spec["local_eigenvalues"])
@@ -105,39 +211,41 @@ class L2GModule(nn.Module):
         self.local_gate = nn.Parameter(torch.full((len(self.sizes),), _logit(step_local), dtype=DTYPE))
         self.global_gate = nn.Parameter(torch.tensor(_logit(step_global), dtype=DTYPE))
         self.ff = FeedForward(dim, dropout)
-        self.drop = nn.Dropout(dropout)
+        self.drop = PlannedDropout(dropout, dim)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:   # x: (n, h)
         blocks = []
         for k in range(len(self.sizes)):
-            idx, U = getattr(self, f"idx{k}"), getattr(self, f"U{k}")
+            idx, U = self.const(f"idx{k}", x), self.const(f"U{k}", x)
             hat = U.T @ x[idx]                                               # local GFT
             blocks.append(hat + torch.sigmoid(self.local_gate[k]) * self.local[k]() * hat)
-        g = self.chain @ torch.cat(blocks, dim=0)                            # Cauchy chain -> global spectrum
+        chain = self.const("chain", x)
+        g = chain @ torch.cat(blocks, dim=0)                                 # Cauchy chain -> global spectrum
         g = self.glob() * g                                                  # global spline filter
-        back = self.chain.T @ g
+        back = chain.T @ g
         xf = torch.empty_like(x)
         off = 0
         for k, m in enumerate(self.sizes):
-            xf = xf.index_copy(0, getattr(self, f"idx{k}"), getattr(self, f"U{k}") @ back[off:off + m])
+            xf = xf.index_copy(0, self.const(f"idx{k}", x), self.const(f"U{k}", x) @ back[off:off + m])
             off += m
         xf = self.drop(xf)
         return self.ff(F.silu(xf) * torch.sigmoid(self.global_gate) + x)
 
 
-class FullGFTModule(nn.Module):
+class FullGFTModule(GraphConstants):
     """The same global filter bank on the dense eigh basis (no local stage)."""
 
     def __init__(self, spec: dict, dim: int, num_basis: int, dropout: float, step_global: float = 0.1):
         super().__init__()
-        self.register_buffer("U", torch.tensor(spec["U"], dtype=DTYPE))
+        self.set_const("U", torch.tensor(spec["U"], dtype=DTYPE))
         self.glob = SplineBank(bspline_design(spec["lam"], num_basis, float(spec["lam"].max())), dim, "high_pass")
         self.global_gate = nn.Parameter(torch.tensor(_logit(step_global), dtype=DTYPE))
         self.ff = FeedForward(dim, dropout)
-        self.drop = nn.Dropout(dropout)
+        self.drop = PlannedDropout(dropout, dim)
 
     def forward(self, x):
-        xf = self.drop(self.U @ (self.glob() * (self.U.T @ x)))
+        U = self.const("U", x)
+        xf = self.drop(U @ (self.glob() * (U.T @ x)))
         return self.ff(F.silu(xf) * torch.sigmoid(self.global_gate) + x)
 
 
@@ -155,37 +263,52 @@ def _csr(M) -> torch.Tensor:
 
 class _SpMM(torch.autograd.Function):
     """y = S x with S sparse (CSR) and constant; dL/dx = S^T dL/dy through the CSR of S^T built once, not the
-    per-call transpose and coalesce of torch.sparse.mm's backward (~10x slower per call at n = 576)."""
+    per-call transpose and coalesce of torch.sparse.mm's backward (~10x slower per call at n = 576). Under vmap
+    (the seeds of an ensemble) the members' x (B, n, f) are one (n, B*f) operand: one CSR matmul for all."""
 
     @staticmethod
-    def forward(ctx, S, ST, x):
-        ctx.ST = ST
+    def forward(S, ST, x):
         return S @ x
+
+    @staticmethod
+    def setup_context(ctx, inputs, output):
+        ctx.ST = inputs[1]
 
     @staticmethod
     def backward(ctx, g):
         return None, None, ctx.ST @ g
 
+    @classmethod
+    def apply(cls, S, ST, x):
+        # torch's Function.apply binds the arguments through inspect.signature on every call of a Function with
+        # setup_context (~40 us, as much as the product at n = 576; ChebNet-20 makes 76 calls a step); outside
+        # vmap/grad transforms it then calls the C++ apply, which this calls directly (positional arguments, no
+        # defaults to bind). Under a transform (the ensemble's vmap) torch's own path runs the vmap rule below.
+        if torch._C._are_functorch_transforms_active():
+            return super().apply(S, ST, x)
+        return super(torch.autograd.Function, cls).apply(S, ST, x)
 
-class SparseOperator(nn.Module):
-    """A fixed sparse (n, n) operator S (CSR) applied as S @ x; S and S^T are kept as non-persistent buffers
-    (rebuilt from the graph, not saved with the weights)."""
+    @staticmethod
+    def vmap(info, in_dims, S, ST, x):
+        if in_dims[0] is not None or in_dims[1] is not None:
+            raise ValueError("a sparse operator is a graph constant, shared by every member: it cannot be batched")
+        x = x.movedim(in_dims[2], 1)                       # (n, B, ...)
+        n, B = x.shape[0], x.shape[1]
+        y = _SpMM.apply(S, ST, x.reshape(n, -1))           # (n, B*f): the members' columns side by side
+        return y.reshape(n, B, *x.shape[2:]), 1
+
+
+class SparseOperator(GraphConstants):
+    """A fixed sparse (n, n) operator S (CSR) applied as S @ x; S and S^T are graph constants (rebuilt from the
+    graph, not saved with the weights; shared by the members of an ensemble)."""
 
     def __init__(self, M):
         super().__init__()
-        self.register_buffer("S", _csr(M), persistent=False)
-        self.register_buffer("ST", _csr(sp.csr_matrix(M).T), persistent=False)
+        self.set_const("S", _csr(M))
+        self.set_const("ST", _csr(sp.csr_matrix(M).T))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return _SpMM.apply(self.S, self.ST, x)
-
-    def __deepcopy__(self, memo):      # CSR tensors have no storage for copy.deepcopy to copy: clone them
-        new = self.__class__.__new__(self.__class__)
-        memo[id(self)] = new
-        state = {k: v for k, v in self.__dict__.items() if k != "_buffers"}
-        new.__dict__.update(copy.deepcopy(state, memo))
-        new._buffers = {k: v.clone() for k, v in self._buffers.items()}
-        return new
+        return _SpMM.apply(self.const("S", x), self.const("ST", x), x)
 
 
 class PropModule(nn.Module):
@@ -242,7 +365,7 @@ class NodeClassifier(nn.Module):
     def __init__(self, in_features: int, dim: int, modules: list[nn.Module], dropout: float, num_targets: int = 1):
         super().__init__()
         self.inp = nn.Linear(in_features, dim, dtype=DTYPE)
-        self.drop = nn.Dropout(dropout)
+        self.drop = PlannedDropout(dropout, dim)
         self.layers = nn.ModuleList(Residual(m, dim) for m in modules)
         self.out_norm = nn.LayerNorm(dim, dtype=DTYPE)
         self.out = nn.Linear(dim, num_targets, dtype=DTYPE)
@@ -306,12 +429,49 @@ def score(logits: torch.Tensor, y: torch.Tensor) -> float:
     return float((logits.argmax(-1) == y).float().mean())
 
 
+def dropout_generator(seed: int) -> np.random.Generator:
+    """The generator of a seed's dropout masks: a PCG64 stream of its own (SeedSequence([seed, DROPOUT_STREAM])),
+    apart from the initialization's (torch's global RNG after ``manual_seed(seed)``)."""
+    return np.random.Generator(np.random.PCG64(np.random.SeedSequence([seed, DROPOUT_STREAM])))
+
+
+DROPOUT_STREAM = 0x64726F70    # "drop"
+
+
+def node_loss(logits: torch.Tensor, y: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    """Mean BCE (one logit per node) or cross-entropy (several classes) over the train nodes, as a weighted mean
+    with weight = the 0/1 train mask: no boolean indexing, so each member of an ensemble has its own split."""
+    if logits.dim() == 1:
+        per_node = F.binary_cross_entropy_with_logits(logits, y.to(logits.dtype), reduction="none")
+    else:
+        per_node = F.cross_entropy(logits, y, reduction="none")
+    weight = weight.to(per_node.dtype)
+    return (per_node * weight).sum() / weight.sum()
+
+
+def _param_groups(named, lr: float, mult: float) -> list[dict]:
+    """AdamW groups: the spline coefficients at lr * mult, every other parameter at lr."""
+    named = list(named)
+    spectral = [p for n, p in named if n.endswith("coeffs")]
+    groups = [{"params": [p for n, p in named if not n.endswith("coeffs")], "lr": lr}]
+    if spectral:
+        groups.append({"params": spectral, "lr": lr * mult})
+    return groups
+
+
+def _adamw(groups, lr: float, weight_decay: float) -> torch.optim.AdamW:
+    # foreach: one fused update over the ~60 small tensors (torch's CPU default loops over them in Python);
+    # the same arithmetic (bitwise-equal parameters after 60 steps of an l2g model, checked)
+    return torch.optim.AdamW(groups, lr=lr, weight_decay=weight_decay, foreach=True)
+
+
 class NodeTask(L.LightningModule):
-    """Full-graph training step (BCE on the train nodes, or cross-entropy for several classes); keeps the
-    state with the best validation score (ROC AUC, or accuracy for several classes, as Platonov et al.)."""
+    """One seed's full-graph training (BCE on the train nodes, or cross-entropy for several classes), dropout masks
+    from ``dropout_generator(dropout_seed)``; keeps the state with the best validation score (ROC AUC, or accuracy
+    for several classes, as Platonov et al.). ``dropout_seed=None``: the global RNG draws the masks."""
 
     def __init__(self, model: NodeClassifier, x, y, masks: dict, lr: float, weight_decay: float,
-                 spectral_lr_mult: float, eval_every: int):
+                 spectral_lr_mult: float, eval_every: int, dropout_seed: int | None = None):
         super().__init__()
         self.model = model
         self.register_buffer("x", x)
@@ -319,16 +479,20 @@ class NodeTask(L.LightningModule):
         for k, m in masks.items():
             self.register_buffer(f"mask_{k}", m)
         self.lr, self.wd, self.mult, self.eval_every = lr, weight_decay, spectral_lr_mult, eval_every
+        self.sites = dropout_sites(model)
+        self.generator = None if dropout_seed is None else dropout_generator(dropout_seed)
         self.best = {"val_auc": -1.0, "step": -1, "state": None}
         self.history: list[dict] = []
 
     def training_step(self, batch, _):
-        logits = self.model(self.x)
-        m = self.mask_train
-        if logits.dim() == 1:
-            loss = F.binary_cross_entropy_with_logits(logits[m], self.y[m].to(logits.dtype))
+        if self.generator is None:
+            logits = self.model(self.x)
         else:
-            loss = F.cross_entropy(logits[m], self.y[m])
+            masks = {name: m.to(self.x) for name, m in draw_dropout_masks(self.sites, self.x.shape[0],
+                                                                          self.generator).items()}
+            with dropout_masks(self.model, masks):
+                logits = self.model(self.x)
+        loss = node_loss(logits, self.y, self.mask_train)
         if self.logger is not None:       # train runs without a logger (history below); self.log costs ~1 ms a step
             self.log("train_bce", loss, on_step=True, on_epoch=False, batch_size=1)
         return loss
@@ -347,11 +511,63 @@ class NodeTask(L.LightningModule):
             self.best = {"val_auc": val, "step": step, "state": copy.deepcopy(self.model.state_dict())}
 
     def configure_optimizers(self):
-        spectral = [p for n, p in self.model.named_parameters() if n.endswith("coeffs")]
-        other = [p for n, p in self.model.named_parameters() if not n.endswith("coeffs")]
-        groups = [{"params": other, "lr": self.lr}]
-        if spectral:
-            groups.append({"params": spectral, "lr": self.lr * self.mult})
-        # foreach: one fused update over the ~60 small tensors (torch's CPU default loops over them in Python);
-        # the same arithmetic (bitwise-equal parameters after 60 steps of an l2g model, checked)
-        return torch.optim.AdamW(groups, lr=self.lr, weight_decay=self.wd, foreach=True)
+        return _adamw(_param_groups(self.model.named_parameters(), self.lr, self.mult), self.lr, self.wd)
+
+
+def _member_loss(model: NodeClassifier, x, y, weight, masks: dict) -> torch.Tensor:
+    with dropout_masks(model, masks):
+        logits = model(x)
+    return node_loss(logits, y, weight)
+
+
+class NodeTaskEnsemble(EnsembleModule):
+    """The seeds of one (task, model) trained as ONE vectorized ensemble (``stages.common.ensemble``): member k is
+    ``NodeTask``'s run of ``seeds[k]`` (its initialization after ``manual_seed``, its split ``masks[...][k]``, its
+    dropout masks from ``dropout_generator(seeds[k])``, its AdamW update), equal to it to float rounding. The graph
+    constants are shared, so each chain/basis product is one GEMM and each sparse product one CSR matmul over the
+    members' columns. ``histories[k]`` and ``best[k]`` are member k's, as ``NodeTask``'s ``history`` and ``best``."""
+
+    def __init__(self, make_model, seeds, x, y, masks: dict, lr: float, weight_decay: float, spectral_lr_mult: float,
+                 eval_every: int):
+        super().__init__(make_model, seeds, optimizer=partial(_adamw, lr=lr, weight_decay=weight_decay),
+                         param_groups=partial(_param_groups, lr=lr, mult=spectral_lr_mult))
+        S = len(self.ensemble)
+        for k, m in masks.items():
+            if tuple(m.shape) != (S, x.shape[0]):
+                raise ValueError(f"masks[{k!r}]: expected one row per seed, shape ({S}, {x.shape[0]}); "
+                                 f"got {tuple(m.shape)}")
+            self.register_buffer(f"mask_{k}", m)
+        self.register_buffer("x", x)
+        self.register_buffer("y", y)
+        self.eval_every = eval_every
+        self.sites = dropout_sites(solo_model(make_model, self.ensemble.seeds[0]))
+        self.generators = [dropout_generator(s) for s in self.ensemble.seeds]
+        self.best = [{"val_auc": -1.0, "step": -1, "state": None} for _ in range(S)]
+        self.histories: list[list[dict]] = [[] for _ in range(S)]
+
+    def training_step(self, batch, _):
+        n = self.x.shape[0]
+        draws = [draw_dropout_masks(self.sites, n, g) for g in self.generators]
+        masks = {name: torch.stack([d[name] for d in draws]).to(self.x) for name, _ in self.sites}
+        losses = self.ensemble.vmap(_member_loss, self.x, self.y, self.mask_train, masks,
+                                    shared=(True, True, False, False))
+        self.last_losses = losses.detach()
+        if self.logger is not None:
+            self.log("train_bce_mean", self.last_losses.mean(), on_step=True, on_epoch=False, batch_size=1)
+        return losses.sum()                # the sum: member k's gradient is its solo gradient
+
+    def on_train_batch_end(self, outputs, batch, batch_idx):
+        step = int(self.global_step)
+        if step % self.eval_every and step != self.trainer.max_steps:
+            return
+        self.ensemble.eval()
+        with torch.no_grad():
+            logits = self.ensemble(self.x, shared=True)          # (S, n) or (S, n, classes)
+        self.ensemble.train()
+        for k in range(len(self.ensemble)):
+            m = self.mask_val[k]
+            val = score(logits[k][m], self.y[m])
+            self.histories[k].append({"step": step, "train_bce": float(self.last_losses[k]), "val_auc": val})
+            if val > self.best[k]["val_auc"]:
+                state = {name: t[k].detach().clone() for name, t in self.ensemble.stacked.state_dict().items()}
+                self.best[k] = {"val_auc": val, "step": step, "state": state}

@@ -223,9 +223,9 @@ banks with sigmoid-gated steps, global high-pass spline bank, SiLU + sigmoid-gat
 bank on the dense eigh basis of the true L), ChebNet (K = {train['config']['cheb_k']} and, `chebnet_long`, K = {train['config'].get('cheb_k_long')}), GCN, GIN; widths
 {train_ms['dims']} chosen so that every model has about {train_ms['params_target']} parameters. AdamW,
 {train['config']['trainer']['max_steps']} full-graph steps, spline coefficients at
-{train['config']['spectral_lr_mult']}x the learning rate, best-validation-AUC state kept; runs in
-{train['config'].get('workers', 1)} single-threaded processes, each seeded on its own (results do not depend on the
-process count).
+{train['config']['spectral_lr_mult']}x the learning rate, best-validation-AUC state kept; {_seed_mode(train['config'])}
+in {train['config'].get('workers', 1)} single-threaded processes, each seed seeded on its own (its split, initialization
+and dropout masks; results do not depend on the process count).
 {_parity_setup(pg, pdata, res.get("task_data", {}).get("edge_homophily")) if par is not None else ""}""")
     # ---------------------------------------------------------------- results: exactness
     rep.table("Exactness suite", suite.select("graph", "partition", "n", "parts", "cut_edges", *errcols, "fallback"),
@@ -533,6 +533,13 @@ def _upper_text(m: dict) -> str:
             "over all sizes is lower than the growth at the top (each rank-one update costs ~m^2 in its active size "
             "m, and the kept cut edges grow with n), and L2G's speed is bought by sparsifying the cut, while eigh is "
             "exact for the true L. " + "; ".join(parts) + ".")
+
+
+def _seed_mode(cfg: dict) -> str:
+    if cfg.get("vectorize_seeds", False):
+        return ("the seeds of each (task, model) train as one vectorized ensemble (`NodeTaskEnsemble`: each seed "
+                "equals its solo run to float rounding, tested), one ensemble per job,")
+    return "every (task, model, seed) trains on its own,"
 
 
 def _threats(m: dict, seeds: int, train: dict) -> str:

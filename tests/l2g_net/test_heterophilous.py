@@ -60,7 +60,7 @@ def test_heterophilous_fixture_factorization_and_l2g_net(tmp_path):
     payload = {"fixture": {"cfg": cfg.model_dump(mode="json"), "spec": spec, "x": data["x"], "y": data["y"],
                            "fixed": data["splits"], "out": str(tmp_path), "device": "cpu"}}
     for kind in ("l2g", "l2g_exact"):
-        r = run_jobs(_run_job, [("fixture", kind, 12, 8)], payload, 1)[0]
+        r = run_jobs(_run_job, [("fixture", kind, (12,), 8)], payload, 1)[0][0]
         assert 0.0 <= r["best_val_auc"] <= 1.0 and (tmp_path / f"{kind}_seed12.pt").exists()
     masks = node_split(44, 12, 0.5, 0.25, data["splits"])
     assert all((masks[k] == data["splits"][k][2]).all() for k in masks)          # seed 12 -> split 2
@@ -134,7 +134,7 @@ def test_bad_files_name_the_key(tmp_path, edit, match):
 
 
 def test_worker_processes_give_the_in_process_results(tmp_path, monkeypatch):
-    """(task, model, seed) runs in a pool of worker processes equal the in-process runs (each run seeds itself).
+    """(task, model) jobs in a pool of worker processes equal the in-process runs (each run seeds itself).
     The stage spawns its workers; here they are forked (same code path, jobs and results still pickled) so the test
     does not pay two fresh interpreter imports. (The pool's fail-fast path — an error or SIGTERM kills the workers
     instead of running the queue — was checked by hand.)"""
@@ -157,7 +157,9 @@ def test_worker_processes_give_the_in_process_results(tmp_path, monkeypatch):
         out.mkdir()
         payload = {"t": {"cfg": cfg.model_dump(mode="json"), "spec": spec, "x": data["x"], "y": data["y"],
                          "fixed": data["splits"], "out": str(out), "device": "cpu"}}
-        runs[w] = run_jobs(_run_job, [("t", "l2g", 4, 6), ("t", "gcn", 7, 9)], payload, w)
+        runs[w] = [r for rs in run_jobs(_run_job, [("t", "l2g", (4, 5), 6), ("t", "gcn", (7,), 9)], payload, w)
+                   for r in rs]
+    assert [r["seed"] for r in runs[1]] == [4, 5, 7]
     for a, b in zip(runs[1], runs[2]):
         assert a["history"] == b["history"] and a["best_val_auc"] == b["best_val_auc"]
     for name in ("l2g_seed4.pt", "gcn_seed7.pt"):

@@ -158,8 +158,8 @@ def test_sparse_operator_values_and_gradients_against_dense():
     (yd * w).sum().backward()
     torch.testing.assert_close(x.grad, xd.grad, atol=1e-5, rtol=1e-5)
     assert op.state_dict() == {}                      # rebuilt from the graph, not saved with the weights
-    twin = copy.deepcopy(op)                           # CSR buffers cloned, not shared
-    assert twin.S is not op.S and twin.ST is not op.ST
+    twin = copy.deepcopy(op)                           # graph constants shared (never written), not copied
+    assert twin.const("S", x) is op.const("S", x) and twin.const("ST", x) is op.const("ST", x)
     torch.testing.assert_close(twin(x.detach()), y.detach())
 
 
@@ -172,7 +172,7 @@ def test_propagation_modules_against_dense_formulas(kind):
     A = sps.csr_matrix(nx.to_numpy_array(g) * 1.5)     # weighted (w != 1)
     n, K = 14, 5
     torch.manual_seed(0)
-    mod = copy.deepcopy(PropModule(kind, A, 1.8, dim=3, dropout=0.0, cheb_k=K))   # deepcopy-able (CSR buffers)
+    mod = copy.deepcopy(PropModule(kind, A, 1.8, dim=3, dropout=0.0, cheb_k=K))   # deepcopy-able (CSR constants)
     seen = {}
     mod.ff.register_forward_pre_hook(lambda m, a: seen.update(z=a[0].detach().numpy()))
     with torch.no_grad():
