@@ -19,7 +19,9 @@ basis, no local stage), ChebNet (K Chebyshev terms), GCN (sym-normalized A + I),
 each followed by the same feed-forward module.
 
 Seeds train as one vectorized ensemble (``NodeTaskEnsemble``, stages/common/ensemble.py) or one by one
-(``NodeTask``), with the same result per seed to float rounding. Two things make that possible:
+(``NodeTask``): the same computation per seed, equal to float rounding over short runs (tests/l2g_net/test_ensemble.py);
+over the stage's 300 steps the rounding differences grow in some kinds (ChebNet, GIN) as they grow between any two
+builds (a 1e-7 nudge of a solo run's initialization drifts alike). Two things make the ensemble possible:
 - the graph's operators (part bases, Cauchy chain, dense GFT basis, sparse propagation matrices) are
   ``GraphConstants``, not parameters or buffers: every member shares one copy, so under vmap a product
   ``chain @ h`` is one GEMM over the members' stacked columns, and a sparse product one CSR matmul;
@@ -72,7 +74,8 @@ class GraphConstants(nn.Module):
             return t
         key = (name, like.device, dtype)
         if key not in self._graph_cache:
-            self._graph_cache[key] = t.to(device=like.device, dtype=dtype)
+            with torch.inference_mode(False):     # a first call under inference_mode must not cache an inference
+                self._graph_cache[key] = t.to(device=like.device, dtype=dtype)   # tensor that training then saves
         return self._graph_cache[key]
 
     def __deepcopy__(self, memo):
@@ -523,7 +526,8 @@ def _member_loss(model: NodeClassifier, x, y, weight, masks: dict) -> torch.Tens
 class NodeTaskEnsemble(EnsembleModule):
     """The seeds of one (task, model) trained as ONE vectorized ensemble (``stages.common.ensemble``): member k is
     ``NodeTask``'s run of ``seeds[k]`` (its initialization after ``manual_seed``, its split ``masks[...][k]``, its
-    dropout masks from ``dropout_generator(seeds[k])``, its AdamW update), equal to it to float rounding. The graph
+    dropout masks from ``dropout_generator(seeds[k])``, its AdamW update): the same computation, equal to float
+    rounding (which long runs amplify, as between any two builds). The graph
     constants are shared, so each chain/basis product is one GEMM and each sparse product one CSR matmul over the
     members' columns. ``histories[k]`` and ``best[k]`` are member k's, as ``NodeTask``'s ``history`` and ``best``."""
 

@@ -538,7 +538,9 @@ def _upper_text(m: dict) -> str:
 def _seed_mode(cfg: dict) -> str:
     if cfg.get("vectorize_seeds", False):
         return ("the seeds of each (task, model) train as one vectorized ensemble (`NodeTaskEnsemble`: each seed "
-                "equals its solo run to float rounding, tested), one ensemble per job,")
+                "is its solo run's computation, equal to float rounding over the tests' short runs; over 300 steps "
+                "ChebNet and GIN amplify rounding differences as any two builds would, so solo runs give other "
+                "numbers for them), one ensemble per job,")
     return "every (task, model, seed) trains on its own,"
 
 
@@ -552,7 +554,11 @@ def _threats(m: dict, seeds: int, train: dict) -> str:
                  "findings, which this profile's budget does not allow; ")
     return "\n".join([
         "- **Seeds.** " + seed_text + "the full profile runs 10 seeds on the published file's 10 fixed splits. "
-        "Inconclusive verdicts show the smallest gap their design could detect.",
+        "Inconclusive verdicts show the smallest gap their design could detect. Verdicts near their thresholds move "
+        "with the random draw: changing only the dropout masks' random stream (2026-12-05, when the seeds became one "
+        "vectorized ensemble) moved `parity_l2g_matches_full_gft` (inconclusive to holds), "
+        "`exact_cut_recovers_full_gft` (inconclusive to fails) and `parity_exact_cut_recovers_full_gft` (holds to "
+        "inconclusive); read them as one draw of five seeds.",
         "- **Parity task structure.** The parity label is a function of the bipartite colouring "
         f"({100 * pdata.get('label_is_colour_xor_source_colour', float('nan')):.0f}% of nodes), the top eigenvector of the "
         "normalized Laplacian: L2G-Net's and the full-GFT model's high-pass global filters can read it off, 1-hop "

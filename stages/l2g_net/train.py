@@ -22,8 +22,9 @@ parameter count is closest to L2G-Net's):
 Every model x seed: the seed fixes the 50/25/25 node split (or picks split seed mod S of a benchmark
 file's fixed splits), the initialization and the dropout masks (its own generator); the state with the best
 validation ROC AUC (checked every ``eval_every`` steps) is kept. The seeds of a (task, model) train as one
-vectorized ensemble (``vectorize_seeds``: ``NodeTaskEnsemble``, each seed equal to its solo run to float
-rounding), or one by one (``NodeTask``). The (task, model) jobs (or (task, model, seed) jobs) go to ``workers``
+vectorized ensemble (``vectorize_seeds``: ``NodeTaskEnsemble``, each seed the same computation as its solo run,
+equal to float rounding over short runs; over 300 steps ChebNet and GIN amplify the rounding as any two builds
+would), or one by one (``NodeTask``). A result's ``fit_cpu_s`` is its share of its job's fit (the job's / seeds). The (task, model) jobs (or (task, model, seed) jobs) go to ``workers``
 single-threaded processes; each seed is seeded on its own, so the results do not depend on the number of workers.
 
     python -m stages train l2g_net
@@ -64,7 +65,7 @@ class Config(StageConfig):
     workers: int = Field(1, ge=1, le=64, description="processes training (task, model) jobs in parallel, one "
                          "thread each; every seed is seeded on its own, so results do not depend on this")
     vectorize_seeds: bool = Field(True, description="train a (task, model)'s seeds as one vectorized ensemble "
-                                  "(equal per seed to the solo runs to float rounding; ~1.2-1.4x less CPU here)")
+                                  "(per seed the solo run's computation, equal to float rounding; ~1.2x less CPU here)")
     laplacian: Literal["normalized", "combinatorial"] = "normalized"
     partitioner: Literal["auto", "metis", "spectral"] = Field(
         "auto", description="recursive bisection: METIS (pymetis) when installed, else spectral")

@@ -32,11 +32,11 @@ def graph():
     return A, rng.normal(size=(30, 5)).astype(np.float32), rng.integers(0, 3, size=30)
 
 
-def _runs(graph, tmp, kind, vectorize, classes=2, seeds=(3, 5, 8)):
+def _runs(graph, tmp, kind, vectorize, classes=2, seeds=(3, 5, 8), dropout=0.3):
     A, x, y3 = graph
     y = (y3 > 0).astype(np.int64) if classes == 2 else y3
     cfg = Config.model_validate({"seeds": list(seeds), "dim": 6, "num_layers": 2, "num_basis": 5, "cheb_k": 3,
-                                 "cheb_k_long": 5, "target_cut": 2, "partitioner": "spectral", "dropout": 0.3,
+                                 "cheb_k_long": 5, "target_cut": 2, "partitioner": "spectral", "dropout": dropout,
                                  "lr": 0.02, "spectral_lr_mult": 3.0, "weight_decay": 0.01, "eval_every": 3,
                                  "vectorize_seeds": vectorize, "trainer": {"max_steps": 9}})
     spec, _ = spectral_tensors(cfg, A, KernelRecord(torch.device("cpu")), torch.device("cpu"))
@@ -86,7 +86,11 @@ def test_ensemble_seed_equals_its_solo_run(graph, tmp_path, kind, classes):
 def test_members_draw_their_own_dropout_masks(graph, tmp_path):
     """Dropout is on in training: a run with dropout 0 ends elsewhere, and two seeds' masks differ."""
     (tmp_path / "a").mkdir()
-    res, _, _ = _runs(graph, tmp_path / "a", "gcn", True)
+    (tmp_path / "b").mkdir()
+    with_dropout, _, _ = _runs(graph, tmp_path / "a", "gcn", True)
+    without, _, _ = _runs(graph, tmp_path / "b", "gcn", True, dropout=0.0)
+    for a, b in zip(with_dropout, without):
+        assert a["history"][-1]["train_bce"] != pytest.approx(b["history"][-1]["train_bce"], rel=1e-3)
     model = build_model("gcn", {"A": graph[0]}, in_features=5, dim=4, num_layers=2, num_basis=5, dropout=0.3, cheb_k=3)
     sites = dropout_sites(model)
     assert [n for n, _ in sites] == ["drop", "layers.0.module.ff.net.1", "layers.0.module.ff.net.4",
@@ -96,6 +100,35 @@ def test_members_draw_their_own_dropout_masks(graph, tmp_path):
     assert all(not torch.equal(m3[k], m5[k]) for k in m3)
     again = draw_dropout_masks(sites, 30, dropout_generator(3))
     assert all(torch.equal(m3[k], again[k]) for k in m3)
+
+
+@pytest.mark.parametrize("kind", ["l2g", "chebnet", "gin"])
+def test_one_step_member_gradients_are_the_solo_gradients(graph, kind):
+    """The ensemble's training loss is the SUM of the member losses, so member k's gradient is exactly seed k's solo
+    gradient (a mean would divide it by S, which AdamW's scale invariance hides from the trajectories)."""
+    from stages.l2g_net.model import NodeTask, NodeTaskEnsemble
+    from stages.l2g_net.train import node_split
+    A, x, y3 = graph
+    y = torch.as_tensor((y3 > 0).astype(np.int64))
+    x = torch.as_tensor(x)
+    cfg = Config.model_validate({"target_cut": 2, "partitioner": "spectral", "num_basis": 5})
+    spec, _ = spectral_tensors(cfg, A, KernelRecord(torch.device("cpu")), torch.device("cpu"))
+    make = lambda seed: build_model(kind, spec, in_features=5, dim=DIMS[kind], num_layers=2, num_basis=5,  # noqa: E731
+                                    dropout=0.3, cheb_k=3, cheb_k_long=5)
+    seeds = [3, 5, 8]
+    splits = [node_split(30, s, 0.5, 0.25) for s in seeds]
+    masks = {k: torch.as_tensor(np.stack([sp_[k] for sp_ in splits])) for k in ("train", "val", "test")}
+    hp = dict(lr=0.01, weight_decay=0.0, spectral_lr_mult=2.0, eval_every=1)
+    ens = NodeTaskEnsemble(make, seeds, x, y, masks, **hp)
+    ens.training_step(None, 0).backward()
+    for k, seed in enumerate(seeds):
+        torch.manual_seed(seed)
+        solo = NodeTask(make(seed), x, y, {n: torch.as_tensor(v) for n, v in splits[k].items()}, dropout_seed=seed,
+                        **hp)
+        solo.training_step(None, 0).backward()
+        for name, p in solo.model.named_parameters():
+            torch.testing.assert_close(ens.ensemble.stacked.get_parameter(name).grad[k], p.grad, rtol=1e-4,
+                                       atol=1e-6, msg=f"{kind} seed {seed} {name}")
 
 
 def test_planned_dropout_masks_are_inverted_bernoulli():
@@ -230,6 +263,12 @@ def test_graph_constants_follow_the_input_and_are_shared():
     twin = copy.deepcopy(h)
     assert twin.const("U", x32) is h.const("U", x32)               # shared, not copied
     assert twin.w is not h.w and twin._graph_cache == {}
+    fresh = Holder()
+    with torch.inference_mode():                                    # first conversion under inference_mode ...
+        fresh.const("U", x64)
+    w = torch.ones(2, dtype=torch.float64, requires_grad=True)
+    (fresh.const("U", x64) @ w).sum().backward()                    # ... still usable by training afterwards
+    torch.testing.assert_close(w.grad, torch.tensor([1.75, 1.0], dtype=torch.float64))
     h.set_const("U", torch.zeros(2, 2))                             # replacing a constant drops its conversions
     assert torch.equal(h.const("U", x64), torch.zeros(2, 2, dtype=torch.float64))
     assert twin.const("U", x32)[0, 0] == 1.5                       # the twin keeps the tensor it shared
