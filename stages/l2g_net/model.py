@@ -468,6 +468,12 @@ def _adamw(groups, lr: float, weight_decay: float) -> torch.optim.AdamW:
     return torch.optim.AdamW(groups, lr=lr, weight_decay=weight_decay, foreach=True)
 
 
+def _eval_step(task: L.LightningModule) -> int | None:
+    """The step just taken when validation is due (every ``eval_every`` steps and at the last step), else None."""
+    step = int(task.global_step)
+    return step if step % task.eval_every == 0 or step == task.trainer.max_steps else None
+
+
 class NodeTask(L.LightningModule):
     """One seed's full-graph training (BCE on the train nodes, or cross-entropy for several classes), dropout masks
     from ``dropout_generator(dropout_seed)``; keeps the state with the best validation score (ROC AUC, or accuracy
@@ -501,8 +507,8 @@ class NodeTask(L.LightningModule):
         return loss
 
     def on_train_batch_end(self, outputs, batch, batch_idx):
-        step = int(self.global_step)
-        if step % self.eval_every and step != self.trainer.max_steps:
+        step = _eval_step(self)
+        if step is None:
             return
         self.model.eval()
         with torch.no_grad():
@@ -561,8 +567,8 @@ class NodeTaskEnsemble(EnsembleModule):
         return losses.sum()                # the sum: member k's gradient is its solo gradient
 
     def on_train_batch_end(self, outputs, batch, batch_idx):
-        step = int(self.global_step)
-        if step % self.eval_every and step != self.trainer.max_steps:
+        step = _eval_step(self)
+        if step is None:
             return
         self.ensemble.eval()
         with torch.no_grad():
