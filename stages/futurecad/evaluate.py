@@ -122,6 +122,23 @@ def _run(cfg, ctx, prep, tr, meta, models, device, sandbox) -> None:
     seeds = meta["seeds"]
     g = models["ground"]
     rec = KernelRecord(device)
+    # ---- CAD work first: the topology fillets (3.) and every program arm's greedy scripts (4.) go to the sandbox
+    #      as one background batch, which its workers execute while this process scores the grounders, the
+    #      baselines and the CLI; 3. and 4. then read the sandbox's cache (the same results, in the same order)
+    topo = pl.read_parquet(prep / "topology.parquet").to_dicts()
+    topo_scripts = topology_scripts(topo)
+    pc = models["program"]
+    progs = pl.read_parquet(prep / "programs.parquet").to_dicts()
+    tg = torch.load(prep / "program_targets.pt", weights_only=True)
+    test_idx = [i for i, p in enumerate(progs) if p["role"] == "test"]
+    arms = ["sft"] + (["sft_more", "rl"] if pc["rl_steps"] else [])
+    generated = _generate_scripts(tr, models, arms, progs, test_idx, device) if pc["rl_steps"] else {}
+    test_breps = [_brep(tg["brep"][i]) for i in test_idx]
+    sandbox.set_grounder(("model", str(tr / models["env_grounder"])))    # the first seed's grounder
+    texts = [t for v in topo_scripts.values() for t in v] + [t for v in generated.values() for t in v]
+    breps = [None] * (len(texts) - len(test_breps) * len(generated)) + test_breps * len(generated)
+    pending = sandbox.prefetch(texts, breps)
+
     parts = load_parts(prep)
     rows = pl.read_parquet(prep / "queries.parquet").filter(pl.col("split") == "test").to_dicts()
     ext = pl.read_parquet(prep / "external.parquet").to_dicts()
@@ -140,6 +157,7 @@ def _run(cfg, ctx, prep, tr, meta, models, device, sandbox) -> None:
     all_rows = rows + ext
     fam = _family(all_rows, "templates")
     results: dict = {"seeds": seeds, "grounding": {}, "topology": {}, "program": {}}
+
 
     # ---- 1. baselines (deterministic: the same per-item list for every seed, so tests are paired)
     base: dict = {}
@@ -171,38 +189,26 @@ def _run(cfg, ctx, prep, tr, meta, models, device, sandbox) -> None:
                             "per_template": _per_template(per_seed, all_rows),
                             "per_target": _per_target(per_seed, all_rows)}
 
+    # the report's figure: four held-out parts, their surface and edges, and what the first seed's grounder selects
+    write_json(ctx.out / "figure_cases.json", figure_cases(rows, prims, step_of, grounders[seeds[0]]))
+
     # ---- 2. the CLI against the batch answer of the same part and query
     results["cli"] = _cli(cfg, tr, models, rows, answers0, step_of, test_pids)
 
     # ---- 3. topology change
-    sandbox.set_grounder(("model", str(tr / models["env_grounder"])))    # the first seed's grounder
-    results["topology"] = _topology(prep, seeds, grounders, sandbox, rec, device)
+    pending.wait()
+    results["topology"] = _topology(topo, topo_scripts, seeds, grounders, sandbox, rec, device)
 
     # ---- 4. program generation: SFT checkpoint, SFT-only at equal compute, SFT+RL
-    pc = models["program"]
-    progs = pl.read_parquet(prep / "programs.parquet").to_dicts()
-    tg = torch.load(prep / "program_targets.pt", weights_only=True)
-    test_idx = [i for i, p in enumerate(progs) if p["role"] == "test"]
-    arms = ["sft"] + (["sft_more", "rl"] if pc["rl_steps"] else [])
     prog = {a: {k: [] for k in ("exec", "ncd", "iou", "reward")} for a in arms}
     samples = []
     if pc["rl_steps"]:
         scorer = ProgramScorer(sandbox, tg["points"], [p["diag"] for p in progs], rec, device,
                                [_brep(b) for b in tg["brep"]])
-        pvocab_list = models["program_vocab"]
-        pvocab = {t: i for i, t in enumerate(pvocab_list)}
-        prompts = torch.tensor([encode_prompt(progs[i]["description"], pvocab, pc["prompt_len"]) for i in test_idx],
-                               dtype=torch.long, device=device)
-        mcfg = TinyTransformerConfig(**models["model"])
         pseeds = models["program_seeds"]
         for seed in pseeds:
             for arm in arms:
-                lm = TinyTransformer(mcfg).to(device)
-                lm.load_state_dict(torch.load(tr / f"{arm}_s{seed}.pt", map_location=device, weights_only=True))
-                lm.eval()
-                with torch.no_grad():
-                    comp = sample_scripts(lm, prompts, pc["script_len"], 0.0, None)
-                texts = [decode_script(r, pvocab_list) for r in comp.tolist()]
+                texts = generated[seed, arm]
                 s = scorer.score(texts, test_idx, iou=True)
                 for k in prog[arm]:
                     prog[arm][k].append([round(float(v), 6) for v in s[k]])
@@ -270,6 +276,57 @@ def _per_target(per_seed, rows) -> list[dict]:
     return out
 
 
+def _generate_scripts(tr, models, arms, progs, test_idx, device) -> dict[tuple[int, str], list[str]]:
+    """Greedy scripts of every (program seed, arm) model for the held-out descriptions."""
+    pc = models["program"]
+    pvocab_list = models["program_vocab"]
+    pvocab = {t: i for i, t in enumerate(pvocab_list)}
+    prompts = torch.tensor([encode_prompt(progs[i]["description"], pvocab, pc["prompt_len"]) for i in test_idx],
+                           dtype=torch.long, device=device)
+    mcfg = TinyTransformerConfig(**models["model"])
+    out = {}
+    for seed in models["program_seeds"]:
+        for arm in arms:
+            lm = TinyTransformer(mcfg).to(device)
+            lm.load_state_dict(torch.load(tr / f"{arm}_s{seed}.pt", map_location=device, weights_only=True))
+            lm.eval()
+            with torch.no_grad():
+                comp = sample_scripts(lm, prompts, pc["script_len"], 0.0, None)
+            out[seed, arm] = [decode_script(r, pvocab_list) for r in comp.tolist()]
+    return out
+
+
+def figure_cases(rows: list[dict], prims: dict, step_of: dict, grounder: ModelGrounder, n: int = 4) -> list[dict]:
+    """The first held-out-template edge query of each of the first ``n`` test parts that have one: the query,
+    its target and the grounder's answer (as the CLI gives it), 600 surface points and every edge's samples."""
+    cases, parts = [], set()
+    for r in rows:
+        if r["templates"] != "heldout" or r["prim"] != "edges" or r["part"] in parts:
+            continue
+        parts.add(r["part"])
+        pr = prims[r["part"]]
+        a = grounder.answer(pr, r["query"])
+        cases.append({"part": r["part"], "query": r["query"], "target": sorted(json.loads(r["target"])),
+                      "selected": sorted(a["edges"]), "abstained": bool(a["abstained"]),
+                      "points": np.round(cad.surface_points(cad.load_step(step_of[r["part"]]), 600), 5).tolist(),
+                      "edges": np.round(pr.edge_points(), 5).tolist()})
+        if len(cases) == n:
+            break
+    return cases
+
+
+def topology_scripts(topo: list[dict]) -> dict[str, list[str]]:
+    """Per case, the fillet on the edited design with the oracle's edges, the edges recorded by index before the
+    edit, and the query (grounded in the sandbox by the environment grounder)."""
+    scripts: dict[str, list[str]] = {"oracle": [], "index": [], "query": []}
+    for c in topo:
+        base = c["edited_script"]
+        scripts["oracle"].append(f"{base}.edges({cad.index_selector(json.loads(c['ids_edited']))}).fillet(0.5)")
+        scripts["index"].append(f"{base}.edges({cad.index_selector(json.loads(c['ids_original']))}).fillet(0.5)")
+        scripts["query"].append(f'{base}.edges(Query("{c["query"]}")).fillet(0.5)')
+    return scripts
+
+
 def _cli(cfg, tr, models, rows, answers0, step_of, test_pids) -> dict:
     """Per held-out part: one present query whose batch answer selects something, and one query the batch
     answer abstains on; the CLI must give the same answer."""
@@ -304,10 +361,8 @@ def _cli(cfg, tr, models, rows, answers0, step_of, test_pids) -> dict:
             "abstaining_runs": len(cases) - len(sel_cases), "cases": cases}
 
 
-def _topology(prep, seeds, grounders, sandbox, rec, device) -> dict:
-    topo = pl.read_parquet(prep / "topology.parquet").to_dicts()
+def _topology(topo, scripts, seeds, grounders, sandbox, rec, device) -> dict:
     items: dict = {"index": [], "rule": [], "query": {s: [] for s in seeds}}
-    scripts = {"oracle": [], "index": [], "query": []}
     edited: dict[str, cad.Primitives] = {}
     for c in topo:
         if c["edited_script"] not in edited:
@@ -331,10 +386,6 @@ def _topology(prep, seeds, grounders, sandbox, rec, device) -> dict:
         truth = json.loads(c["ids_edited"])
         items["index"].append(float(json.loads(c["ids_original"]) == truth))
         items["rule"].append(float(synonym_rule(c["query"], ed)[1] == truth))
-        base = c["edited_script"]
-        scripts["oracle"].append(f"{base}.edges({cad.index_selector(truth)}).fillet(0.5)")
-        scripts["index"].append(f"{base}.edges({cad.index_selector(json.loads(c['ids_original']))}).fillet(0.5)")
-        scripts["query"].append(f'{base}.edges(Query("{c["query"]}")).fillet(0.5)')
     out: dict = {"n_cases": len(topo), "inserted": {k: sum(c["inserted"] == k for c in topo)
                                                      for k in ("hole", "slot", "step", "boss")}}
     for name, pick in (("same_set", lambda c: c["same_set"]), ("changed_set", lambda c: not c["same_set"])):

@@ -33,7 +33,7 @@ class GroundModule(L.LightningModule):
 
     def configure_optimizers(self):
         # foreach: one update over the grounder's 51 tensors instead of torch's CPU default per-tensor loop; the
-        # same arithmetic (bitwise-equal weights and moments, tests/futurecad/test_encoder_layer.py)
+        # same arithmetic (bitwise-equal weights and moments, tests/futurecad/test_packed_encoder.py)
         return torch.optim.AdamW(self.net.parameters(), lr=self.lr, weight_decay=self.weight_decay, foreach=True)
 
 

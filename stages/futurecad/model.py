@@ -67,39 +67,50 @@ def label_matrix(rows, parts: dict, max_f: int, max_e: int) -> torch.Tensor:
 # ----------------------------------------------------------------------------------------------
 # BRepGround-mini
 # ----------------------------------------------------------------------------------------------
-class EncoderLayer(nn.TransformerEncoderLayer):
-    """``nn.TransformerEncoderLayer`` whose self-attention block runs the ops of torch's own
-    ``multi_head_attention_forward`` (packed in-projection, the key-padding mask merged per head, SDPA,
-    out-projection), with the same values in the same layouts, except one step: q, k and v leave the packed
-    projection as three contiguous (L, B, E) copies of its ``split``, whose backward is one concatenation,
-    instead of three indexings of a (3, L, B, E) copy, whose backward zero-fills that whole gradient once each,
-    adds the three and copies it back through a view. Same parameters and state_dict, bitwise-equal outputs
-    and gradients (tests/futurecad/test_encoder_layer.py); ~10% less CPU per grounder training step at the
-    default shapes. Only the grounder's case takes this block: batched, batch-first input with a (B, L)
-    key-padding mask or none; anything else (an ``attn_mask``, ``is_causal``, sequence-first or unbatched input,
-    a mask of another shape, which torch then refuses) goes to torch's own block. Inference under ``no_grad``
-    mostly never reaches a block: torch's fused encoder-layer kernel runs instead, as for torch's layer."""
+class PackedEncoderLayer(nn.TransformerEncoderLayer):
+    """A pre-norm ``nn.TransformerEncoderLayer`` (the same parameters and state_dict; torch's own forward still
+    runs on padded input) that also runs on packed tokens: ``packed(xp, idx, B, L, key_mask)`` takes the N real
+    tokens of a (B, L) batch as one (N, E) matrix (``idx``: their flat positions in the padded batch) and runs
+    every position-wise op (layer norms, the in- and out-projections, the feed-forward) on those N rows only;
+    the attention alone sees the padded (B, H, L, d_h) layout, with the padded keys masked out. A padded query's
+    output is never computed, and no real token depends on it (its key is masked), so the real tokens' outputs are
+    those of the padded layer, to float rounding (tests/futurecad/test_packed_encoder.py compares both with torch's
+    layer on each sequence alone). At the grounder's batches ~35% of the fusion's slots are padding."""
 
-    def _sa_block(self, x, attn_mask, key_padding_mask, is_causal=False):
+    def packed(self, xp: torch.Tensor, idx: torch.Tensor, B: int, L: int, key_mask: torch.Tensor) -> torch.Tensor:
+        if not self.norm_first or (self.training and self.dropout.p > 0):
+            raise ValueError("PackedEncoderLayer.packed: needs norm_first=True and no dropout in training")
         mha = self.self_attn
-        if (attn_mask is not None or is_causal or not mha.batch_first or x.dim() != 3
-                or (key_padding_mask is not None and key_padding_mask.shape != x.shape[:2])):
-            return super()._sa_block(x, attn_mask, key_padding_mask, is_causal)
-        B, L, E = x.shape
-        H = mha.num_heads
-        proj = F.linear(x.transpose(1, 0), mha.in_proj_weight, mha.in_proj_bias)      # (L, B, 3E), as torch
-        q, k, v = (t.contiguous().view(L, B * H, E // H).transpose(0, 1).view(B, H, L, E // H)
-                   for t in proj.split(E, -1))
-        mask = None
-        if key_padding_mask is not None:          # float (-inf at padding): the layer's forward canonicalized it
-            mask = key_padding_mask.view(B, 1, 1, L).expand(-1, H, -1, -1).reshape(B * H, 1, L).view(B, H, 1, L)
-        o = F.scaled_dot_product_attention(q, k, v, mask, mha.dropout if mha.training else 0.0)
-        o = F.linear(o.permute(2, 0, 1, 3).reshape(L * B, E), mha.out_proj.weight, mha.out_proj.bias)
-        return self.dropout1(o.view(L, B, E).transpose(1, 0))
+        E, H = xp.shape[1], mha.num_heads
+        proj = F.linear(self.norm1(xp), mha.in_proj_weight, mha.in_proj_bias)            # (N, 3E)
+        full = proj.new_zeros(B * L, 3 * E).index_copy(0, idx, proj)                       # padded slots: 0
+        q, k, v = full.view(B, L, 3, H, E // H).permute(2, 0, 3, 1, 4).unbind(0)           # (B, H, L, E/H)
+        o = F.scaled_dot_product_attention(q, k, v, key_mask)       # ALGO: softmax(QKᵀ/√d_h + mask) V per head
+        o = o.transpose(1, 2).reshape(B * L, E).index_select(0, idx)                       # (N, E)
+        xp = xp + F.linear(o, mha.out_proj.weight, mha.out_proj.bias)
+        return xp + self.linear2(self.activation(self.linear1(self.norm2(xp))))
+
+
+def packed_encode(enc: nn.TransformerEncoder, x: torch.Tensor, mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Run ``enc``'s PackedEncoderLayers on the real tokens (``mask`` True) of x (B, L, E): returns their outputs
+    (N, E) and their flat positions (N,) in the (B·L) layout."""
+    B, L, E = x.shape
+    idx = mask.reshape(-1).nonzero().squeeze(1)
+    key_mask = torch.zeros(B, 1, 1, L, dtype=x.dtype, device=x.device).masked_fill_(~mask.view(B, 1, 1, L),
+                                                                                      float("-inf"))
+    xp = x.reshape(B * L, E).index_select(0, idx)
+    for layer in enc.layers:
+        xp = layer.packed(xp, idx, B, L, key_mask)
+    return xp, idx
+
+
+def _unpack(xp: torch.Tensor, idx: torch.Tensor, n: int) -> torch.Tensor:
+    """(N, ...) rows back to their positions among n, zeros elsewhere."""
+    return xp.new_zeros((n,) + xp.shape[1:]).index_copy(0, idx, xp)
 
 
 def _encoder(d: int, heads: int, layers: int) -> nn.TransformerEncoder:
-    layer = EncoderLayer(d, heads, 2 * d, dropout=0.0, batch_first=True, norm_first=True)
+    layer = PackedEncoderLayer(d, heads, 2 * d, dropout=0.0, batch_first=True, norm_first=True)
     return nn.TransformerEncoder(layer, layers, enable_nested_tensor=False)
 
 
@@ -122,23 +133,30 @@ class BRepGround(nn.Module):
 
     def forward(self, words, faces, edges, face_type, edge_type, fmask, emask, rows=None):
         """``rows`` (B,): the part of each query when faces/edges/types/masks are given once per part (P, ...);
-        each part's primitives are then encoded once for all its queries (same numbers, less work)."""
+        each part's primitives are then encoded once for all its queries (same numbers, less work). Only real
+        tokens are computed (padded words, faces and edges never enter an encoder: packed_encode); the logits of
+        padded primitives are 0."""
         B, W = words.shape
         P, Fn, G, Cf = faces.shape
         En = edges.shape[1]
         wmask = words != PAD
         t = self.word(words) + self.wpos(torch.arange(W, device=words.device))           # (B, W, C)
-        t = self.text(t, src_key_padding_mask=~wmask)
-        g = faces.reshape(P * Fn, cad.UV, cad.UV, Cf).permute(0, 3, 1, 2)                 # (P·F, 7, UV, UV)
-        f = self.face_enc(g).reshape(P, Fn, -1) + self.ftype(face_type) + self.kind.weight[1]
-        c = edges.reshape(P * En, cad.CURVE, -1).permute(0, 2, 1)                         # (P·E, 6, CURVE)
-        e = self.edge_enc(c).reshape(P, En, -1) + self.etype(edge_type) + self.kind.weight[2]
+        tp, tidx = packed_encode(self.text, t, wmask)
+        t = _unpack(tp, tidx, B * W).view(B, W, -1)
+        fi, ei = fmask.reshape(-1).nonzero().squeeze(1), emask.reshape(-1).nonzero().squeeze(1)
+        g = faces.reshape(P * Fn, cad.UV, cad.UV, Cf).index_select(0, fi).permute(0, 3, 1, 2)  # (faces, 7, UV, UV)
+        f = _unpack(self.face_enc(g).flatten(1), fi, P * Fn).view(P, Fn, -1)
+        f = f + self.ftype(face_type) + self.kind.weight[1]
+        c = edges.reshape(P * En, cad.CURVE, -1).index_select(0, ei).permute(0, 2, 1)     # (edges, 6, CURVE)
+        e = _unpack(self.edge_enc(c).flatten(1), ei, P * En).view(P, En, -1)
+        e = e + self.etype(edge_type) + self.kind.weight[2]
         if rows is not None:                                                              # (P, ...) -> (B, ...)
             f, e, fmask, emask = f[rows], e[rows], fmask[rows], emask[rows]
         x = torch.cat([t + self.kind.weight[0], f, e], 1)                                 # (B, W+F+E, C)
         mask = torch.cat([wmask, fmask, emask], 1)
-        h = self.fusion(x, src_key_padding_mask=~mask)
-        return self.head(h[:, W:]).squeeze(-1)                                           # (B, F+E) logits
+        hp, idx = packed_encode(self.fusion, x, mask)
+        s = _unpack(self.head(hp).squeeze(-1), idx, B * x.shape[1]).view(B, -1)
+        return s[:, W:]                                                                  # (B, F+E) logits
 
 
 class GroundLoader:

@@ -8,8 +8,6 @@ plus checks: size words, abstention ("no such feature"), the CLI against the bat
 """
 from __future__ import annotations
 
-import json
-
 import matplotlib.pyplot as plt
 import numpy as np
 import polars as pl
@@ -20,7 +18,6 @@ from stages.common.paths import read_json
 from stages.common.reporting import Report
 from stages.common.runner import StageContext
 from stages.futurecad import cad
-from stages.futurecad.infer import ModelGrounder, load_ground
 
 G = "grounding.model"
 CLAIMS = [
@@ -135,34 +132,21 @@ def compact(ev: dict) -> dict:
     return out
 
 
-def render_figure(prep, tr, models):
-    """Four held-out parts: surface points (grey) and the edges BRepGround-mini selects for one query."""
-    rows = pl.read_parquet(prep / "queries.parquet").filter(
-        (pl.col("split") == "test") & (pl.col("templates") == "heldout") & (pl.col("prim") == "edges")).to_dicts()
-    grounder = ModelGrounder(*load_ground(tr / models["cli_checkpoint"]))
-    chosen, seen_parts = [], set()
-    for r in rows:
-        if r["part"] not in seen_parts:
-            chosen.append(r)
-            seen_parts.add(r["part"])
-        if len(chosen) == 4:
-            break
-    fig = plt.figure(figsize=(12, 3.6 * max(1, (len(chosen) + 1) // 2)))
-    for k, r in enumerate(chosen):
-        solid = cad.load_step(prep / "steps" / f"part_{r['part']:04d}.step")
-        prims = cad.export_primitives(solid)
-        a = grounder.answer(prims, r["query"])
-        sel = set(a["edges"])
-        truth = set(json.loads(r["target"]))
-        pts = cad.surface_points(solid, 600)
-        ax = fig.add_subplot((len(chosen) + 1) // 2, 2, k + 1, projection="3d")
+def render_figure(cases: list[dict]):
+    """Held-out parts (evaluate's figure_cases.json): surface points (grey) and the edges BRepGround-mini selects
+    for one query."""
+    fig = plt.figure(figsize=(12, 3.6 * max(1, (len(cases) + 1) // 2)))
+    for k, c in enumerate(cases):
+        sel, truth = set(c["selected"]), set(c["target"])
+        pts = np.asarray(c["points"])
+        ax = fig.add_subplot((len(cases) + 1) // 2, 2, k + 1, projection="3d")
         ax.scatter(pts[:, 0], pts[:, 1], pts[:, 2], s=1, c="0.75", alpha=0.5)
-        for i, p in enumerate(prims.edge_points()):
+        for i, p in enumerate(np.asarray(c["edges"])):
             color = "tab:green" if (i in sel and i in truth) else "tab:red" if i in sel else \
                 "tab:orange" if i in truth else "0.35"
             ax.plot(p[:, 0], p[:, 1], p[:, 2], color=color, lw=2.5 if (i in sel or i in truth) else 0.6)
-        verdict = "abstained" if a["abstained"] else "exact" if sel == truth else "wrong"
-        ax.set_title(f"\"{r['query']}\"\n{verdict} ({len(sel & truth)}/{len(truth)} found, {len(sel - truth)} extra)",
+        verdict = "abstained" if c["abstained"] else "exact" if sel == truth else "wrong"
+        ax.set_title(f"\"{c['query']}\"\n{verdict} ({len(sel & truth)}/{len(truth)} found, {len(sel - truth)} extra)",
                      fontsize=8)
         ax.set_axis_off()
     fig.suptitle("Held-out parts (STEP) — green: selected & correct, red: selected & wrong, orange: missed")
@@ -349,7 +333,7 @@ Seeds {seeds}: each trains its own BRepGround-mini and program model (SFT, SFT-o
     if errs.height:
         rep.table(f"Failures of generated scripts (seed {seeds[0]}; reward 0)", errs)
     # ---- figures and plots
-    rep.figure("grounded_parts", render_figure(prep, tr, models),
+    rep.figure("grounded_parts", render_figure(read_json(evd / "figure_cases.json")),
                "Held-out parts rendered from sampled surface points; edges coloured by BRepGround-mini's "
                "selection for a held-out-template query")
     rep.figure("grounding_accuracy", accuracy_figure(ev), "mAP and exact-set accuracy per query family")
@@ -482,4 +466,9 @@ Red-team pass (adversarial review of this design by its author; no second review
   tiny SFT model's samples mostly fail to parse (≈ 23% execute) and GSPO collapsed in a development run.
 - **Abstention threshold.** 0.5 in params, equal to the selection threshold, set before any run and never changed
   from test results; the validation calibration table of this run is shown beside it.
+- **Seed draws.** Computing the grounder's same model in another float order (packed tokens, 2026-12-05: equal to
+  the padded computation to float rounding, tested) gave new trained grounders, and five grounding verdicts moved
+  between neighbouring ones (`heldout_templates_generalize`, `heldout_templates_generalize_exact`,
+  `abstains_absent_features`, `few_false_abstentions`, `abstains_nonsense`), each through one seed's draw. With five
+  seeds these verdicts are decided within seed noise; the per-seed values are in the claims table.
 """

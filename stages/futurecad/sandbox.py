@@ -199,14 +199,25 @@ class _Worker:
         self.conn = Connection(parent_sock.detach())
         self.ticks = start_ticks(self.proc.pid)
         self.busy: tuple | None = None
+        self._killed = False
+        self._lock = threading.Lock()
 
     def kill(self) -> None:
+        """Kill and reap the process, close the connection; once, whichever thread calls it (close() and a
+        prefetch thread that sees the worker die may both do)."""
+        with self._lock:
+            if self._killed:
+                return
+            self._killed = True
         try:
             self.proc.kill()
         except ProcessLookupError:
             pass
         self.proc.wait()
-        self.conn.close()
+        try:
+            self.conn.close()
+        except OSError:
+            pass
 
 
 class CadSandbox:
@@ -234,6 +245,9 @@ class CadSandbox:
         self.executed = 0
         self.requested = 0
         self.wall_s = 0.0
+        self.closed = False
+        self.prefetching: Prefetch | None = None
+        self._spawn_lock = threading.Lock()               # close() against a prefetch thread starting a worker
         for i in range(workers):                      # start now: their imports overlap the stage's own work
             self._worker(i)
 
@@ -249,10 +263,17 @@ class CadSandbox:
         return [w.proc.pid for w in self.workers if w is not None]
 
     def _worker(self, i: int) -> _Worker:
-        if self.workers[i] is None:
-            w = _Worker(self.n_points, self.cache_size, self.registry)
-            self.workers[i] = w
-            self._write_record()
+        with self._spawn_lock:
+            if self.closed:                               # a prefetch thread must not respawn after close()
+                raise RuntimeError("sandbox is closed")
+            if self.workers[i] is None:
+                w = _Worker(self.n_points, self.cache_size, self.registry)
+                self.workers[i] = w
+                self._write_record()
+                fresh = True
+            else:
+                fresh = False
+        if fresh:
             if self.grounder is not None:
                 w.conn.send(("grounder", self.grounder))
                 self._expect(i, "ok")
@@ -275,6 +296,7 @@ class CadSandbox:
         return msg
 
     def set_grounder(self, spec) -> None:
+        self._not_prefetching("set_grounder")
         self.grounder = spec
         self.results = {k: v for k, v in self.results.items() if not _uses_query(k[0])}
         for i in range(self.n_workers):
@@ -288,9 +310,33 @@ class CadSandbox:
 
     # execution -----------------------------------------------------------------------------
     def run_many(self, texts: list[str], target_breps: list[bytes | None] | None = None) -> list[dict]:
+        self._not_prefetching("run_many")
+        t0 = time.perf_counter()
+        keys = self._execute(texts, target_breps)
+        self.wall_s += time.perf_counter() - t0
+        self.requested += len(texts)
+        return [self.results[k] for k in keys]
+
+    def prefetch(self, texts: list[str], target_breps: list[bytes | None] | None = None) -> "Prefetch":
+        """Start executing ``texts`` on the workers from a background thread and return at once, so that the
+        caller's own work overlaps the CAD kernel's. ``wait()`` on the returned handle blocks until they are
+        done (its wait counts in ``wall_s``; the thread's error, if any, is raised there); later ``run_many``
+        calls on these texts are then answered from the cache, each result the one ``run_many`` would have
+        computed (a script's result depends on its text, target and the grounder only). Until ``wait()``
+        returns, ``run_many``, ``set_grounder`` and another ``prefetch`` are refused: one thread drives the
+        workers."""
+        self._not_prefetching("prefetch")
+        self.prefetching = Prefetch(self, list(texts), list(target_breps) if target_breps else None)
+        return self.prefetching
+
+    def _not_prefetching(self, what: str) -> None:
+        if self.prefetching is not None:
+            raise RuntimeError(f"sandbox.{what}: a prefetch is running; wait() on it first")
+
+    def _execute(self, texts: list[str], target_breps: list[bytes | None] | None) -> list[tuple]:
+        """Run every text not in the cache (each distinct one once); returns the cache key of each text."""
         from stages.futurecad import cad
 
-        t0 = time.perf_counter()
         target_breps = target_breps or [None] * len(texts)
         keys = []
         todo: dict[int, list[tuple]] = {i: [] for i in range(self.n_workers)}
@@ -310,9 +356,7 @@ class CadSandbox:
             todo[route].append(key)
             queued.add(key)
         self._drain(todo)
-        self.wall_s += time.perf_counter() - t0
-        self.requested += len(texts)
-        return [self.results[k] for k in keys]
+        return keys
 
     def _drain(self, todo: dict[int, list[tuple]]) -> None:
         started: dict[int, float] = {}
@@ -353,11 +397,16 @@ class CadSandbox:
         self._restart(i)
 
     def close(self) -> None:
-        """Kill every worker now (no waiting for running scripts) and drop the record."""
+        """Kill every worker now (no waiting for running scripts) and drop the record. A running prefetch thread
+        stops at its next step (it cannot start workers on a closed sandbox) and is joined here."""
+        with self._spawn_lock:
+            self.closed = True
         for i, w in enumerate(self.workers):
             if w is not None:
                 w.kill()
                 self.workers[i] = None
+        if self.prefetching is not None and self.prefetching.thread is not threading.current_thread():
+            self.prefetching.thread.join(timeout=10.0)
         self.record.unlink(missing_ok=True)
 
     def __enter__(self):
@@ -365,6 +414,30 @@ class CadSandbox:
 
     def __exit__(self, *exc):
         self.close()
+
+
+class Prefetch:
+    """A batch of scripts executing in a background (daemon) thread; see ``CadSandbox.prefetch``."""
+
+    def __init__(self, sandbox: CadSandbox, texts: list[str], target_breps: list[bytes | None] | None):
+        self.sandbox, self.error = sandbox, None
+        self.thread = threading.Thread(target=self._run, args=(texts, target_breps), daemon=True,
+                                       name="cad-prefetch")
+        self.thread.start()
+
+    def _run(self, texts, target_breps) -> None:
+        try:
+            self.sandbox._execute(texts, target_breps)
+        except BaseException as err:                   # handed to the caller by wait()
+            self.error = err
+
+    def wait(self) -> None:
+        t0 = time.perf_counter()
+        self.thread.join()
+        self.sandbox.wall_s += time.perf_counter() - t0
+        self.sandbox.prefetching = None
+        if self.error is not None:
+            raise RuntimeError(f"sandbox prefetch failed: {self.error}") from self.error
 
 
 def exit_fast_when_interrupted(err: BaseException) -> None:

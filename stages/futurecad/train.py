@@ -345,7 +345,9 @@ def ground_run(seed: int) -> dict:
         module, GroundLoader(p["words"], p["part_idx"], p["y"], padded, g.batch, g.steps, seed, g.per_part))
     net = net.to(device).eval()
     ground_meta = {"vocab": vocab_list, "ground": g.model_dump(mode="json")}
-    torch.save({"state": net.state_dict(), "meta": json.dumps(ground_meta)}, Path(p["out"]) / f"ground_s{seed}.pt")
+    path = Path(p["out"]) / f"ground_s{seed}.pt"
+    torch.save({"state": net.state_dict(), "meta": json.dumps(ground_meta)}, path.with_suffix(".tmp"))
+    path.with_suffix(".tmp").replace(path)            # atomic: a program run in another process waits for it
     _, tops = ground_val_metrics(net, vwords, dparts, vrows, vq, g, vocab)
     return {"kind": "ground", "seed": seed, "history": [dict(h, seed=seed) for h in module.history],
             "curve": [dict(r, seed=seed) for r in cb.rows], "calibration": calibration_rows(tops, vq, vocab, seed),
@@ -369,8 +371,11 @@ def program_run(seed: int) -> dict:
         sandbox, own = CadSandbox(p["n_points"], p["sandbox_workers"], timeout_s=p["script_timeout_s"]), True
     children0 = os.times()
     try:
-        if own:
-            sandbox.set_grounder(p["env_grounder"])
+        spec = tuple(p["env_grounder"])
+        if sandbox is not None and sandbox.grounder != spec:
+            if spec[0] == "model":
+                wait_for_env_grounder(Path(spec[1]), own)
+            sandbox.set_grounder(spec)
         out = _program(seed, p, pc, sandbox)
     finally:
         if own:
@@ -382,6 +387,30 @@ def program_run(seed: int) -> dict:
                           "cpu_s": (t.children_user + t.children_system
                                     - children0.children_user - children0.children_system)}
     return out
+
+
+def job_order(seeds: list[int], pseeds: list[int], workers: int, rl: bool) -> list[tuple[str, int]]:
+    """The pool's jobs in hand-out order (first in, first out): with RL, the first ``workers`` grounders (the
+    environment grounder, seeds[0], first: every program run waits for it, so it must start before any program
+    run is handed out), then the program runs, then the other grounders."""
+    ground = [("ground", s) for s in seeds]
+    first = ground[:workers] if rl else []
+    return first + [("program", s) for s in pseeds] + ground[len(first):]
+
+
+def wait_for_env_grounder(path: Path, pooled: bool, poll_s: float = 0.2, timeout_s: float = 4 * 3600) -> None:
+    """A program run needs the first grounder's checkpoint (written atomically by its ground_run). In the stage
+    process (workers: 1) that run came first, so a missing file is a bug; in a pool another process may still be
+    training it (if that run fails, the pool stops and kills this one)."""
+    import time
+
+    t0 = time.monotonic()
+    while not path.exists():
+        if not pooled:
+            raise RuntimeError(f"environment grounder {path} was not written before the program runs")
+        if time.monotonic() - t0 > timeout_s:
+            raise RuntimeError(f"environment grounder {path} not written after {timeout_s:g} s")
+        time.sleep(poll_s)
 
 
 def _program(seed: int, p: dict, pc: ProgramConfig, sandbox: CadSandbox | None) -> dict:
@@ -482,12 +511,9 @@ def _run(cfg: Config, ctx: StageContext, prep, meta, device, sandbox, phases: di
     #      (equal compute) | SFT+RL (GSPO). Each run seeds itself from its seed alone. The program runs' sandbox
     #      grounds with the first seed's grounder: that one (and the next, one per pool process) runs first; then
     #      the program runs (the longest at default: ~65 s against ~55 s of a grounder), then the other grounders.
-    ground_jobs = [("ground", s) for s in seeds]
-    first = ground_jobs[: cfg.workers] if pc.rl_steps else []
-    results = run_jobs(train_run, first, data, cfg.workers)
-    if sandbox is not None:
-        sandbox.set_grounder(data["env_grounder"])                      # the environment grounder
-    results += run_jobs(train_run, [("program", s) for s in pseeds] + ground_jobs[len(first):], data, cfg.workers)
+    #      One pool for all of them (each pool process imports torch and Lightning once): a program run waits until
+    #      the first grounder's checkpoint is written (wait_for_env_grounder); that grounder is the first job.
+    results = run_jobs(train_run, job_order(seeds, pseeds, cfg.workers, bool(pc.rl_steps)), data, cfg.workers)
     done = {(r["kind"], r["seed"]): r for r in results}
     for r in results:
         for k, v in r["cpu"].items():

@@ -145,6 +145,45 @@ def test_reward_and_sandbox_crash():
         assert sb.crashes == 1 and "crashed" in s["errors"][0]
 
 
+def test_sandbox_prefetch_equals_run_many_and_guards_its_thread():
+    """prefetch(): the same results as run_many on a fresh sandbox, each distinct script executed once, the later
+    run_many answered from the cache; the sandbox refuses other calls until wait(); a script error reaches wait()
+    as a failed script, not an exception; close() during a prefetch stops it without respawning workers."""
+    import io
+
+    buf = io.BytesIO()
+    cad.run_script(BOX_HOLE).solid.exportBrep(buf)
+    texts = [BOX_HOLE, BOX_HOLE.replace("hole(6)", "hole(9)"), "import os", BOX_HOLE,
+             BOX_HOLE + '.edges(Query("fillet the circular edges on the top")).chamfer(1)', BOX_HOLE]
+    breps = [None, None, None, None, None, buf.getvalue()]               # the last one also scores IoU
+    with CadSandbox(64, workers=2) as ref:
+        ref.set_grounder(("oracle",))
+        want = ref.run_many(texts, breps)
+    with CadSandbox(64, workers=2) as sb:
+        sb.set_grounder(("oracle",))
+        pending = sb.prefetch(texts, breps)
+        for call in (lambda: sb.run_many(texts), lambda: sb.set_grounder(("oracle",)), lambda: sb.prefetch(texts)):
+            with pytest.raises(RuntimeError, match="prefetch is running"):
+                call()
+        pending.wait()
+        assert sb.executed == 4 and sb.requested == 0           # BOX_HOLE twice; "import os" refused unexecuted
+        got = sb.run_many(texts, breps)
+        assert sb.executed == 4 and sb.requested == len(texts)          # all from the cache
+    for a, b in zip(want, got):
+        assert a["ok"] == b["ok"] and a["error"] == b["error"]
+        if a["ok"]:
+            assert np.array_equal(a["points"], b["points"]) and a["iou"] == b["iou"]
+    assert [r["ok"] for r in got] == [True, True, False, True, True, True]
+    assert got[0]["iou"] is None and got[5]["iou"] == pytest.approx(1.0, abs=1e-9)
+    sb = CadSandbox(64, workers=1)
+    sb.set_grounder(("oracle",))
+    pending = sb.prefetch([BOX_HOLE.replace("hole(6)", f"hole({2 + d / 8})") for d in range(40)])
+    sb.close()
+    with pytest.raises(RuntimeError, match="prefetch failed"):
+        pending.wait()
+    assert sb.workers == [None] and sb.pids() == []                    # nothing respawned after close()
+
+
 def _crash_on_box13(solid, query):
     """A grounder that kills its process (what a native segfault looks like to the parent)."""
     import os
@@ -276,6 +315,20 @@ def test_smoke_pipeline_and_cli(smoke_run, tmp_path, capsys):
     for fig in ("grounded_parts", "grounding_accuracy", "program_learning_curves"):
         assert (smoke_run.root / "reports" / "futurecad" / "figures" / f"{fig}.png").exists()
     ckpt = out["train"] / json.loads((out["train"] / "models.json").read_text())["cli_checkpoint"]
+    # the figure's cases (evaluate): held-out edge queries on distinct test parts, the grounder's answer as the CLI
+    # gives it, the part's surface and its edges as read back from STEP
+    cases = json.loads((out["evaluate"] / "figure_cases.json").read_text())
+    assert 1 <= len(cases) <= 4 and len({c["part"] for c in cases}) == len(cases)
+    for c in cases:
+        step_file = out["prepare"] / "steps" / f"part_{c['part']:04d}.step"
+        n_edges = len(cad.load_step(step_file).Edges())
+        assert np.asarray(c["points"]).shape == (600, 3) and np.asarray(c["edges"]).shape == (n_edges, cad.CURVE, 3)
+        assert c["target"] and set(c["selected"]) <= set(range(n_edges))
+        assert not (c["abstained"] and c["selected"])
+    res = tmp_path / "fig.json"
+    assert ground.main(["--step", str(out["prepare"] / "steps" / f"part_{cases[0]['part']:04d}.step"), "--query",
+                        cases[0]["query"], "--out", str(res), "--checkpoint", str(ckpt)]) == 0
+    assert sorted(json.loads(res.read_text())["selected"]["edges"]) == cases[0]["selected"]
 
     # hand-made part (not from the generator): an L-bracket with a counterbored-like pair of holes
     hand = (cq.Workplane("XY").box(50, 20, 6).faces(">Z").workplane().center(-15, 0).hole(5)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import math
 
+import pytest
 import torch
 
 from stages.common.jobs import run_jobs
@@ -55,3 +56,38 @@ def test_ground_and_program_runs_equal_in_a_pool(smoke_run, tmp_path):
     for name in CKPTS:                                                   # the saved weights agree bit for bit
         assert solo_w[name].keys() == pooled_w[name].keys()
         assert all(torch.equal(solo_w[name][k], pooled_w[name][k]) for k in solo_w[name]), name
+
+
+def test_program_runs_wait_for_the_environment_grounder(tmp_path):
+    """One pool runs the grounders and the program runs: a program run in a pool process waits until the first
+    grounder's checkpoint exists (written atomically by its run); in the stage process that run came first, so a
+    missing checkpoint is an error, as is one that never appears."""
+    import threading
+    import time
+
+    ck = tmp_path / "ground_s0.pt"
+    with pytest.raises(RuntimeError, match="was not written before"):
+        train.wait_for_env_grounder(ck, pooled=False)
+    with pytest.raises(RuntimeError, match="not written after 0.3 s"):
+        train.wait_for_env_grounder(ck, pooled=True, poll_s=0.05, timeout_s=0.3)
+    threading.Timer(0.3, ck.write_bytes, args=(b"x",)).start()
+    t0 = time.monotonic()
+    train.wait_for_env_grounder(ck, pooled=True, poll_s=0.02)
+    assert ck.exists() and time.monotonic() - t0 >= 0.25
+    train.wait_for_env_grounder(ck, pooled=False)            # present: returns at once
+
+
+@pytest.mark.parametrize("workers", [1, 2, 3, 8])
+@pytest.mark.parametrize("rl", [True, False])
+def test_job_order_starts_the_environment_grounder_before_any_program_run(workers, rl):
+    """The pool hands jobs out in order: with RL the environment grounder (seeds[0]) must precede every program
+    run, or a pool whose processes all hold waiting program runs never trains it. Every run appears once."""
+    seeds, pseeds = [4, 1, 7, 2, 9], [4, 1, 7]
+    jobs = train.job_order(seeds, pseeds, workers, rl)
+    assert sorted(jobs) == sorted([("ground", s) for s in seeds] + [("program", s) for s in pseeds])
+    first_program = min(k for k, j in enumerate(jobs) if j[0] == "program")
+    if rl:                                  # without RL a program run needs no grounder: programs go first
+        assert jobs[0] == ("ground", 4) and jobs.index(("ground", 4)) < first_program
+        assert jobs[: min(workers, len(seeds))] == [("ground", s) for s in seeds[:workers]]   # beside it
+    else:
+        assert first_program == 0

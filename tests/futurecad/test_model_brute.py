@@ -182,7 +182,10 @@ def test_brepground_matches_functional_reference_and_shapes():
         out = net(*args)
         ref = _ref_forward(net, *args)
     assert out.shape == (2, 4 + 5)
-    assert torch.allclose(out, ref, atol=1e-5)
+    keep = torch.cat([b["fmask"], b["emask"]], 1)
+    assert not keep.all()
+    assert torch.allclose(out[keep], ref[keep], atol=1e-5)
+    assert (out[~keep] == 0).all()                       # padded primitives are never computed: logit 0
     # the architecture of the docstring: conv widths/kernels, type and kind tables, pre-norm encoders, FF 2·d
     assert net.face_enc[0].weight.shape == (32, cad.FACE_CH, 3, 3) and net.face_enc[2].weight.shape == (16, 32, 3, 3)
     assert net.edge_enc[0].weight.shape == (32, cad.EDGE_CH, 3) and net.edge_enc[2].weight.shape == (16, 32, 3)
@@ -247,7 +250,7 @@ def test_ground_module_loss_is_masked_mean_bce():
     y = (torch.arange(c["fmask"].shape[1] + c["emask"].shape[1]) % 2).float().repeat(2, 1)
     c["y"] = y
     m = GroundModule(net, lr=0.003, weight_decay=0.02)
-    m.log = lambda *a, **k: pytest.fail("logged without a logger")    # tests/futurecad/test_encoder_layer.py
+    m.log = lambda *a, **k: pytest.fail("logged without a logger")    # tests/futurecad/test_packed_encoder.py
     loss = m.training_step(c, 0)
     logits = net(c["words"], c["faces"], c["edges"], c["face_type"], c["edge_type"], c["fmask"], c["emask"])
     mask = torch.cat([c["fmask"], c["emask"]], 1)
