@@ -374,9 +374,12 @@ means the grounding verdicts are read before the grounder has converged.""")
                              "phases": ", ".join(f"{k} {v:g}" for k, v in d.get("phases_cpu_s", {}).items())})
     if cpu_rows:
         rep.table("CPU time of the stages (user + system; measured beside the outputs, not part of them)",
-                  pl.DataFrame(cpu_rows), note="Wall-clock (Runtime, below) was measured while other pipelines shared "
-                  "the 2 cores; CPU time is the steadier measure of cost. Phases: CPU seconds of the stage process; "
-                  "sandbox_wait_wall: wall seconds it waited for CAD workers.")
+                  pl.DataFrame(cpu_rows), note="Both these CPU times and the wall-clock times (Runtime, below) move with the "
+                  "speed of the machine that ran them (on the shared 2-core machine of the committed runs, the "
+                  "same prepare stage has taken up to ~1.5x longer on one hour than on another): compare runs made "
+                  "on the same hour. "
+                  "Phases: CPU seconds of the stage process; sandbox_wait_wall: wall seconds it waited for CAD "
+                  "workers.")
     rep.section("Deviations", DEVIATIONS.format(n_parts=meta["n_parts"], d=g["d_model"]))
     rep.section("Threats to validity", THREATS)
     rep.section("Discussion", f"""
