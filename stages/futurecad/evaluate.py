@@ -133,11 +133,11 @@ def _run(cfg, ctx, prep, tr, meta, models, device, sandbox) -> None:
     test_idx = [i for i, p in enumerate(progs) if p["role"] == "test"]
     arms = ["sft"] + (["sft_more", "rl"] if pc["rl_steps"] else [])
     generated = _generate_scripts(tr, models, arms, progs, test_idx, device) if pc["rl_steps"] else {}
-    test_breps = [_brep(tg["brep"][i]) for i in test_idx]
+    target_breps = [_brep(b) for b in tg["brep"]]                       # program scripts score IoU against these
     sandbox.set_grounder(("model", str(tr / models["env_grounder"])))    # the first seed's grounder
-    texts = [t for v in topo_scripts.values() for t in v] + [t for v in generated.values() for t in v]
-    breps = [None] * (len(texts) - len(test_breps) * len(generated)) + test_breps * len(generated)
-    pending = sandbox.prefetch(texts, breps)
+    topo_texts = [t for v in topo_scripts.values() for t in v]
+    pending = sandbox.prefetch(topo_texts + [t for v in generated.values() for t in v],
+                               [None] * len(topo_texts) + [target_breps[i] for i in test_idx] * len(generated))
 
     parts = load_parts(prep)
     rows = pl.read_parquet(prep / "queries.parquet").filter(pl.col("split") == "test").to_dicts()
@@ -157,7 +157,6 @@ def _run(cfg, ctx, prep, tr, meta, models, device, sandbox) -> None:
     all_rows = rows + ext
     fam = _family(all_rows, "templates")
     results: dict = {"seeds": seeds, "grounding": {}, "topology": {}, "program": {}}
-
 
     # ---- 1. baselines (deterministic: the same per-item list for every seed, so tests are paired)
     base: dict = {}
@@ -203,8 +202,7 @@ def _run(cfg, ctx, prep, tr, meta, models, device, sandbox) -> None:
     prog = {a: {k: [] for k in ("exec", "ncd", "iou", "reward")} for a in arms}
     samples = []
     if pc["rl_steps"]:
-        scorer = ProgramScorer(sandbox, tg["points"], [p["diag"] for p in progs], rec, device,
-                               [_brep(b) for b in tg["brep"]])
+        scorer = ProgramScorer(sandbox, tg["points"], [p["diag"] for p in progs], rec, device, target_breps)
         pseeds = models["program_seeds"]
         for seed in pseeds:
             for arm in arms:
