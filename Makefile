@@ -12,7 +12,7 @@ export PREFECT_SERVER_ANALYTICS_ENABLED := false
 ## two xdist workers (every test is single-threaded; CI has 2 cores); PYTEST_ARGS= runs serially
 PYTEST_ARGS ?= -n 2 --dist loadgroup
 
-.PHONY: install system-deps repro test ui wandb-sync bench contract plots mutants
+.PHONY: install system-deps repro test ui wandb-sync bench contract plots mutants verdicts
 
 ## System packages the stages need (chromium for vision2web's verifier, git): installed with apt when
 ## root, otherwise one line naming them. `make repro` requires them; `make test` only warns (tests skip).
@@ -90,6 +90,12 @@ bench: $(STAMP)
 
 contract:
 	$(PY) ../shared/tools/check_contract.py
+
+## This checkout's reports/*/claims.json against the committed ones (AGAINST=<git revision>, default HEAD):
+## verdicts reproduced, those that moved, identical per-seed values, the machine (flows/verdicts.py).
+AGAINST ?= HEAD
+verdicts: $(STAMP)
+	$(BIN)/python -m flows.verdicts --against $(AGAINST)
 
 # --- Scaling out (flows/remote.py, flows/pools.py; README "Scaling out") ---
 .PHONY: remote pool worker

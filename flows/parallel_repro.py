@@ -24,6 +24,8 @@ instead of failing. The papers' pipelines share only what they read (``stages/co
    repro-failures``. The other papers go on.
 3. Finally ``dvc repro --keep-going`` runs over every paper that did not fail (``summary`` too when
    none failed): it finds them current and runs only what is left.
+4. When every paper ran, ``flows.verdicts`` prints how many of the committed verdicts (git HEAD's
+   ``reports/*/claims.json``) this run reproduced, the ones that moved, and the machine it ran on.
 
 Ctrl-C or SIGTERM stops every lane's ``dvc repro`` (its stage removes its temporary outputs) and starts
 no other. Two papers' stage times are measured while they share the cores.
@@ -44,6 +46,7 @@ from pathlib import Path
 from typing import Callable, Iterable, Sequence
 
 from flows.proc import ROOT, CommandFailed, dvc, run_streaming, tool_env
+from flows.verdicts import summary_lines
 from stages.common.config import ConfigError, read_params, registered_papers
 
 def expected_runtime(root: Path, slug: str) -> float:
@@ -210,6 +213,8 @@ def parallel_repro(root: Path, jobs: int, papers: Sequence[str] | None = None, p
                       drop=lambda line: line.startswith("Use `dvc push`"))
     except CommandFailed as err:   # its output is in the log already
         return err.returncode or 1
+    if papers is None and not failed:   # every paper ran: how its verdicts compare with the committed ones
+        printer.lines("", *summary_lines(root))
     return 1 if failed else 0
 
 

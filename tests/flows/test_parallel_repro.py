@@ -31,28 +31,35 @@ STAGE_PY = textwrap.dedent('''
     out = pathlib.Path("reports" if stage == "report" else "data", slug, *([] if stage == "report" else [stage]))
     out.mkdir(parents=True, exist_ok=True)
     (out / "out.txt").write_text(prev + f"{stage}:{p.get('value', 0)};")
+    if stage == "report":   # a claim whose verdict follows the value (flows.verdicts reads it)
+        v = p.get("value", 0)
+        (out / "claims.json").write_text(json.dumps({"claims": [{"name": "odd", "kind": "finding",
+            "verdict": "holds" if v % 2 else "fails", "values": {"v": [v]}}]}))
     with open(log / f"{slug}-{stage}.jsonl", "a") as f:
         f.write(json.dumps({"start": start, "end": time.time(), "threads": __import__("os").environ.get("OMP_NUM_THREADS"), "workers": __import__("os").environ.get("STAGES_MAX_WORKERS")}) + "\\n")
 ''')
 
 
-def dvc_yaml(slugs: list[str]) -> str:
+def dvc_yaml(slugs: list[str], git_claims: bool = False) -> str:
+    """git_claims: the report's claims.json is an uncached output kept in git, as in the project."""
     stages: dict = {}
     for stage, up in (("prepare", None), ("train", "prepare"), ("evaluate", "train"), ("report", "evaluate")):
-        out = "reports/${key}" if stage == "report" else f"data/${{key}}/{stage}"
+        outs = [f"data/${{key}}/{stage}"] if stage != "report" else (
+            [{"reports/${key}/out.txt": {}}, {"reports/${key}/claims.json": {"cache": False}}] if git_claims
+            else ["reports/${key}"])
         stages[stage] = {"foreach": "${papers}", "do": {
             "cmd": f"python stage.py {stage} ${{key}}", "deps": ["stage.py"] + ([f"data/${{key}}/{up}"] if up else []),
-            "params": [f"papers.${{key}}.{stage}"], "outs": [out]}}
+            "params": [f"papers.${{key}}.{stage}"], "outs": outs}}
     stages["summary"] = {"cmd": "cat " + " ".join(f"reports/{s}/out.txt" for s in slugs) + " > summary.txt",
                          "deps": [f"reports/{s}" for s in slugs], "outs": ["summary.txt"]}
     return yaml.safe_dump({"stages": stages}, sort_keys=False)
 
 
-def make_project(root: Path, papers: dict[str, dict]) -> Path:
+def make_project(root: Path, papers: dict[str, dict], git_claims: bool = False) -> Path:
     root.mkdir(parents=True)
     (root / "stage.py").write_text(STAGE_PY)
     (root / "params.yaml").write_text(yaml.safe_dump({"papers": papers}, sort_keys=False))
-    (root / "dvc.yaml").write_text(dvc_yaml(list(papers)))
+    (root / "dvc.yaml").write_text(dvc_yaml(list(papers), git_claims))
     (root / ".gitignore").write_text("times/\n")
     git(root, "init", "-q", "-b", "main")
     subprocess.run([sys.executable, "-m", "dvc", "init", "-q"], cwd=root, check=True, env=tool_env())
@@ -133,6 +140,25 @@ def test_failing_paper_stops_only_itself_and_is_reported_like_dvc(tmp_path, in_p
     assert (root / "reports" / "good" / "out.txt").exists()
     assert not runs(root, "bad", "evaluate") and not (root / "summary.txt").exists()
     assert "train@bad" in dvc_status(root)
+    assert "verdicts vs" not in log.getvalue()       # no comparison after a failed paper
+
+
+def test_prints_how_the_verdicts_compare_with_the_committed_reports(tmp_path, in_path):
+    root = make_project(tmp_path / "p", {"alpha": paper(value=5), "beta": paper(value=7)}, git_claims=True)
+    log = StringIO()
+    assert parallel_repro(root, jobs=2, printer=Printer(log)) == 0
+    assert "papers with no committed claims.json at" in log.getvalue()     # not committed yet
+    git(root, "add", "reports/alpha/claims.json", "reports/beta/claims.json")
+    git(root, "commit", "-q", "-m", "the reports")
+    params = yaml.safe_load((root / "params.yaml").read_text())
+    params["papers"]["beta"]["report"]["value"] = 8                        # beta's claim: holds -> fails
+    (root / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
+    log = StringIO()
+    assert parallel_repro(root, jobs=2, printer=Printer(log)) == 0        # informational: still exit 0
+    text = log.getvalue()
+    assert "committed verdicts reproduced" in text.split("$ dvc repro")[-1]   # after the last dvc repro
+    assert "1 of 2 committed verdicts reproduced (findings 1/2, checks 0/0)" in text, text
+    assert "| beta | odd | finding | holds | fails |" in text and "this machine: cpu " in text
 
 
 def test_unchanged_upstream_output_leaves_downstream_alone(tmp_path, in_path):

@@ -1,0 +1,273 @@
+"""Your run against the committed one: which verdicts reproduced, which moved, on what machine.
+
+    python -m flows.verdicts                     # reports/*/claims.json here vs the same files at git HEAD
+    python -m flows.verdicts --against 3a9decf   # vs another commit or tag
+    python -m flows.verdicts --root /tmp/x       # another checkout (compared with its own git history)
+    python -m flows.verdicts --json cmp.json     # the comparison as JSON too
+    python -m flows.verdicts --strict            # exit 1 when any verdict moved (scripts, CI)
+
+``make repro`` prints it after the last stage. Each claim counts as *reproduced* when its verdict
+(holds / inconclusive / fails) equals the committed one; *identical* when its per-seed values are also
+equal to the last bit. Training runs are deterministic on one machine, but float results depend on the
+CPU's kernels (AVX2, AVX-512, ...): on another CPU the numbers move, and a verdict decided within seed
+noise can move to a neighbouring one. The table lists each moved claim with both runs' effect and
+t-bounds, and the machine this run used (the committed reports do not record theirs). Wall-clock claims
+(``wallclock: true``) are counted apart: they measure this machine's load as well as the code.
+
+Problems (not a git checkout, an unknown revision, a claims file that is not the report's JSON) print
+one line naming the file or revision and exit 2.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import platform
+import subprocess
+import sys
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from flows.proc import ROOT
+from stages.common.config import ConfigError, read_params, registered_papers
+
+VERDICTS = ("holds", "inconclusive", "fails")
+
+
+class VerdictError(ValueError):
+    """A comparison that cannot be made (the message names the file or revision)."""
+
+
+@dataclass
+class ClaimRow:
+    paper: str
+    name: str
+    kind: str                      # finding | check
+    status: str                    # same | moved | new | gone
+    committed: str | None          # verdict at the revision (None: not there)
+    current: str | None            # verdict in the checkout (None: not there)
+    identical: bool                # per-seed values equal to the last bit (same and moved rows)
+    wallclock: bool
+    committed_stats: dict[str, float] = field(default_factory=dict)   # mean, lower, upper
+    current_stats: dict[str, float] = field(default_factory=dict)
+
+
+@dataclass
+class Comparison:
+    revision: str                  # as given
+    commit: str                    # its short hash
+    rows: list[ClaimRow]
+    not_run: list[str]             # papers committed at the revision with no claims in the checkout
+    not_committed: list[str]       # papers with claims in the checkout but none at the revision
+
+    def counted(self, kind: str | None = None, wallclock: bool = False) -> tuple[int, int]:
+        """(reproduced, compared) over the claims present in both runs."""
+        rows = [r for r in self.rows if r.status in ("same", "moved") and r.wallclock == wallclock
+                and (kind is None or r.kind == kind)]
+        return sum(r.status == "same" for r in rows), len(rows)
+
+
+def verdict_of(claim: dict[str, Any]) -> str:
+    """The claim's verdict (older claims files carry only ``holds``)."""
+    verdict = claim.get("verdict")
+    if verdict is None:
+        return "holds" if claim.get("holds") else "fails"
+    return verdict
+
+
+def parse_claims(text: str, where: str) -> dict[str, dict[str, Any]]:
+    """The claims of one ``reports/<slug>/claims.json`` by name; VerdictError naming ``where`` otherwise."""
+    try:
+        doc = json.loads(text)
+    except json.JSONDecodeError as err:
+        raise VerdictError(f"{where}: not JSON ({err.msg} at line {err.lineno})") from None
+    claims = doc.get("claims") if isinstance(doc, dict) else None
+    if not isinstance(claims, list):
+        raise VerdictError(f"{where}: no `claims` list (is this a report's claims.json?)")
+    out: dict[str, dict[str, Any]] = {}
+    for i, c in enumerate(claims):
+        if not isinstance(c, dict) or not isinstance(c.get("name"), str):
+            raise VerdictError(f"{where}: claim {i} has no name")
+        if c.get("verdict") is None and not isinstance(c.get("holds"), bool):
+            raise VerdictError(f"{where}: claim {c['name']!r} has neither `verdict` nor `holds`")
+        if verdict_of(c) not in VERDICTS:
+            raise VerdictError(f"{where}: claim {c['name']!r} has verdict {verdict_of(c)!r} "
+                               f"(expected one of {', '.join(VERDICTS)})")
+        out[c["name"]] = c
+    return out
+
+
+def _git(root: Path, *args: str) -> subprocess.CompletedProcess:
+    return subprocess.run(["git", "-C", str(root), *args], capture_output=True, text=True)
+
+
+def resolve(root: Path, revision: str) -> str:
+    """The short hash of ``revision`` in the git checkout at ``root``."""
+    probe = _git(root, "rev-parse", "--is-inside-work-tree")
+    if probe.returncode != 0:
+        raise VerdictError(f"{root}: not a git checkout (the committed reports are read from its history)")
+    out = _git(root, "rev-parse", "--verify", "--quiet", "--short", f"{revision}^{{commit}}")
+    if out.returncode != 0 or not out.stdout.strip():
+        raise VerdictError(f"{root}: unknown revision {revision!r}")
+    return out.stdout.strip()
+
+
+def committed_text(root: Path, commit: str, path: str) -> str | None:
+    """The file at ``commit`` (None when that commit has no such file)."""
+    out = _git(root, "show", f"{commit}:{path}")
+    return out.stdout if out.returncode == 0 else None
+
+
+def _stats(claim: dict[str, Any]) -> dict[str, float]:
+    stats = claim.get("stats") or {}
+    return {k: float(stats[k]) for k in ("mean", "lower", "upper")
+            if isinstance(stats.get(k), (int, float)) and not isinstance(stats.get(k), bool)}
+
+
+def _same_values(a: Any, b: Any) -> bool:
+    """Equal to the last bit (NaN equals NaN: a value that is undefined in both runs)."""
+    if isinstance(a, float) and isinstance(b, float):
+        return a == b or (math.isnan(a) and math.isnan(b))
+    if isinstance(a, list) and isinstance(b, list):
+        return len(a) == len(b) and all(_same_values(x, y) for x, y in zip(a, b))
+    if isinstance(a, dict) and isinstance(b, dict):
+        return a.keys() == b.keys() and all(_same_values(a[k], b[k]) for k in a)
+    return a == b
+
+
+def compare(root: Path = ROOT, revision: str = "HEAD", papers: list[str] | None = None) -> Comparison:
+    """Every registered paper's claims in the checkout at ``root`` against the same files at ``revision``."""
+    root = Path(root)
+    commit = resolve(root, revision)
+    if papers is None:
+        try:
+            papers = registered_papers(read_params(root / "params.yaml"))
+        except ConfigError as err:
+            raise VerdictError(str(err)) from None
+    rows: list[ClaimRow] = []
+    not_run: list[str] = []
+    not_committed: list[str] = []
+    for slug in papers:
+        rel = f"reports/{slug}/claims.json"
+        old_text = committed_text(root, commit, rel)
+        path = root / rel
+        new = parse_claims(path.read_text(), str(path)) if path.is_file() else None
+        old = parse_claims(old_text, f"{rel} at {commit}") if old_text is not None else None
+        if old is None and new is None:
+            continue
+        if new is None:
+            not_run.append(slug)
+            continue
+        if old is None:
+            not_committed.append(slug)
+            continue
+        for name in list(old) + [n for n in new if n not in old]:
+            o, n = old.get(name), new.get(name)
+            ref = n if n is not None else o
+            row = ClaimRow(paper=slug, name=name, kind=str(ref.get("kind", "finding")), status="same",
+                           committed=verdict_of(o) if o is not None else None,
+                           current=verdict_of(n) if n is not None else None, identical=False,
+                           wallclock=bool(ref.get("wallclock", False)),
+                           committed_stats=_stats(o) if o is not None else {},
+                           current_stats=_stats(n) if n is not None else {})
+            if o is None:
+                row.status = "new"
+            elif n is None:
+                row.status = "gone"
+            else:
+                row.status = "same" if row.committed == row.current else "moved"
+                row.identical = _same_values(o.get("values"), n.get("values"))
+            rows.append(row)
+    return Comparison(revision=revision, commit=commit, rows=rows, not_run=not_run, not_committed=not_committed)
+
+
+def machine() -> dict[str, Any]:
+    """What this run's numbers depend on: the CPU (model, the kernels torch picks for it), cores, versions."""
+    model = platform.processor() or platform.machine()
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                model = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    info: dict[str, Any] = {"cpu": model, "cores": os.cpu_count(), "python": platform.python_version()}
+    try:
+        import torch
+
+        info.update(torch=torch.__version__, torch_cpu_capability=torch.backends.cpu.get_cpu_capability())
+    except Exception as err:  # noqa: BLE001  (the comparison stands without it)
+        info["torch"] = f"unavailable ({type(err).__name__})"
+    return info
+
+
+def _effect(stats: dict[str, float]) -> str:
+    if "mean" not in stats:
+        return ""
+    bounds = f" [{stats['lower']:.3g}, {stats['upper']:.3g}]" if "lower" in stats and "upper" in stats else ""
+    return f" ({stats['mean']:.3g}{bounds})"
+
+
+def format_comparison(cmp: Comparison, info: dict[str, Any] | None = None) -> str:
+    same, total = cmp.counted()
+    f_same, f_total = cmp.counted("finding")
+    c_same, c_total = cmp.counted("check")
+    w_same, w_total = cmp.counted(wallclock=True)
+    identical = sum(r.identical for r in cmp.rows if r.status in ("same", "moved") and not r.wallclock)
+    lines = [f"verdicts vs {cmp.revision} ({cmp.commit}): {same} of {total} committed verdicts reproduced "
+             f"(findings {f_same}/{f_total}, checks {c_same}/{c_total}); {identical} of {total} with identical "
+             "per-seed values"
+             + (f"; wall-clock claims {w_same}/{w_total} (they measure this machine's load too)" if w_total else "")]
+    moved = [r for r in cmp.rows if r.status == "moved"]
+    if moved:
+        lines += ["", "| paper | claim | kind | committed (effect [t-bounds]) | this run |", "| --- | --- | --- | --- | --- |"]
+        lines += [f"| {r.paper} | {r.name}{' (wall-clock)' if r.wallclock else ''} | {r.kind} | "
+                  f"{r.committed}{_effect(r.committed_stats)} | {r.current}{_effect(r.current_stats)} |" for r in moved]
+    new = [f"{r.paper}/{r.name}" for r in cmp.rows if r.status == "new"]
+    gone = [f"{r.paper}/{r.name}" for r in cmp.rows if r.status == "gone"]
+    if new:
+        lines.append(f"claims not in the committed reports: {', '.join(new)}")
+    if gone:
+        lines.append(f"committed claims this run did not make: {', '.join(gone)}")
+    if cmp.not_run:
+        lines.append(f"papers with no claims.json in this checkout (not run?): {', '.join(cmp.not_run)}")
+    if cmp.not_committed:
+        lines.append(f"papers with no committed claims.json at {cmp.commit}: {', '.join(cmp.not_committed)}")
+    if info:
+        lines.append("this machine: " + ", ".join(f"{k} {v}" for k, v in info.items()))
+    return "\n".join(lines)
+
+
+def summary_lines(root: Path, revision: str = "HEAD") -> list[str]:
+    """The comparison as printable lines, or one line saying why there is none (never raises for a
+    checkout it cannot compare: ``make repro`` prints this after its last stage)."""
+    try:
+        return format_comparison(compare(root, revision), machine()).splitlines()
+    except (VerdictError, OSError) as err:
+        return [f"verdicts: not compared with the committed reports ({err})"]
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m flows.verdicts", description=__doc__.splitlines()[0])
+    parser.add_argument("--against", default="HEAD", help="the git revision holding the committed reports (HEAD)")
+    parser.add_argument("--root", default=str(ROOT), help="the checkout whose reports/ to compare (default: this one)")
+    parser.add_argument("--papers", nargs="+", default=None, help="only these papers")
+    parser.add_argument("--json", default=None, help="also write the comparison (and the machine) to this file")
+    parser.add_argument("--strict", action="store_true", help="exit 1 when a verdict moved")
+    args = parser.parse_args(argv)
+    try:
+        cmp = compare(Path(args.root).resolve(), args.against, args.papers)
+    except (VerdictError, OSError) as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    info = machine()
+    print(format_comparison(cmp, info))
+    if args.json:
+        Path(args.json).write_text(json.dumps({**asdict(cmp), "machine": info}, indent=1) + "\n")
+    return 1 if args.strict and any(r.status == "moved" for r in cmp.rows) else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
