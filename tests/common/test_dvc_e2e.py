@@ -66,3 +66,18 @@ def test_repro_cache_and_partial_rerun(tmp_path):
     third = repro(root, "report@reversal_curse")
     assert ran(third) == {"train@reversal_curse", "evaluate@reversal_curse", "report@reversal_curse"}
     assert skipped(third) == {"prepare@reversal_curse"}
+
+
+def test_dvc_parses_yaml_with_the_c_parser_and_the_same_result():
+    """The install pins ruamel.yaml.clib: DVC's safe loads (params.yaml for every stage's params, dvc.yaml,
+    dvc.lock) run ruamel's C parser (`dvc status` over all papers: 34 -> 12 CPU-s here), with the same data as
+    its pure-Python parser."""
+    from dvc.utils.serialize._yaml import parse_yaml
+    from ruamel.yaml import YAML
+
+    from stages.common.paths import ROOT
+
+    assert YAML(typ="safe").Parser.__name__ == "CParser"
+    for name in ("params.yaml", "dvc.yaml", "dvc.lock"):
+        text = (ROOT / name).read_text()
+        assert parse_yaml(text, name) == YAML(typ="safe", pure=True).load(text), name
