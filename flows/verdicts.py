@@ -11,7 +11,9 @@
 equal to the last bit. Training runs are deterministic on one machine, but float results depend on the
 CPU's kernels (AVX2, AVX-512, ...): on another CPU the numbers move, and a verdict decided within seed
 noise can move to a neighbouring one. The table lists each moved claim with both runs' effect and
-t-bounds, and the machine this run used (the committed reports do not record theirs). Wall-clock claims
+t-bounds, how long this run's stages took against the committed runs' (a machine speed check: `make repro` runs
+two papers at a time, the committed runs mostly ran alone), and the machine this run used (the committed reports
+do not record theirs). Wall-clock claims
 (``wallclock: true``) are counted apart: they measure this machine's load as well as the code.
 
 Problems (not a git checkout, an unknown revision, a claims file that is not the report's JSON) print
@@ -24,6 +26,7 @@ import json
 import math
 import os
 import platform
+import statistics
 import subprocess
 import sys
 from dataclasses import asdict, dataclass, field
@@ -61,6 +64,7 @@ class Comparison:
     rows: list[ClaimRow]
     not_run: list[str]             # papers committed at the revision with no claims in the checkout
     not_committed: list[str]       # papers with claims in the checkout but none at the revision
+    runtime_ratio: dict[str, float] = field(default_factory=dict)   # paper: its run's stage seconds / committed
 
     def counted(self, kind: str | None = None, wallclock: bool = False) -> tuple[int, int]:
         """(reproduced, compared) over the claims present in both runs."""
@@ -126,6 +130,18 @@ def _stats(claim: dict[str, Any]) -> dict[str, float]:
             if isinstance(stats.get(k), (int, float)) and not isinstance(stats.get(k), bool)}
 
 
+def _runtime(text: str | None) -> float | None:
+    """Sum of a metrics.json's ``runtime_s`` (None when absent or unreadable)."""
+    try:
+        runtime = json.loads(text).get("runtime_s") if text else None
+    except (ValueError, AttributeError):
+        return None
+    if not isinstance(runtime, dict):
+        return None
+    total = sum(v for v in runtime.values() if isinstance(v, (int, float)) and not isinstance(v, bool))
+    return float(total) if total > 0 else None
+
+
 def _same_values(a: Any, b: Any) -> bool:
     """Equal to the last bit (NaN equals NaN: a value that is undefined in both runs)."""
     if isinstance(a, float) and isinstance(b, float):
@@ -149,6 +165,7 @@ def compare(root: Path = ROOT, revision: str = "HEAD", papers: list[str] | None 
     rows: list[ClaimRow] = []
     not_run: list[str] = []
     not_committed: list[str] = []
+    runtime_ratio: dict[str, float] = {}
     for slug in papers:
         rel = f"reports/{slug}/claims.json"
         old_text = committed_text(root, commit, rel)
@@ -163,6 +180,11 @@ def compare(root: Path = ROOT, revision: str = "HEAD", papers: list[str] | None 
         if old is None:
             not_committed.append(slug)
             continue
+        metrics = root / "reports" / slug / "metrics.json"
+        now = _runtime(metrics.read_text() if metrics.is_file() else None)
+        then = _runtime(committed_text(root, commit, f"reports/{slug}/metrics.json"))
+        if now is not None and then is not None and now != then:   # equal: its report was not re-run
+            runtime_ratio[slug] = now / then
         for name in list(old) + [n for n in new if n not in old]:
             o, n = old.get(name), new.get(name)
             ref = n if n is not None else o
@@ -180,7 +202,8 @@ def compare(root: Path = ROOT, revision: str = "HEAD", papers: list[str] | None 
                 row.status = "same" if row.committed == row.current else "moved"
                 row.identical = _same_values(o.get("values"), n.get("values"))
             rows.append(row)
-    return Comparison(revision=revision, commit=commit, rows=rows, not_run=not_run, not_committed=not_committed)
+    return Comparison(revision=revision, commit=commit, rows=rows, not_run=not_run, not_committed=not_committed,
+                      runtime_ratio=runtime_ratio)
 
 
 def machine() -> dict[str, Any]:
@@ -235,6 +258,12 @@ def format_comparison(cmp: Comparison, info: dict[str, Any] | None = None) -> st
         lines.append(f"papers with no claims.json in this checkout (not run?): {', '.join(cmp.not_run)}")
     if cmp.not_committed:
         lines.append(f"papers with no committed claims.json at {cmp.commit}: {', '.join(cmp.not_committed)}")
+    if cmp.runtime_ratio:
+        ratios = sorted(cmp.runtime_ratio.values())
+        median = statistics.median(ratios)
+        slow = max(cmp.runtime_ratio, key=cmp.runtime_ratio.get)
+        lines.append(f"stage seconds, this run / committed: median {median:.2f}x over {len(ratios)} papers "
+                     f"({ratios[0]:.2f}-{ratios[-1]:.2f}x; most: {slow}); runs beside another paper share the cores")
     if info:
         lines.append("this machine: " + ", ".join(f"{k} {v}" for k, v in info.items()))
     return "\n".join(lines)

@@ -24,10 +24,12 @@ def claim(name, verdict, values, kind="finding", wallclock=False, mean=None, low
     return c
 
 
-def write_claims(root: Path, slug: str, claims: list[dict]) -> None:
+def write_claims(root: Path, slug: str, claims: list[dict], runtime: dict | None = None) -> None:
     path = root / "reports" / slug / "claims.json"
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps({"slug": slug, "profile": "default", "claims": claims}))
+    if runtime is not None:
+        (path.parent / "metrics.json").write_text(json.dumps({"slug": slug, "runtime_s": runtime}))
 
 
 @pytest.fixture
@@ -42,7 +44,7 @@ def toy(tmp_path) -> Path:
         claim("above", "inconclusive", {"y": [1.5, 2.5]}, kind="check"),
         claim("below", "holds", {"z": [0.125, float("nan")]}, kind="check"),
         claim("speed", "holds", {"s": [3.0]}, kind="check", wallclock=True),
-    ])
+    ], runtime={"prepare": 2.0, "train": 6.0, "evaluate": 1.5, "report": 0.5})      # 10 s
     (root / "reports" / "beta").mkdir(parents=True)
     (root / "reports" / "beta" / "claims.json").write_text(json.dumps({"claims": [{"name": "old", "holds": False}]}))
     git(root, "init", "-q", "-b", "main")
@@ -60,7 +62,7 @@ def rerun(root: Path) -> None:
         claim("below", "holds", {"z": [0.125, float("nan")]}, kind="check"),
         claim("speed", "fails", {"s": [9.0]}, kind="check", wallclock=True),
         claim("extra", "holds", {"w": [1.0]}),
-    ])
+    ], runtime={"prepare": 3.0, "train": 9.0, "evaluate": 2.5, "report": 0.5})      # 15 s: 1.5x
     (root / "reports" / "beta" / "claims.json").unlink()
     write_claims(root, "gamma", [claim("first", "holds", {"v": [2.0]})])
 
@@ -90,11 +92,14 @@ def test_counts_and_rows_worked_out_by_hand(toy):
     assert "claims not in the committed reports: alpha/extra" in text
     assert "papers with no claims.json in this checkout (not run?): beta" in text
     assert "papers with no committed claims.json at" in text and text.rstrip().endswith("this machine: cpu toy")
+    assert cmp.runtime_ratio == {"alpha": 1.5}
+    assert "stage seconds, this run / committed: median 1.50x over 1 papers (1.50-1.50x; most: alpha)" in text
 
 
 def test_a_claim_the_run_no_longer_makes_and_the_old_format(toy):
     write_claims(toy, "alpha", [claim("gap", "holds", {"x": [0.25, 0.5]})])
     cmp = compare(toy, "HEAD", papers=["alpha", "beta"])
+    assert cmp.runtime_ratio == {}                 # metrics.json as committed: its report was not re-run
     gone = sorted(r.name for r in cmp.rows if r.status == "gone")
     assert gone == ["above", "below", "speed"]
     assert [(r.name, r.status, r.committed, r.identical) for r in cmp.rows if r.paper == "beta"] == \
