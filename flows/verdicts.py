@@ -124,6 +124,13 @@ def committed_text(root: Path, commit: str, path: str) -> str | None:
     return out.stdout if out.returncode == 0 else None
 
 
+def _read_text(path: Path) -> str:
+    try:
+        return path.read_text(encoding="utf-8")
+    except UnicodeDecodeError:
+        raise VerdictError(f"{path}: not UTF-8 text") from None
+
+
 def _stats(claim: dict[str, Any]) -> dict[str, float]:
     stats = claim.get("stats") or {}
     return {k: float(stats[k]) for k in ("mean", "lower", "upper")
@@ -157,11 +164,14 @@ def compare(root: Path = ROOT, revision: str = "HEAD", papers: list[str] | None 
     """Every registered paper's claims in the checkout at ``root`` against the same files at ``revision``."""
     root = Path(root)
     commit = resolve(root, revision)
-    if papers is None:
-        try:
-            papers = registered_papers(read_params(root / "params.yaml"))
-        except ConfigError as err:
-            raise VerdictError(str(err)) from None
+    try:
+        registered = registered_papers(read_params(root / "params.yaml"))
+    except ConfigError as err:
+        raise VerdictError(str(err)) from None
+    unknown = [p for p in papers or [] if p not in registered]
+    if unknown:
+        raise VerdictError(f"unknown paper {unknown[0]!r} (registered: {', '.join(registered)})")
+    papers = registered if papers is None else papers
     rows: list[ClaimRow] = []
     not_run: list[str] = []
     not_committed: list[str] = []
@@ -170,7 +180,7 @@ def compare(root: Path = ROOT, revision: str = "HEAD", papers: list[str] | None 
         rel = f"reports/{slug}/claims.json"
         old_text = committed_text(root, commit, rel)
         path = root / rel
-        new = parse_claims(path.read_text(), str(path)) if path.is_file() else None
+        new = parse_claims(_read_text(path), str(path)) if path.is_file() else None
         old = parse_claims(old_text, f"{rel} at {commit}") if old_text is not None else None
         if old is None and new is None:
             continue
@@ -181,7 +191,7 @@ def compare(root: Path = ROOT, revision: str = "HEAD", papers: list[str] | None 
             not_committed.append(slug)
             continue
         metrics = root / "reports" / slug / "metrics.json"
-        now = _runtime(metrics.read_text() if metrics.is_file() else None)
+        now = _runtime(metrics.read_text(errors="replace") if metrics.is_file() else None)
         then = _runtime(committed_text(root, commit, f"reports/{slug}/metrics.json"))
         if now is not None and then is not None and now != then:   # equal: its report was not re-run
             runtime_ratio[slug] = now / then

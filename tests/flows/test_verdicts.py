@@ -135,6 +135,7 @@ def test_cli_strict_json_and_exit_codes(toy, capsys, tmp_path):
     (lambda r: write_claims(r, "alpha", [{"verdict": "holds"}]), "claim 0 has no name"),
     (lambda r: write_claims(r, "alpha", [{"name": "q"}]), "claim 'q' has neither `verdict` nor `holds`"),
     (lambda r: write_claims(r, "alpha", [{"name": "q", "verdict": "maybe"}]), "claim 'q' has verdict 'maybe'"),
+    (lambda r: (r / "reports/alpha/claims.json").write_bytes(b"\xff\xfe{}"), "reports/alpha/claims.json: not UTF-8"),
 ])
 def test_a_malformed_claims_file_is_named(toy, capsys, setup, needle):
     setup(toy)
@@ -151,6 +152,8 @@ def test_no_git_and_unknown_revision_are_one_line(toy, tmp_path, capsys):
     assert "not a git checkout" in capsys.readouterr().err
     assert main(["--root", str(toy), "--against", "no-such-tag"]) == 2
     assert capsys.readouterr().err.strip() == f"error: {toy}: unknown revision 'no-such-tag'"
+    assert main(["--root", str(toy), "--papers", "alpha", "delta"]) == 2
+    assert capsys.readouterr().err.strip() == "error: unknown paper 'delta' (registered: alpha, beta, gamma)"
     # make repro's call never raises: it says why there is no comparison
     assert summary_lines(plain)[0].startswith("verdicts: not compared with the committed reports (")
 
