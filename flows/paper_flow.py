@@ -36,6 +36,7 @@ from prefect.cache_policies import NO_CACHE
 from flows import remote as dvc_remote
 from flows.api import ServeError, check_configured_api
 from flows.proc import ROOT, CommandFailed, dvc, run_streaming
+from flows.verdicts import verdict_of
 
 STAGES = ("prepare", "train", "evaluate", "report")
 STAGE_TIMEOUT_S = 3 * 3600
@@ -158,7 +159,7 @@ def claims_rows(metrics: dict[str, Any]) -> list[dict[str, Any]]:
     """One short row per claim: verdict first, the numbers in words, no raw JSON."""
     rows = []
     for c in metrics.get("claims", []):
-        verdict = c.get("verdict") or ("holds" if c["holds"] else "fails")
+        verdict = verdict_of(c)
         measured = "; ".join(
             f"{k} = " + (", ".join(f"{x:.3g}" if isinstance(x, (int, float)) else str(x) for x in v)  # null: n/a
                          if isinstance(v, list) else f"{v:.4g}" if isinstance(v, float) else str(v))
@@ -198,11 +199,11 @@ def publish(slug: str, root: str, stages: list[dict[str, Any]], report_root: str
         group = [c for c in metrics.get("claims", []) if c.get("kind", "finding") == kind]
         if group:
             listing.append(f"## {kind}s")
-            listing += [f"- **{c['name']}** — {c.get('verdict')}: {c['statement']}" for c in group]
+            listing += [f"- **{c['name']}** — {verdict_of(c)}: {c['statement']}" for c in group]
             listing.append("")
     create_markdown_artifact("\n".join(listing), key=artifact_key(slug, "verdicts"),
                              description=f"{slug}: findings and checks (wrapped)")
-    return {"claims": {c["name"]: c.get("verdict") or ("holds" if c["holds"] else "fails")
+    return {"claims": {c["name"]: verdict_of(c)
                        for c in metrics.get("claims", [])}}
 
 

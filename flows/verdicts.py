@@ -33,6 +33,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from benchmarks.runtimes import runtimes
 from flows.proc import ROOT
 from stages.common.config import ConfigError, read_params, registered_papers
 
@@ -137,18 +138,6 @@ def _stats(claim: dict[str, Any]) -> dict[str, float]:
             if isinstance(stats.get(k), (int, float)) and not isinstance(stats.get(k), bool)}
 
 
-def _runtime(text: str | None) -> float | None:
-    """Sum of a metrics.json's ``runtime_s`` (None when absent or unreadable)."""
-    try:
-        runtime = json.loads(text).get("runtime_s") if text else None
-    except (ValueError, AttributeError):
-        return None
-    if not isinstance(runtime, dict):
-        return None
-    total = sum(v for v in runtime.values() if isinstance(v, (int, float)) and not isinstance(v, bool))
-    return float(total) if total > 0 else None
-
-
 def _same_values(a: Any, b: Any) -> bool:
     """Equal to the last bit (NaN equals NaN: a value that is undefined in both runs)."""
     if isinstance(a, float) and isinstance(b, float):
@@ -175,7 +164,7 @@ def compare(root: Path = ROOT, revision: str = "HEAD", papers: list[str] | None 
     rows: list[ClaimRow] = []
     not_run: list[str] = []
     not_committed: list[str] = []
-    runtime_ratio: dict[str, float] = {}
+    compared: list[str] = []
     for slug in papers:
         rel = f"reports/{slug}/claims.json"
         old_text = committed_text(root, commit, rel)
@@ -190,11 +179,7 @@ def compare(root: Path = ROOT, revision: str = "HEAD", papers: list[str] | None 
         if old is None:
             not_committed.append(slug)
             continue
-        metrics = root / "reports" / slug / "metrics.json"
-        now = _runtime(metrics.read_text(errors="replace") if metrics.is_file() else None)
-        then = _runtime(committed_text(root, commit, f"reports/{slug}/metrics.json"))
-        if now is not None and then is not None and now != then:   # equal: its report was not re-run
-            runtime_ratio[slug] = now / then
+        compared.append(slug)
         for name in list(old) + [n for n in new if n not in old]:
             o, n = old.get(name), new.get(name)
             ref = n if n is not None else o
@@ -213,7 +198,18 @@ def compare(root: Path = ROOT, revision: str = "HEAD", papers: list[str] | None 
                 row.identical = _same_values(o.get("values"), n.get("values"))
             rows.append(row)
     return Comparison(revision=revision, commit=commit, rows=rows, not_run=not_run, not_committed=not_committed,
-                      runtime_ratio=runtime_ratio)
+                      runtime_ratio=_runtime_ratio(root, commit, compared))
+
+
+def _runtime_ratio(root: Path, commit: str, slugs: list[str]) -> dict[str, float]:
+    """Per paper, its stage seconds in the checkout over those at ``commit`` (benchmarks.runtimes reads both);
+    papers whose report did not re-run (equal totals) or that lack a record are left out."""
+    try:
+        now, then = runtimes(None, slugs, root), runtimes(commit, slugs, root)
+    except ValueError:                  # a metrics.json that is not JSON: no speed check, the verdicts stand
+        return {}
+    totals = {s: (sum(now[s].values()), sum(then[s].values())) for s in slugs if s in now and s in then}
+    return {s: a / b for s, (a, b) in totals.items() if b > 0 and a != b}
 
 
 def machine() -> dict[str, Any]:
