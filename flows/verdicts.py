@@ -5,6 +5,7 @@
     python -m flows.verdicts --root /tmp/x       # another checkout (compared with its own git history)
     python -m flows.verdicts --json cmp.json     # the comparison as JSON too
     python -m flows.verdicts --strict            # exit 1 when any verdict moved (scripts, CI)
+    python -m flows.verdicts --study reports/studies/sciql_seeds345   # a study vs its paper's committed report
 
 ``make repro`` prints it after the last stage. Each claim counts as *reproduced* when its verdict
 (holds / inconclusive / fails) equals the committed one; *identical* when its per-seed values are also
@@ -149,6 +150,29 @@ def _same_values(a: Any, b: Any) -> bool:
     return a == b
 
 
+def claim_rows(slug: str, old: dict[str, dict[str, Any]], new: dict[str, dict[str, Any]]) -> list[ClaimRow]:
+    """One paper's claims, committed (``old``) against this run's (``new``), in the committed order."""
+    rows: list[ClaimRow] = []
+    for name in list(old) + [n for n in new if n not in old]:
+        o, n = old.get(name), new.get(name)
+        ref = n if n is not None else o
+        row = ClaimRow(paper=slug, name=name, kind=str(ref.get("kind", "finding")), status="same",
+                       committed=verdict_of(o) if o is not None else None,
+                       current=verdict_of(n) if n is not None else None, identical=False,
+                       wallclock=bool(ref.get("wallclock", False)),
+                       committed_stats=_stats(o) if o is not None else {},
+                       current_stats=_stats(n) if n is not None else {})
+        if o is None:
+            row.status = "new"
+        elif n is None:
+            row.status = "gone"
+        else:
+            row.status = "same" if row.committed == row.current else "moved"
+            row.identical = _same_values(o.get("values"), n.get("values"))
+        rows.append(row)
+    return rows
+
+
 def compare(root: Path = ROOT, revision: str = "HEAD", papers: list[str] | None = None) -> Comparison:
     """Every registered paper's claims in the checkout at ``root`` against the same files at ``revision``."""
     root = Path(root)
@@ -180,23 +204,7 @@ def compare(root: Path = ROOT, revision: str = "HEAD", papers: list[str] | None 
             not_committed.append(slug)
             continue
         compared.append(slug)
-        for name in list(old) + [n for n in new if n not in old]:
-            o, n = old.get(name), new.get(name)
-            ref = n if n is not None else o
-            row = ClaimRow(paper=slug, name=name, kind=str(ref.get("kind", "finding")), status="same",
-                           committed=verdict_of(o) if o is not None else None,
-                           current=verdict_of(n) if n is not None else None, identical=False,
-                           wallclock=bool(ref.get("wallclock", False)),
-                           committed_stats=_stats(o) if o is not None else {},
-                           current_stats=_stats(n) if n is not None else {})
-            if o is None:
-                row.status = "new"
-            elif n is None:
-                row.status = "gone"
-            else:
-                row.status = "same" if row.committed == row.current else "moved"
-                row.identical = _same_values(o.get("values"), n.get("values"))
-            rows.append(row)
+        rows += claim_rows(slug, old, new)
     return Comparison(revision=revision, commit=commit, rows=rows, not_run=not_run, not_committed=not_committed,
                       runtime_ratio=_runtime_ratio(root, commit, compared))
 
@@ -275,6 +283,97 @@ def format_comparison(cmp: Comparison, info: dict[str, Any] | None = None) -> st
     return "\n".join(lines)
 
 
+NEIGHBOURS = {frozenset(("holds", "inconclusive")), frozenset(("fails", "inconclusive"))}
+
+
+@dataclass
+class StudyComparison:
+    """A study's claims (``stages.common.study``: the paper's own pipeline with some params changed) against
+    its paper's committed report. With only seed lists changed it is a replication on fresh draws."""
+    study: str                     # the study folder
+    paper: str
+    overrides: list[str]
+    commit: str                    # the committed reports' commit
+    rows: list[ClaimRow]
+
+    def counted(self, kind: str | None = None, wallclock: bool = False) -> tuple[int, int, int]:
+        """(same verdict, moved to the opposite verdict (holds <-> fails), compared) over claims in both."""
+        rows = [r for r in self.rows if r.status in ("same", "moved") and r.wallclock == wallclock
+                and (kind is None or r.kind == kind)]
+        return (sum(r.status == "same" for r in rows), sum(r.status == "moved" and not neighbours(r) for r in rows),
+                len(rows))
+
+
+def neighbours(row: ClaimRow) -> bool:
+    """A move between neighbouring verdicts (to or from inconclusive), not holds <-> fails."""
+    return frozenset((row.committed, row.current)) in NEIGHBOURS
+
+
+def compare_study(study: Path, root: Path = ROOT, revision: str = "HEAD") -> StudyComparison:
+    """The study folder's ``claims.json`` against ``reports/<its paper>/claims.json`` at ``revision``."""
+    study, root = Path(study), Path(root)
+    info_path = study / "study.json"
+    if not info_path.is_file():
+        raise VerdictError(f"{info_path}: no study.json (is {study} a study folder of stages.common.study?)")
+    try:
+        info = json.loads(_read_text(info_path))
+    except json.JSONDecodeError as err:
+        raise VerdictError(f"{info_path}: not JSON ({err.msg} at line {err.lineno})") from None
+    slug = info.get("slug") if isinstance(info, dict) else None
+    if not isinstance(slug, str):
+        raise VerdictError(f"{info_path}: no `slug` naming the study's paper")
+    claims_path = study / "claims.json"
+    if not claims_path.is_file():
+        raise VerdictError(f"{claims_path}: missing (the study did not finish?)")
+    new = parse_claims(_read_text(claims_path), str(claims_path))
+    commit = resolve(root, revision)
+    rel = f"reports/{slug}/claims.json"
+    old_text = committed_text(root, commit, rel)
+    if old_text is None:
+        raise VerdictError(f"{rel}: not committed at {commit} (the study's paper has no committed report)")
+    old = parse_claims(old_text, f"{rel} at {commit}")
+    overrides = info.get("overrides") if isinstance(info.get("overrides"), list) else []
+    return StudyComparison(study=study.name, paper=slug, overrides=[str(o) for o in overrides], commit=commit,
+                           rows=claim_rows(slug, old, new))
+
+
+def format_studies(studies: list[StudyComparison], revision: str = "HEAD") -> str:
+    """One row per study (findings and checks apart, wall-clock claims apart), then every claim whose verdict
+    moved with both runs' effect and t-bounds; moves between holds and fails are marked."""
+    if not studies:
+        return "no studies compared"
+    commits = sorted({s.commit for s in studies})
+    tot = [0, 0, 0]
+    lines = [f"study verdicts vs the committed reports at {revision} ({', '.join(commits)})", "",
+             "| study | paper | overrides | findings same | checks same | holds <-> fails | wall-clock same |",
+             "| --- | --- | --- | --- | --- | --- | --- |"]
+    for s in studies:
+        f_same, f_opp, f_n = s.counted("finding")
+        c_same, c_opp, c_n = s.counted("check")
+        w_same, _, w_n = s.counted(wallclock=True)
+        for i, v in enumerate((f_same + c_same, f_opp + c_opp, f_n + c_n)):
+            tot[i] += v
+        sets = ", ".join(f"`{o}`" for o in s.overrides) or "none"
+        lines.append(f"| {s.study} | {s.paper} | {sets} | {f_same}/{f_n} | {c_same}/{c_n} | {f_opp + c_opp} | "
+                     + (f"{w_same}/{w_n} |" if w_n else "- |"))
+    lines += ["", f"{tot[0]} of {tot[2]} committed verdicts the same in the studies, {tot[1]} moved between holds "
+                  "and fails, the rest between a verdict and inconclusive"]
+    moved = [r for s in studies for r in s.rows if r.status == "moved"]
+    if moved:
+        lines += ["", "| paper | claim | kind | committed (effect [t-bounds]) | study |", "| --- | --- | --- | --- | --- |"]
+        lines += [f"| {r.paper} | {r.name}{' (wall-clock)' if r.wallclock else ''} | {r.kind} | "
+                  f"{r.committed}{_effect(r.committed_stats)} | {r.current}{_effect(r.current_stats)}"
+                  f"{'' if neighbours(r) else ' (**opposite**)'} |" for r in moved]
+    for s in studies:
+        new = [r.name for r in s.rows if r.status == "new"]
+        gone = [r.name for r in s.rows if r.status == "gone"]
+        if new:
+            lines.append(f"{s.study}: claims not in the committed report: {', '.join(new)}")
+        if gone:
+            lines.append(f"{s.study}: committed claims the study did not make: {', '.join(gone)}")
+    return "\n".join(lines)
+
+
 def summary_lines(root: Path, revision: str = "HEAD") -> list[str]:
     """The comparison as printable lines, or one line saying why there is none (never raises for a
     checkout it cannot compare: ``make repro`` prints this after its last stage)."""
@@ -291,7 +390,20 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--papers", nargs="+", default=None, help="only these papers")
     parser.add_argument("--json", default=None, help="also write the comparison (and the machine) to this file")
     parser.add_argument("--strict", action="store_true", help="exit 1 when a verdict moved")
+    parser.add_argument("--study", nargs="+", default=None, metavar="DIR",
+                        help="compare these study folders (stages.common.study) with their papers' committed reports "
+                             "instead of the checkout's reports")
     args = parser.parse_args(argv)
+    if args.study:
+        try:
+            studies = [compare_study(Path(d), Path(args.root).resolve(), args.against) for d in args.study]
+        except (VerdictError, OSError) as err:
+            print(f"error: {err}", file=sys.stderr)
+            return 2
+        print(format_studies(studies, args.against))
+        if args.json:
+            Path(args.json).write_text(json.dumps([asdict(s) for s in studies], indent=1) + "\n")
+        return 1 if args.strict and any(r.status == "moved" for s in studies for r in s.rows) else 0
     try:
         cmp = compare(Path(args.root).resolve(), args.against, args.papers)
     except (VerdictError, OSError) as err:

@@ -11,7 +11,8 @@ import yaml
 
 from flows.paper_flow import claims_rows
 from flows.proc import ROOT
-from flows.verdicts import compare, format_comparison, main, parse_claims, summary_lines, verdict_of
+from flows.verdicts import (compare, compare_study, format_comparison, format_studies, main, neighbours, parse_claims,
+                            summary_lines, verdict_of)
 from stages.common.config import read_params, registered_papers
 from tests.repo_copy import git
 
@@ -172,3 +173,65 @@ def test_reads_every_committed_report_of_this_project():
         # the verdicts read here are the ones the Prefect artifact shows (flows.paper_flow.claims_rows)
         shown = {r["name"]: r["verdict"] for r in claims_rows(json.loads(text))}
         assert {r.name: r.committed for r in rows if r.committed} == shown, slug
+
+
+def write_study(folder: Path, slug: str | None, claims: list[dict] | None, overrides=("prepare.seeds=[3, 4]",)) -> Path:
+    folder.mkdir(parents=True, exist_ok=True)
+    if slug is not None:
+        (folder / "study.json").write_text(json.dumps({"slug": slug, "overrides": list(overrides)}))
+    if claims is not None:
+        (folder / "claims.json").write_text(json.dumps({"slug": slug, "claims": claims}))
+    return folder
+
+
+def test_a_study_against_its_papers_committed_report(toy, tmp_path, capsys):
+    """A study of alpha on other seeds: gap holds -> fails (opposite verdicts), above inconclusive -> holds (a
+    neighbour), below the same, speed (wall-clock) moved, extra new; committed alpha is untouched in the checkout,
+    and the study's own claims are read, not the checkout's."""
+    write_claims(toy, "alpha", [claim("gap", "holds", {"x": [9.0]})])             # the checkout's: never read
+    study = write_study(tmp_path / "alpha_seeds34", "alpha", [
+        claim("gap", "fails", {"x": [-0.25, -0.5]}, mean=-0.3, lower=-0.5, upper=-0.1),
+        claim("above", "holds", {"y": [1.5, 2.75]}, kind="check"),
+        claim("below", "holds", {"z": [0.5, 0.25]}, kind="check"),
+        claim("speed", "fails", {"s": [9.0]}, kind="check", wallclock=True),
+        claim("extra", "holds", {"w": [1.0]}),
+    ])
+    s = compare_study(study, toy)
+    assert (s.study, s.paper, s.overrides) == ("alpha_seeds34", "alpha", ["prepare.seeds=[3, 4]"])
+    assert s.counted("finding") == (0, 1, 1) and s.counted("check") == (1, 0, 2)
+    assert s.counted() == (1, 1, 3) and s.counted(wallclock=True) == (0, 1, 1)
+    by = {r.name: r for r in s.rows}
+    assert not neighbours(by["gap"]) and neighbours(by["above"]) and by["extra"].status == "new"
+    text = format_studies([s])
+    assert ("| alpha_seeds34 | alpha | `prepare.seeds=[3, 4]` | 0/1 | 1/2 | 1 | 0/1 |") in text
+    assert "1 of 3 committed verdicts the same in the studies, 1 moved between holds and fails" in text
+    assert "| alpha | gap | finding | holds (0.5 [0.2, 0.8]) | fails (-0.3 [-0.5, -0.1]) (**opposite**) |" in text
+    assert "| alpha | above | check | inconclusive | holds |" in text
+    assert "| alpha | speed (wall-clock) | check | holds | fails (**opposite**) |" in text
+    assert "alpha_seeds34: claims not in the committed report: extra" in text
+    out_json = tmp_path / "s.json"
+    assert main(["--root", str(toy), "--study", str(study), "--json", str(out_json)]) == 0
+    assert "| alpha_seeds34 | alpha |" in capsys.readouterr().out
+    assert json.loads(out_json.read_text())[0]["paper"] == "alpha"
+    assert main(["--root", str(toy), "--study", str(study), "--strict"]) == 1
+    same = write_study(tmp_path / "alpha_same", "alpha", [
+        claim("gap", "holds", {"x": [1.0]}), claim("above", "inconclusive", {"y": [1.0]}, kind="check")])
+    assert main(["--root", str(toy), "--study", str(same), "--strict"]) == 0     # nothing moved (below gone)
+    assert "alpha_same: committed claims the study did not make: below, speed" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("make, needle", [
+    (lambda d: write_study(d, None, [claim("gap", "holds", {})]), "no study.json"),
+    (lambda d: (write_study(d, None, None), (d / "study.json").write_text("{")), "study.json: not JSON"),
+    (lambda d: (write_study(d, None, None), (d / "study.json").write_text("[]")), "no `slug`"),
+    (lambda d: write_study(d, "alpha", None), "claims.json: missing"),
+    (lambda d: write_study(d, "gamma", [claim("first", "holds", {})]), "reports/gamma/claims.json: not committed"),
+    (lambda d: write_study(d, "alpha", [{"name": "q", "verdict": "maybe"}]), "claim 'q' has verdict 'maybe'"),
+])
+def test_a_bad_study_folder_is_one_line(toy, tmp_path, capsys, make, needle):
+    folder = tmp_path / "bad"
+    folder.mkdir()
+    make(folder)
+    assert main(["--root", str(toy), "--study", str(folder)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("error: ") and needle in err and len(err.splitlines()) == 1, err
