@@ -12,7 +12,7 @@ export PREFECT_SERVER_ANALYTICS_ENABLED := false
 ## two xdist workers (every test is single-threaded; CI has 2 cores); PYTEST_ARGS= runs serially
 PYTEST_ARGS ?= -n 2 --dist loadgroup
 
-.PHONY: install system-deps repro test ui wandb-sync bench contract plots mutants verdicts
+.PHONY: install system-deps repro test ui wandb-sync bench contract plots mutants verdicts replicate
 
 ## System packages the stages need (chromium for vision2web's verifier, git): installed with apt when
 ## root, otherwise one line naming them. `make repro` requires them; `make test` only warns (tests skip).
@@ -96,6 +96,12 @@ contract:
 AGAINST ?= HEAD
 verdicts: $(STAMP)
 	$(BIN)/python -m flows.verdicts --against $(AGAINST)
+
+## Every paper re-run as a study on fresh seeds (flows/replicate.py; ~75 min on 2 cores, the committed results stay):
+## which committed verdicts a new draw of the seeds keeps, written to reports/studies/replication.md.
+## PAPERS="sciql plantain" for some; `make replicate TABLE=1` only rewrites the table from the study folders.
+replicate: $(STAMP)
+	PATH=$(abspath $(BIN)):$$PATH $(BIN)/python -m flows.replicate $(if $(TABLE),--table) $(if $(PAPERS),--papers $(PAPERS))
 
 # --- Scaling out (flows/remote.py, flows/pools.py; README "Scaling out") ---
 .PHONY: remote pool worker

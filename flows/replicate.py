@@ -1,0 +1,147 @@
+"""Every paper's pipeline again on fresh seeds: which committed verdicts a new draw of the seeds keeps.
+
+    python -m flows.replicate                    # every paper, one study each (~75 min on 2 cores), then the table
+    python -m flows.replicate --papers sciql     # some papers (the table still covers every study folder there)
+    python -m flows.replicate --table            # only the table, from the study folders already there
+
+A paper's replication is a study (``stages.common.study``) that changes only the seed lists in ``FRESH_SEEDS``:
+the seeds of the unit its findings repeat (the trained arms, the simulated draws), replaced by seeds the default
+does not use. Code, data split, shared pretrained bases, budgets and thresholds stay as committed. Each study goes to
+``reports/studies/<slug>_fresh_seeds``; then ``flows.verdicts`` compares each with its paper's committed report
+and the table (same verdicts, moves between holds and fails, every moved claim with both effects and t-bounds)
+is written to ``reports/studies/replication.md``.
+
+Why: training runs are deterministic on one machine, but a CPU with other float kernels (or any change of the
+float order) gives new draws, and verdicts decided within seed noise move with them (README, *Results*). A
+replication on fresh seeds measures that directly, on any machine.
+"""
+from __future__ import annotations
+
+import argparse
+import subprocess
+import sys
+from pathlib import Path
+
+from flows.proc import ROOT
+from flows.verdicts import VerdictError, compare_study, format_studies
+from stages.common.config import ConfigError, read_params, registered_papers
+from stages.common.paths import atomic_write_text
+from stages.common.study import apply_overrides, parse_override
+
+# per paper: the overrides of its seed lists (stage.key=value, as `stages.common.study --set`)
+FRESH_SEEDS: dict[str, list[str]] = {
+    "backdoor_awareness": ["prepare.seeds=[3, 4, 5]"],
+    "clip_binding": ["prepare.seeds=[3, 4, 5]"],
+    "cv_stability": ["prepare.seed=1"],
+    "fair_bandits": ["prepare.seeds=[5, 6, 7, 8, 9]"],
+    "ftrl_potential": ["prepare.random_game_seeds=[3, 4, 5]", "train.start_seeds=[5, 6, 7, 8, 9]",
+                       "train.tie_seeds=[5, 6, 7, 8, 9]"],
+    "futurecad": ["prepare.seeds=[5, 6, 7, 8, 9]"],
+    "induction": ["prepare.seeds=[3, 4, 5]"],
+    "justgrpo": ["prepare.seeds=[5, 6, 7, 8, 9]"],
+    "l2g_net": ["train.seeds=[5, 6, 7, 8, 9]"],
+    "opus": ["train.seeds=[3, 4, 5]"],
+    "plantain": ["prepare.seeds=[3, 4, 5]"],
+    "reversal_curse": ["prepare.seeds=[3, 4, 5]"],
+    "sciql": ["train.seeds=[3, 4, 5]"],
+    "star_kv": ["train.seeds=[5, 6, 7, 8, 9]", "train.side_seeds=[5]"],
+    "tgdt": ["train.seeds=[5, 6, 7, 8, 9]"],
+    "thunderagent": ["prepare.seeds=[5, 6, 7, 8, 9]"],
+    "unembed_rank": ["train.seeds=[3, 4, 5]", "train.extra_seeds=[3]", "train.saturation.seeds=[3, 4]"],
+    "vision2web": ["prepare.seeds=[5, 6, 7, 8, 9]", "train.bug_sites.functional_seeds=[5]",
+                   "train.bug_sites.visual_seeds=[5]"],
+    "walrus": ["train.seeds=[5, 6, 7, 8, 9]"],
+}
+STUDIES = ROOT / "reports" / "studies"
+TABLE = STUDIES / "replication.md"
+
+
+def study_dir(slug: str, studies: Path = STUDIES) -> Path:
+    return studies / f"{slug}_fresh_seeds"
+
+
+def _default(params: dict, slug: str, override: str):
+    stage, keys, _ = parse_override(override)
+    node = params["papers"][slug][stage]
+    for k in keys:
+        node = node[k]
+    return node
+
+
+def check_fresh_seeds(params: dict) -> None:
+    """ConfigError unless every registered paper has an entry, each override names an existing seed key of
+    that paper (its last key mentions ``seed``) and gives it seeds the default does not use."""
+    papers = registered_papers(params)
+    missing = [s for s in papers if s not in FRESH_SEEDS]
+    if missing:
+        raise ConfigError(f"flows.replicate.FRESH_SEEDS: no entry for {', '.join(missing)}")
+    for slug in papers:
+        overrides = FRESH_SEEDS[slug]
+        apply_overrides(params, slug, overrides)          # every key exists (ConfigError naming it otherwise)
+        for text in overrides:
+            _, keys, value = parse_override(text)
+            if "seed" not in keys[-1]:
+                raise ConfigError(f"flows.replicate.FRESH_SEEDS[{slug!r}]: {text!r} is not a seed key")
+            old = _default(params, slug, text)
+            old_set = set(old) if isinstance(old, list) else {old}
+            new_set = set(value) if isinstance(value, list) else {value}
+            if old_set & new_set:
+                raise ConfigError(f"flows.replicate.FRESH_SEEDS[{slug!r}]: {text!r} reuses default seeds "
+                                  f"{sorted(old_set & new_set)}")
+
+
+def table_text(studies: Path = STUDIES, root: Path = ROOT, revision: str = "HEAD") -> str:
+    """replication.md: what was run, then flows.verdicts' comparison of every fresh-seed study folder."""
+    done = [study_dir(s, studies) for s in sorted(FRESH_SEEDS) if (study_dir(s, studies) / "study.json").is_file()]
+    cmp = [compare_study(d, root, revision) for d in done]
+    missing = sorted(s for s in FRESH_SEEDS if not (study_dir(s, studies) / "study.json").is_file())
+    head = ("# Fresh-seed replication\n\n"
+            "Each paper's default pipeline re-run as a study (`stages/common/study.py`) with only its seed lists "
+            "changed to seeds the default does not use (`flows/replicate.py`, `FRESH_SEEDS`): the same code, data "
+            "split, shared bases, budgets and thresholds. A verdict that moves here was decided by the draw of the "
+            "seeds, within the noise its t-bounds allow; a move between holds and fails would contradict the "
+            "committed verdict. Regenerate: `python -m flows.replicate` (the studies, ~75 min on 2 cores) or "
+            "`python -m flows.replicate --table` (this file from the study folders).\n\n")
+    tail = f"\n\nNot run yet: {', '.join(missing)}\n" if missing else "\n"
+    return head + format_studies(cmp, revision) + tail
+
+
+def run_replications(papers: list[str], studies: Path = STUDIES) -> list[str]:
+    """One study per paper in a process of its own; returns the papers whose study failed."""
+    failed = []
+    for slug in papers:
+        cmd = [sys.executable, "-m", "stages.common.study", slug, "--out", str(study_dir(slug, studies))]
+        for text in FRESH_SEEDS[slug]:
+            cmd += ["--set", text]
+        print(f"[replicate] {slug}: {' '.join(cmd[1:])}", flush=True)
+        if subprocess.run(cmd, cwd=ROOT).returncode != 0:
+            failed.append(slug)
+    return failed
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m flows.replicate", description=__doc__.splitlines()[0])
+    parser.add_argument("--papers", nargs="+", default=None, help="only these papers' studies")
+    parser.add_argument("--table", action="store_true", help="only write the table from the existing studies")
+    args = parser.parse_args(argv)
+    try:
+        params = read_params(ROOT / "params.yaml")
+        check_fresh_seeds(params)
+        registered = registered_papers(params)
+        unknown = [p for p in args.papers or [] if p not in registered]
+        if unknown:
+            raise ConfigError(f"unknown paper {unknown[0]!r} (registered: {', '.join(registered)})")
+        failed = [] if args.table else run_replications(args.papers or registered)
+        text = table_text()
+    except (ConfigError, VerdictError, OSError) as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    atomic_write_text(TABLE, text)
+    print(text)
+    if failed:
+        print(f"replicate: the studies of {', '.join(failed)} failed (their errors are above)", file=sys.stderr)
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
