@@ -100,13 +100,30 @@ def code_version(root: Path = ROOT) -> dict:
     return {"commit": head.stdout.strip(), "code_dirty": bool(dirty.stdout.strip())}
 
 
+def only_profile(params: dict, slug: str, profile: str) -> dict:
+    """A copy of ``params`` whose ``papers.<slug>`` stage blocks keep only ``profile``'s overrides (none for the
+    default): a study runs that one profile, and a value changed in the default block can contradict another
+    profile's own (star_kv's smoke seeds [0] against side_seeds [5]), which the runner's cross-profile config
+    check would refuse although that profile never runs."""
+    out = copy.deepcopy(params)
+    for stage in STAGES:
+        block = out["papers"][slug].get(stage)
+        if isinstance(block, dict) and isinstance(block.get("profiles"), dict):
+            kept = {name: v for name, v in block["profiles"].items() if name == profile}
+            if kept:
+                block["profiles"] = kept
+            else:
+                del block["profiles"]
+    return out
+
+
 def run_study(slug: str, overrides: list[str], out: Path, scratch: Path | None = None,
               profile: str = "default") -> dict:
     """Run the four stages with the overrides under a scratch root; copy the report folder to ``out``.
     (``profile`` other than default: that profile's own overrides are merged over the changed default block.)"""
     from stages.common.runner import run_pipeline, runtime_file    # imports torch & co. only when a study runs
 
-    params = apply_overrides(read_params(), slug, overrides)
+    params = only_profile(apply_overrides(read_params(), slug, overrides), slug, profile)
     params["profile"] = profile
     version = code_version()                    # at the start: the code the stages run
     own = scratch is None
@@ -146,7 +163,12 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {e}", file=sys.stderr)
         return 2
     out = a.out if a.out.is_absolute() else ROOT / a.out
-    info = run_study(a.slug, a.overrides, out)
+    from stages.common.runner import MissingInputError
+    try:
+        info = run_study(a.slug, a.overrides, out)
+    except (ConfigError, MissingInputError) as e:        # a value the stage Configs refuse: one line, no --out
+        print(f"error: {e}", file=sys.stderr)
+        return 2
     print(f"[study] {a.slug}: report in {out} (stage wall times {info['stage_wall_s']})")
     return 0
 

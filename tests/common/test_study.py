@@ -68,3 +68,33 @@ def test_study_runs_the_four_stages_with_the_override(tmp_path):
     assert train_cfg["profile"] == "smoke"
     tmeta = json.loads((root / "data" / "ftrl_potential" / "train" / "meta.json").read_text())
     assert tmeta["start_seeds"] == [3, 4]                       # the stages ran with the override
+
+
+def test_a_default_override_that_another_profile_contradicts(tmp_path):
+    """star_kv on seeds 5-9 with side_seeds [5]: valid at default, but its smoke profile sets seeds [0]; the study
+    runs one profile, so the scratch params keep only that profile's overrides and the default config loads."""
+    from stages.common.runner import load_config
+    from stages.common.study import only_profile
+
+    changed = apply_overrides(read_params(), "star_kv", ["train.seeds=[5, 6, 7, 8, 9]", "train.side_seeds=[5]"])
+    raw, kept = tmp_path / "raw.yaml", tmp_path / "kept.yaml"
+    raw.write_text(yaml.safe_dump(changed, sort_keys=False))
+    with pytest.raises(ConfigError, match=r"profile smoke.*side_seeds: \[5\] is not a subset of seeds \[0\]"):
+        load_config("star_kv", "train", "default", raw)
+    scratch = only_profile(changed, "star_kv", "default")
+    assert all("profiles" not in scratch["papers"]["star_kv"][s] for s in ("prepare", "train", "evaluate", "report"))
+    assert "profiles" in changed["papers"]["star_kv"]["train"]                 # the input is not modified
+    kept.write_text(yaml.safe_dump(scratch, sort_keys=False))
+    _, cfg, prof = load_config("star_kv", "train", "default", kept)
+    assert prof == "default" and cfg.seeds == [5, 6, 7, 8, 9] and cfg.side_seeds == [5]
+    smoke = only_profile(changed, "star_kv", "smoke")["papers"]["star_kv"]["train"]["profiles"]
+    assert list(smoke) == ["smoke"] and smoke["smoke"]["seeds"] == [0]
+
+
+def test_a_value_the_stage_config_refuses_is_one_line(tmp_path, capsys):
+    """An override naming an existing key with a value the stage's Config rejects: exit 2, one line, no --out."""
+    out = tmp_path / "o"
+    assert main(["ftrl_potential", "--out", str(out), "--set", "train.start_seeds=nope"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("error: papers.ftrl_potential.train") and "start_seeds" in err and len(err.splitlines()) == 1
+    assert not out.exists()
