@@ -4,9 +4,9 @@
     python -m flows.replicate --papers sciql     # some papers (the table still covers every study folder there)
     python -m flows.replicate --table            # only the table, from the study folders already there
 
-A paper's replication is a study (``stages.common.study``) that changes only the seed lists in ``FRESH_SEEDS``:
-the seeds of the unit its findings repeat (the trained arms, the simulated draws), replaced by seeds the default
-does not use. Code, data split, shared pretrained bases, budgets and thresholds stay as committed. Each study goes to
+A paper's replication is a study (``stages.common.study``) that changes only the seed values in ``FRESH_SEEDS``
+(checked: nothing else differs from the default): the seeds of the unit its findings repeat (the trained arms, the
+simulated draws), replaced by seeds the default does not use. Code, data split, shared pretrained bases, budgets and thresholds stay as committed. Each study goes to
 ``reports/studies/<slug>_fresh_seeds``; then ``flows.verdicts`` compares each with its paper's committed report
 and the table (same verdicts, moves between holds and fails, every moved claim with both effects and t-bounds)
 is written to ``reports/studies/replication.md``.
@@ -49,7 +49,9 @@ FRESH_SEEDS: dict[str, list[str]] = {
     "thunderagent": ["prepare.seeds=[5, 6, 7, 8, 9]"],
     "unembed_rank": ["train.seeds=[3, 4, 5]", "train.extra_seeds=[3]", "train.saturation.seeds=[3, 4]"],
     "vision2web": ["prepare.seeds=[5, 6, 7, 8, 9]", "train.bug_sites.functional_seeds=[5]",
-                   "train.bug_sites.visual_seeds=[5]"],
+                   "train.bug_sites.visual_seeds=[5]",
+                   "train.agents=[{name: oracle, kind: oracle, seeds: [5]}, {name: synth, kind: openai, "
+                   "endpoint: 'local:synth'}, {name: template, kind: openai, endpoint: 'local:template'}]"],
     "walrus": ["train.seeds=[5, 6, 7, 8, 9]"],
 }
 STUDIES = ROOT / "reports" / "studies"
@@ -68,9 +70,23 @@ def _default(params: dict, slug: str, override: str):
     return node
 
 
+def seed_changes(old, new, path: str) -> list[tuple[str, object, object]]:
+    """The (path, default, new) seed values an override changes: values under a key that mentions ``seed``;
+    ConfigError where anything else differs (a replication changes seeds only)."""
+    if "seed" in path.rsplit(".", 1)[-1]:
+        return [] if old == new else [(path, old, new)]
+    if isinstance(old, dict) and isinstance(new, dict) and old.keys() == new.keys():
+        return [c for k in old for c in seed_changes(old[k], new[k], f"{path}.{k}")]
+    if isinstance(old, list) and isinstance(new, list) and len(old) == len(new):
+        return [c for i, (a, b) in enumerate(zip(old, new)) for c in seed_changes(a, b, f"{path}[{i}]")]
+    if old != new:
+        raise ConfigError(f"{path}: not a seed value ({old!r} -> {new!r})")
+    return []
+
+
 def check_fresh_seeds(params: dict) -> None:
-    """ConfigError unless every registered paper has an entry, each override names an existing seed key of
-    that paper (its last key mentions ``seed``) and gives it seeds the default does not use."""
+    """ConfigError unless every registered paper has an entry and each of its overrides names an existing key
+    of that paper, changes seed values only, at least one, and gives each seeds the default does not use."""
     papers = registered_papers(params)
     missing = [s for s in papers if s not in FRESH_SEEDS]
     if missing:
@@ -79,15 +95,19 @@ def check_fresh_seeds(params: dict) -> None:
         overrides = FRESH_SEEDS[slug]
         apply_overrides(params, slug, overrides)          # every key exists (ConfigError naming it otherwise)
         for text in overrides:
-            _, keys, value = parse_override(text)
-            if "seed" not in keys[-1]:
-                raise ConfigError(f"flows.replicate.FRESH_SEEDS[{slug!r}]: {text!r} is not a seed key")
-            old = _default(params, slug, text)
-            old_set = set(old) if isinstance(old, list) else {old}
-            new_set = set(value) if isinstance(value, list) else {value}
-            if old_set & new_set:
-                raise ConfigError(f"flows.replicate.FRESH_SEEDS[{slug!r}]: {text!r} reuses default seeds "
-                                  f"{sorted(old_set & new_set)}")
+            where = f"flows.replicate.FRESH_SEEDS[{slug!r}]"
+            stage, keys, value = parse_override(text)
+            try:
+                changes = seed_changes(_default(params, slug, text), value, ".".join([stage, *keys]))
+            except ConfigError as err:
+                raise ConfigError(f"{where}: {err}") from None
+            if not changes:
+                raise ConfigError(f"{where}: {text!r} changes no seed")
+            for path, old, new in changes:
+                old_set = set(old) if isinstance(old, list) else {old}
+                new_set = set(new) if isinstance(new, list) else {new}
+                if old_set & new_set:
+                    raise ConfigError(f"{where}: {path} reuses default seeds {sorted(old_set & new_set)}")
 
 
 def table_text(studies: Path = STUDIES, root: Path = ROOT, revision: str = "HEAD") -> str:

@@ -18,17 +18,25 @@ def test_every_paper_has_fresh_seeds_for_existing_seed_keys():
     params = read_params()
     rep.check_fresh_seeds(params)                               # raises on a missing paper, key or reused seed
     assert set(rep.FRESH_SEEDS) == set(registered_papers(params))
+    # nested seeds inside a replaced list: only the oracle's seeds differ from vision2web's default agents
+    text = rep.FRESH_SEEDS["vision2web"][-1]
+    assert rep.seed_changes(rep._default(params, "vision2web", text), yaml.safe_load(text.split("=", 1)[1]),
+                            "train.agents") == [("train.agents[0].seeds", [0], [5])]
 
 
 @pytest.mark.parametrize("entry, needle", [
     ({}, "no entry for alpha"),
-    ({"alpha": ["train.seeds=[3, 4]", "train.steps=5"]}, "'train.steps=5' is not a seed key"),
-    ({"alpha": ["train.seeds=[2, 3]"]}, "reuses default seeds [2]"),
+    ({"alpha": ["train.seeds=[3, 4]", "train.steps=5"]}, "train.steps: not a seed value (3 -> 5)"),
+    ({"alpha": ["train.seeds=[2, 3]"]}, "train.seeds reuses default seeds [2]"),
     ({"alpha": ["train.seed=0"]}, "papers.alpha.train.seed is not in params.yaml"),
-    ({"alpha": ["prepare.seed=0"]}, "reuses default seeds [0]"),
+    ({"alpha": ["prepare.seed=0"]}, "'prepare.seed=0' changes no seed"),
+    ({"alpha": ["train.agents=[{name: a, seeds: [0]}]"]}, "train.agents[0].seeds reuses default seeds [0]"),
+    ({"alpha": ["train.agents=[{name: b, seeds: [9]}]"]}, "train.agents[0].name: not a seed value ('a' -> 'b')"),
+    ({"alpha": ["train.agents=[{name: a, seeds: [9]}, {name: c}]"]}, "train.agents: not a seed value"),
 ])
 def test_bad_fresh_seed_entries_are_named(monkeypatch, entry, needle):
-    params = {"papers": {"alpha": {"prepare": {"seed": 0}, "train": {"seeds": [0, 1, 2], "steps": 3}}}}
+    params = {"papers": {"alpha": {"prepare": {"seed": 0}, "train": {"seeds": [0, 1, 2], "steps": 3,
+                                                                      "agents": [{"name": "a", "seeds": [0, 1]}]}}}}
     monkeypatch.setattr(rep, "FRESH_SEEDS", entry)
     with pytest.raises(ConfigError) as err:
         rep.check_fresh_seeds(params)
@@ -92,3 +100,18 @@ def test_table_only_writes_the_file(monkeypatch, tmp_path, capsys):
     assert rep.main(["--table"]) == 0
     text = (tmp_path / "replication.md").read_text()
     assert text.startswith("# Fresh-seed replication") and text == capsys.readouterr().out.rstrip("\n") + "\n"
+
+
+def test_the_committed_table_is_what_the_study_folders_give():
+    """reports/studies/replication.md equals the table the committed study folders give against the committed
+    reports (commit hashes aside). After a paper's report is re-run, `make replicate TABLE=1` rewrites it (and the
+    paper's study is then stale: `make replicate PAPERS=<slug>`)."""
+    import re
+
+    from flows.proc import ROOT
+
+    def strip(text):
+        return re.sub(r"\((?:[0-9a-f]{7,40}(?:, )?)+\)", "(<commit>)", text)
+
+    committed = (ROOT / "reports" / "studies" / "replication.md").read_text()
+    assert strip(committed) == strip(rep.table_text()), "stale: run `make replicate TABLE=1`"
