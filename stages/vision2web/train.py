@@ -18,7 +18,7 @@ import json
 import os
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from stages.common.config import StageConfig, unique_items
 from stages.vision2web.agents import BugInjectingAgent, OpenAICompatibleAgent, OracleAgent, TaskInputs
@@ -77,6 +77,18 @@ class Config(StageConfig):
         if any(a.name == "bugs" for a in v):
             raise ValueError("agents: the name 'bugs' is reserved for the bug sites")
         return v
+
+    @model_validator(mode="after")
+    def _oracle_builds_the_visual_sites_tasks(self):
+        """evaluate scores each visual bug site against the oracle's site of the same task: the oracle must build
+        the tasks of bug_sites.visual_seeds (a raw KeyError in evaluate otherwise)."""
+        built = [a.seeds for a in self.agents if a.name == "oracle"]
+        if built and built[0] is not None:
+            missing = sorted(set(self.bug_sites.visual_seeds) - set(built[0]))
+            if missing:
+                raise ValueError(f"bug_sites.visual_seeds: {missing} not among the oracle agent's seeds {built[0]} "
+                                 "(each visual bug site is scored against the oracle's site of its task)")
+        return self
 
 
 def run(cfg: Config, ctx) -> None:
