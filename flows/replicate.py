@@ -116,12 +116,13 @@ def table_text(studies: Path = STUDIES, root: Path = ROOT, revision: str = "HEAD
     cmp = [compare_study(d, root, revision) for d in done]
     missing = sorted(s for s in FRESH_SEEDS if not (study_dir(s, studies) / "study.json").is_file())
     head = ("# Fresh-seed replication\n\n"
-            "Each paper's default pipeline re-run as a study (`stages/common/study.py`) with only its seed lists "
-            "changed to seeds the default does not use (`flows/replicate.py`, `FRESH_SEEDS`): the same code, data "
-            "split, shared bases, budgets and thresholds. A verdict that moves here was decided by the draw of the "
-            "seeds, within the noise its t-bounds allow; a move between holds and fails would contradict the "
-            "committed verdict. Regenerate: `python -m flows.replicate` (the studies, ~75 min on 2 cores) or "
-            "`python -m flows.replicate --table` (this file from the study folders).\n\n")
+            "Each paper's default pipeline re-run as a study (`stages/common/study.py`) with only its seed values "
+            "changed to seeds the default does not use (`flows/replicate.py`, `FRESH_SEEDS`, checked path by "
+            "path): the same code, data split, shared pretrained bases, budgets and thresholds. A verdict that "
+            "moves here was decided by the draw of the seeds (and, where the committed report came from another "
+            "CPU than the study, by the CPU's float kernels too: README, *Results*); a move between holds and "
+            "fails contradicts the committed verdict. Regenerate: `python -m flows.replicate` (the studies, ~75 min "
+            "on 2 cores) or `python -m flows.replicate --table` (this file from the study folders).\n\n")
     tail = f"\n\nNot run yet: {', '.join(missing)}\n" if missing else "\n"
     return head + format_studies(cmp, revision) + tail
 
