@@ -32,7 +32,7 @@ from stages.common.study import apply_overrides, parse_override
 FRESH_SEEDS: dict[str, list[str]] = {
     "backdoor_awareness": ["prepare.seeds=[3, 4, 5]"],
     "clip_binding": ["prepare.seeds=[3, 4, 5]"],
-    "cv_stability": ["prepare.seed=1"],
+    "cv_stability": ["prepare.seed=2", "evaluate.seed=4", "evaluate.real_example.seed=5"],
     "fair_bandits": ["prepare.seeds=[5, 6, 7, 8, 9]"],
     "ftrl_potential": ["prepare.random_game_seeds=[3, 4, 5]", "train.start_seeds=[5, 6, 7, 8, 9]",
                        "train.tie_seeds=[5, 6, 7, 8, 9]"],
@@ -70,11 +70,28 @@ def _default(params: dict, slug: str, override: str):
     return node
 
 
+def _is_seed(v) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
 def seed_changes(old, new, path: str) -> list[tuple[str, object, object]]:
-    """The (path, default, new) seed values an override changes: values under a key that mentions ``seed``;
-    ConfigError where anything else differs (a replication changes seeds only)."""
-    if "seed" in path.rsplit(".", 1)[-1]:
-        return [] if old == new else [(path, old, new)]
+    """The (path, default, new) seed values an override changes; ConfigError where anything else differs (a
+    replication changes seeds only). A seed value is a list of integer seeds (the same number of them: the design
+    keeps its size) or, under a key named ``seed`` / ``*_seed``, one integer; a count such as ``n_seeds`` or
+    ``burst_seeds: 20`` is not."""
+    key = path.rsplit(".", 1)[-1]
+    if "seed" in key and (old != new):
+        if isinstance(old, list) and isinstance(new, list) and all(map(_is_seed, old + new)):
+            if len(old) != len(new):
+                raise ConfigError(f"{path}: {len(new)} seeds instead of {len(old)} (a replication keeps the "
+                                  "number of seeds)")
+            return [(path, old, new)]
+        if key.endswith("seed") and _is_seed(old) and _is_seed(new):
+            return [(path, old, new)]
+        raise ConfigError(f"{path}: not a seed value ({old!r} -> {new!r}; a list of integer seeds, or one integer "
+                          "under a key named seed)")
+    if "seed" in key:
+        return []
     if isinstance(old, dict) and isinstance(new, dict) and old.keys() == new.keys():
         return [c for k in old for c in seed_changes(old[k], new[k], f"{path}.{k}")]
     if isinstance(old, list) and isinstance(new, list) and len(old) == len(new):

@@ -26,17 +26,22 @@ def test_every_paper_has_fresh_seeds_for_existing_seed_keys():
 
 @pytest.mark.parametrize("entry, needle", [
     ({}, "no entry for alpha"),
-    ({"alpha": ["train.seeds=[3, 4]", "train.steps=5"]}, "train.steps: not a seed value (3 -> 5)"),
-    ({"alpha": ["train.seeds=[2, 3]"]}, "train.seeds reuses default seeds [2]"),
+    ({"alpha": ["train.seeds=[3, 4, 5]", "train.steps=5"]}, "train.steps: not a seed value (3 -> 5)"),
+    ({"alpha": ["train.seeds=[2, 3, 4]"]}, "train.seeds reuses default seeds [2]"),
     ({"alpha": ["train.seed=0"]}, "papers.alpha.train.seed is not in params.yaml"),
     ({"alpha": ["prepare.seed=0"]}, "'prepare.seed=0' changes no seed"),
-    ({"alpha": ["train.agents=[{name: a, seeds: [0]}]"]}, "train.agents[0].seeds reuses default seeds [0]"),
-    ({"alpha": ["train.agents=[{name: b, seeds: [9]}]"]}, "train.agents[0].name: not a seed value ('a' -> 'b')"),
-    ({"alpha": ["train.agents=[{name: a, seeds: [9]}, {name: c}]"]}, "train.agents: not a seed value"),
+    ({"alpha": ["train.agents=[{name: a, seeds: [0, 5]}]"]}, "train.agents[0].seeds reuses default seeds [0]"),
+    ({"alpha": ["train.agents=[{name: b, seeds: [8, 9]}]"]}, "train.agents[0].name: not a seed value ('a' -> 'b')"),
+    ({"alpha": ["train.agents=[{name: a, seeds: [8, 9]}, {name: c}]"]}, "train.agents: not a seed value"),
+    ({"alpha": ["train.seeds=[3, 4, 5, 6]"]}, "train.seeds: 4 seeds instead of 3"),
+    ({"alpha": ["train.n_seeds=5"]}, "train.n_seeds: not a seed value (3 -> 5; a list of integer seeds"),
+    ({"alpha": ["train.arm_seeds={x: 2}"]}, "train.arm_seeds: not a seed value ({'x': 1} -> {'x': 2}"),
+    ({"alpha": ["train.seeds=[3, 4, 4.5]"]}, "train.seeds: not a seed value"),
+    ({"alpha": ["prepare.seed=true"]}, "prepare.seed: not a seed value (0 -> True"),
 ])
 def test_bad_fresh_seed_entries_are_named(monkeypatch, entry, needle):
-    params = {"papers": {"alpha": {"prepare": {"seed": 0}, "train": {"seeds": [0, 1, 2], "steps": 3,
-                                                                      "agents": [{"name": "a", "seeds": [0, 1]}]}}}}
+    params = {"papers": {"alpha": {"prepare": {"seed": 0}, "train": {
+        "seeds": [0, 1, 2], "steps": 3, "n_seeds": 3, "arm_seeds": {"x": 1}, "agents": [{"name": "a", "seeds": [0, 1]}]}}}}
     monkeypatch.setattr(rep, "FRESH_SEEDS", entry)
     with pytest.raises(ConfigError) as err:
         rep.check_fresh_seeds(params)
