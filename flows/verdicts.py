@@ -343,10 +343,11 @@ def format_studies(studies: list[StudyComparison], revision: str = "HEAD") -> st
     if not studies:
         return "no studies compared"
     commits = sorted({s.commit for s in studies})
-    tot = [0, 0, 0]
+    tot = [0, 0, 0, 0]
     lines = [f"study verdicts vs the committed reports at {revision} ({', '.join(commits)})", "",
-             "| study | paper | overrides | findings same | checks same | holds <-> fails | wall-clock same |",
-             "| --- | --- | --- | --- | --- | --- | --- |"]
+             "| study | paper | overrides | findings same | checks same | holds <-> fails | identical values | "
+             "wall-clock same |",
+             "| --- | --- | --- | --- | --- | --- | --- | --- |"]
     for s in studies:
         f_same, f_opp, f_n = s.counted("finding")
         c_same, c_opp, c_n = s.counted("check")
@@ -354,10 +355,14 @@ def format_studies(studies: list[StudyComparison], revision: str = "HEAD") -> st
         for i, v in enumerate((f_same + c_same, f_opp + c_opp, f_n + c_n)):
             tot[i] += v
         sets = ", ".join(f"`{o}`" for o in s.overrides) or "none"
+        ident = sum(r.identical for r in s.rows if r.status in ("same", "moved") and not r.wallclock)
+        tot[3] += ident
         lines.append(f"| {s.study} | {s.paper} | {sets} | {f_same}/{f_n} | {c_same}/{c_n} | {f_opp + c_opp} | "
-                     + (f"{w_same}/{w_n} |" if w_n else "- |"))
+                     f"{ident} | " + (f"{w_same}/{w_n} |" if w_n else "- |"))
     lines += ["", f"{tot[0]} of {tot[2]} committed verdicts the same in the studies, {tot[1]} moved between holds "
-                  "and fails, the rest between a verdict and inconclusive"]
+                  "and fails, the rest between a verdict and inconclusive; "
+                  f"{tot[3]} of the {tot[2]} with values identical to the committed ones to the last bit (claims the "
+                  "changed params do not reach, or values at a bound such as an accuracy of 1)"]
     moved = [r for s in studies for r in s.rows if r.status == "moved"]
     if moved:
         lines += ["", "| paper | claim | kind | committed (effect [t-bounds]) | study |", "| --- | --- | --- | --- | --- |"]

@@ -17,7 +17,7 @@ from tests.repo_copy import git
 def test_every_paper_has_fresh_seeds_for_existing_seed_keys():
     params = read_params()
     rep.check_fresh_seeds(params)                               # raises on a missing paper, key or reused seed
-    assert set(rep.FRESH_SEEDS) == set(registered_papers(params))
+    assert set(rep.FRESH_SEEDS) == set(registered_papers(params)) == set(rep.KEPT)
     # nested seeds inside a replaced list: only the oracle's seeds differ from vision2web's default agents
     text = rep.FRESH_SEEDS["vision2web"][-1]
     assert rep.seed_changes(rep._default(params, "vision2web", text), yaml.safe_load(text.split("=", 1)[1]),
@@ -69,7 +69,7 @@ def test_table_from_study_folders(monkeypatch, tmp_path):
     (root / "reports" / "alpha").mkdir(parents=True)
     (root / "params.yaml").write_text(yaml.safe_dump({"papers": {"alpha": {}, "beta": {}}}))
     committed = [{"name": "a", "kind": "finding", "verdict": "holds", "values": {}},
-                 {"name": "b", "kind": "finding", "verdict": "holds", "values": {},
+                 {"name": "b", "kind": "finding", "verdict": "holds", "values": {"x": [1.0, 0.75]},
                   "stats": {"mean": 0.5, "lower": 0.25, "upper": 0.75}}]
     (root / "reports" / "alpha" / "claims.json").write_text(json.dumps({"claims": committed}))
     git(root, "init", "-q", "-b", "main")
@@ -80,14 +80,15 @@ def test_table_from_study_folders(monkeypatch, tmp_path):
     folder.mkdir(parents=True)
     (folder / "study.json").write_text(json.dumps({"slug": "alpha", "overrides": ["train.seeds=[3, 4, 5]"]}))
     (folder / "claims.json").write_text(json.dumps({"claims": [
-        committed[0], dict(committed[1], verdict="inconclusive", stats={"mean": 0.125, "lower": -0.25, "upper": 0.5})]}))
+        committed[0], dict(committed[1], verdict="inconclusive", values={"x": [1.0, 0.5]},
+                           stats={"mean": 0.125, "lower": -0.25, "upper": 0.5})]}))
     monkeypatch.setattr(rep, "FRESH_SEEDS", {"alpha": ["train.seeds=[3, 4, 5]"], "beta": ["train.seeds=[1]"]})
     text = rep.table_text(studies, root)
     assert text.startswith("# Fresh-seed replication\n")
-    assert "| alpha_fresh_seeds | alpha | `train.seeds=[3, 4, 5]` | 1/2 | 0/0 | 0 | - |" in text
+    assert "| alpha_fresh_seeds | alpha | `train.seeds=[3, 4, 5]` | 1/2 | 0/0 | 0 | 1 | - |" in text
     assert "1 of 2 committed verdicts the same in the studies, 0 moved between holds and fails" in text
     assert "| alpha | b | finding | holds (0.5 [0.25, 0.75]) | inconclusive (0.125 [-0.25, 0.5]) |" in text
-    assert text.rstrip().endswith("Not run yet: beta")
+    assert text.rstrip().endswith("- alpha: (not recorded)\n\nNot run yet: beta")
 
 
 def test_cli_errors_are_one_line(monkeypatch, capsys, tmp_path):

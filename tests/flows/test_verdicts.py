@@ -192,7 +192,7 @@ def test_a_study_against_its_papers_committed_report(toy, tmp_path, capsys):
     study = write_study(tmp_path / "alpha_seeds34", "alpha", [
         claim("gap", "fails", {"x": [-0.25, -0.5]}, mean=-0.3, lower=-0.5, upper=-0.1),
         claim("above", "holds", {"y": [1.5, 2.75]}, kind="check"),
-        claim("below", "holds", {"z": [0.5, 0.25]}, kind="check"),
+        claim("below", "holds", {"z": [0.125, float("nan")]}, kind="check"),       # identical (NaN too)
         claim("speed", "fails", {"s": [9.0]}, kind="check", wallclock=True),
         claim("extra", "holds", {"w": [1.0]}),
     ])
@@ -203,8 +203,9 @@ def test_a_study_against_its_papers_committed_report(toy, tmp_path, capsys):
     by = {r.name: r for r in s.rows}
     assert not neighbours(by["gap"]) and neighbours(by["above"]) and by["extra"].status == "new"
     text = format_studies([s])
-    assert ("| alpha_seeds34 | alpha | `prepare.seeds=[3, 4]` | 0/1 | 1/2 | 1 | 0/1 |") in text
-    assert "1 of 3 committed verdicts the same in the studies, 1 moved between holds and fails" in text
+    assert ("| alpha_seeds34 | alpha | `prepare.seeds=[3, 4]` | 0/1 | 1/2 | 1 | 1 | 0/1 |") in text   # below
+    assert ("1 of 3 committed verdicts the same in the studies, 1 moved between holds and fails, the rest between a "
+            "verdict and inconclusive; 1 of the 3 with values identical") in text
     assert "| alpha | gap | finding | holds (0.5 [0.2, 0.8]) | fails (-0.3 [-0.5, -0.1]) (**opposite**) |" in text
     assert "| alpha | above | check | inconclusive | holds |" in text
     assert "| alpha | speed (wall-clock) | check | holds | fails (**opposite**) |" in text
