@@ -6,7 +6,8 @@
 
 A paper's replication is a study (``stages.common.study``) that changes only the seed values in ``FRESH_SEEDS``
 (checked: nothing else differs from the default): the seeds of the unit its findings repeat (the trained arms, the
-simulated draws), replaced by seeds the default does not use. Code, data split, shared pretrained bases, budgets and thresholds stay as committed. Each study goes to
+simulated draws), replaced by seeds the default does not use. Code, budgets and thresholds stay as committed; what else a paper's study keeps on the committed draw (a
+pretrained base, a judge, a data split) is in ``KEPT``. Each study goes to
 ``reports/studies/<slug>_fresh_seeds``; then ``flows.verdicts`` compares each with its paper's committed report
 and the table (same verdicts, moves between holds and fails, every moved claim with both effects and t-bounds)
 is written to ``reports/studies/replication.md``.
@@ -158,7 +159,8 @@ def table_text(studies: Path = STUDIES, root: Path = ROOT, revision: str = "HEAD
     head = ("# Fresh-seed replication\n\n"
             "Each paper's default pipeline re-run as a study (`stages/common/study.py`) with only its seed values "
             "changed to seeds the default does not use (`flows/replicate.py`, `FRESH_SEEDS`, checked path by "
-            "path): the same code, data split, shared pretrained bases, budgets and thresholds. A verdict that "
+            "path): the same code, budgets and thresholds (what else each keeps on the committed draw is listed below "
+            "the table). A verdict that "
             "moves here was decided by the draw of the seeds (and, where the committed report came from another "
             "CPU than the study, by the CPU's float kernels too: README, *Results*); a move between holds and "
             "fails contradicts the committed verdict. Regenerate: `python -m flows.replicate` (the studies, ~75 min "
