@@ -70,9 +70,25 @@ class Comparison:
 
     def counted(self, kind: str | None = None, wallclock: bool = False) -> tuple[int, int]:
         """(reproduced, compared) over the claims present in both runs."""
-        rows = [r for r in self.rows if r.status in ("same", "moved") and r.wallclock == wallclock
-                and (kind is None or r.kind == kind)]
+        rows = in_both(self.rows, kind, wallclock)
         return sum(r.status == "same" for r in rows), len(rows)
+
+
+def in_both(rows: list[ClaimRow], kind: str | None = None, wallclock: bool = False) -> list[ClaimRow]:
+    """The rows of claims present in both runs, of one kind (None: both) and wall-clock or not."""
+    return [r for r in rows if r.status in ("same", "moved") and r.wallclock == wallclock
+            and (kind is None or r.kind == kind)]
+
+
+def moved_table(rows: list[ClaimRow], column: str, mark=lambda r: "") -> list[str]:
+    """Markdown rows of the claims whose verdict moved, both runs' effect and t-bounds (``column``: the
+    second run's header; ``mark(row)``: text after its verdict)."""
+    moved = [r for r in rows if r.status == "moved"]
+    if not moved:
+        return []
+    return ["", f"| paper | claim | kind | committed (effect [t-bounds]) | {column} |", "| --- | --- | --- | --- | --- |"] + [
+        f"| {r.paper} | {r.name}{' (wall-clock)' if r.wallclock else ''} | {r.kind} | "
+        f"{r.committed}{_effect(r.committed_stats)} | {r.current}{_effect(r.current_stats)}{mark(r)} |" for r in moved]
 
 
 def verdict_of(claim: dict[str, Any]) -> str:
@@ -257,11 +273,7 @@ def format_comparison(cmp: Comparison, info: dict[str, Any] | None = None) -> st
              f"(findings {f_same}/{f_total}, checks {c_same}/{c_total}); {identical} of {total} with identical "
              "per-seed values"
              + (f"; wall-clock claims {w_same}/{w_total} (they measure this machine's load too)" if w_total else "")]
-    moved = [r for r in cmp.rows if r.status == "moved"]
-    if moved:
-        lines += ["", "| paper | claim | kind | committed (effect [t-bounds]) | this run |", "| --- | --- | --- | --- | --- |"]
-        lines += [f"| {r.paper} | {r.name}{' (wall-clock)' if r.wallclock else ''} | {r.kind} | "
-                  f"{r.committed}{_effect(r.committed_stats)} | {r.current}{_effect(r.current_stats)} |" for r in moved]
+    lines += moved_table(cmp.rows, "this run")
     new = [f"{r.paper}/{r.name}" for r in cmp.rows if r.status == "new"]
     gone = [f"{r.paper}/{r.name}" for r in cmp.rows if r.status == "gone"]
     if new:
@@ -298,8 +310,7 @@ class StudyComparison:
 
     def counted(self, kind: str | None = None, wallclock: bool = False) -> tuple[int, int, int]:
         """(same verdict, moved to the opposite verdict (holds <-> fails), compared) over claims in both."""
-        rows = [r for r in self.rows if r.status in ("same", "moved") and r.wallclock == wallclock
-                and (kind is None or r.kind == kind)]
+        rows = in_both(self.rows, kind, wallclock)
         return (sum(r.status == "same" for r in rows), sum(r.status == "moved" and not neighbours(r) for r in rows),
                 len(rows))
 
@@ -355,7 +366,7 @@ def format_studies(studies: list[StudyComparison], revision: str = "HEAD") -> st
         for i, v in enumerate((f_same + c_same, f_opp + c_opp, f_n + c_n)):
             tot[i] += v
         sets = ", ".join(f"`{o}`" for o in s.overrides) or "none"
-        ident = sum(r.identical for r in s.rows if r.status in ("same", "moved") and not r.wallclock)
+        ident = sum(r.identical for r in in_both(s.rows))
         tot[3] += ident
         lines.append(f"| {s.study} | {s.paper} | {sets} | {f_same}/{f_n} | {c_same}/{c_n} | {f_opp + c_opp} | "
                      f"{ident} | " + (f"{w_same}/{w_n} |" if w_n else "- |"))
@@ -363,12 +374,8 @@ def format_studies(studies: list[StudyComparison], revision: str = "HEAD") -> st
                   "and fails, the rest between a verdict and inconclusive; "
                   f"{tot[3]} of the {tot[2]} with values identical to the committed ones to the last bit (claims the "
                   "changed params do not reach, or values at a bound such as an accuracy of 1)"]
-    moved = [r for s in studies for r in s.rows if r.status == "moved"]
-    if moved:
-        lines += ["", "| paper | claim | kind | committed (effect [t-bounds]) | study |", "| --- | --- | --- | --- | --- |"]
-        lines += [f"| {r.paper} | {r.name}{' (wall-clock)' if r.wallclock else ''} | {r.kind} | "
-                  f"{r.committed}{_effect(r.committed_stats)} | {r.current}{_effect(r.current_stats)}"
-                  f"{'' if neighbours(r) else ' (**opposite**)'} |" for r in moved]
+    lines += moved_table([r for s in studies for r in s.rows], "study",
+                         lambda r: "" if neighbours(r) else " (**opposite**)")
     for s in studies:
         new = [r.name for r in s.rows if r.status == "new"]
         gone = [r.name for r in s.rows if r.status == "gone"]
