@@ -438,7 +438,8 @@ Red-team pass (adversarial review of this design by its author; no second review
   was worse) fixed the budget at 1,500 steps; every claim threshold and the abstention threshold were left as they
   were. The curves are still rising at 1,500 steps (see "Grounder budget" below): `size_words_read`, and probably
   the held-out and free-text numbers, are decided by this budget, not by what the architecture can learn. The
-  grounders now take most of the train stage's CPU (~60 s per seed), and the default run is over the 300 s target.
+  grounders now take most of the train stage's CPU (45–60 s per seed, with the machine's hour), and the default
+  run sits at the 300 s target: the same computations have read 282–407 s on the shared 2-core machine (README).
 - **Second red-team pass (a reviewer who did not write the code; it reproduced seed 0's exact-set and mAP per family
   to 4 decimals with its own forward pass).** (1) `heldout_templates_generalize` read exact-set accuracy until the
   commit that added mAP (the paper's metric) moved it to mAP, after the issue had shown the exact-set gap; mAP ranks
