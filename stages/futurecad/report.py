@@ -462,7 +462,15 @@ Red-team pass (adversarial review of this design by its author; no second review
   A study of this pipeline with 5 program seeds and 4 test descriptions per part (twice the items;
   `train.program.n_seeds`, `prepare.test_programs_per_part`) is committed outside the DVC graph:
   [`reports/studies/futurecad_5seeds/report.md`](../studies/futurecad_5seeds/report.md) (same code, claims and
-  thresholds; not re-run by `dvc repro`).
+  thresholds; not re-run by `dvc repro`). It stays inconclusive too (reward gap −0.0015, se 0.042 of which items
+  0.038; executability +0.010, se 0.048). What would decide these two claims, from that study's variances: the test
+  descriptions are shared by the seeds, so their noise does not average over seeds (per-description sd of the paired
+  gap ≈ 0.42 reward, 0.49 executability; between-seed sd ≈ 0.04). A `fails` at the 0.02 minimum effect with a gap
+  near 0 needs a total se below ~0.012: about 25 program seeds × 2,100–2,900 held-out descriptions (reward,
+  executability), ~8× this default's program-model training and ~350× its held-out CAD evaluation (~190,000
+  scripts). That does not fit the
+  default budget on 2 cores; these verdicts say what this scale can detect (the `detectable` gap above), not
+  whether RL helps.
 - **Early stopping.** Both program arms keep their best checkpoint on 36 validation prompts (a candidate set of
   the same size for each arm, the SFT checkpoint included); selection on a small validation set is optimistic
   for validation, not for the held-out test descriptions the claims read.
