@@ -438,7 +438,7 @@ Red-team pass (adversarial review of this design by its author; no second review
   was worse) fixed the budget at 1,500 steps; every claim threshold and the abstention threshold were left as they
   were. The curves are still rising at 1,500 steps (see "Grounder budget" below): `size_words_read`, and probably
   the held-out and free-text numbers, are decided by this budget, not by what the architecture can learn. The
-  grounders now take most of the train stage's CPU (45–60 s per seed, with the machine's hour), and the default
+  grounders now take most of the train stage's CPU (44–61 s per seed, with the machine's hour), and the default
   run sits at the 300 s target: the same computations have read 282–407 s on the shared 2-core machine (README).
 - **Second red-team pass (a reviewer who did not write the code; it reproduced seed 0's exact-set and mAP per family
   to 4 decimals with its own forward pass).** (1) `heldout_templates_generalize` read exact-set accuracy until the
@@ -466,11 +466,11 @@ Red-team pass (adversarial review of this design by its author; no second review
   0.038; executability +0.010, se 0.048). What would decide these two claims, from that study's variances: the test
   descriptions are shared by the seeds, so their noise does not average over seeds (per-description sd of the paired
   gap ≈ 0.42 reward, 0.49 executability; between-seed sd ≈ 0.04). A `fails` at the 0.02 minimum effect with a gap
-  near 0 needs a total se below ~0.012: about 25 program seeds × 2,100–2,900 held-out descriptions (reward,
-  executability), ~8× this default's program-model training and ~350× its held-out CAD evaluation (~190,000
-  scripts). That does not fit the
-  default budget on 2 cores; these verdicts say what this scale can detect (the `detectable` gap above), not
-  whether RL helps.
+  near 0 needs a total se below ~0.012: about 25 program seeds × ~2,900 held-out descriptions for both claims
+  (2,100 for the reward alone), ~8× this default's program-model training and ~400× its held-out CAD evaluation
+  (~220,000 scripts); at the study's executability gap (+0.010) a `fails` needs se < 0.006, out of reach. That does
+  not fit the default budget on 2 cores; these verdicts say what this scale can detect (the `detectable` gap
+  above), not whether RL helps.
 - **Early stopping.** Both program arms keep their best checkpoint on 36 validation prompts (a candidate set of
   the same size for each arm, the SFT checkpoint included); selection on a small validation set is optimistic
   for validation, not for the held-out test descriptions the claims read.
