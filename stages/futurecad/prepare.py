@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import io
 import json
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -30,7 +31,7 @@ from pydantic import Field, field_validator, model_validator
 from stages.common.config import Seed, Seeds, StageConfig, unique_items
 from stages.common.paths import write_json
 from stages.common.runner import StageContext
-from stages.futurecad import cad, cputime, freetext
+from stages.futurecad import cad, cputime, freetext, isolate
 
 FILLET_SIZES = (0.5, 1.0)
 REPO = Path(__file__).resolve().parents[2]          # step_dir is relative to the code (the fixture ships in it)
@@ -220,6 +221,49 @@ def external_rows(step_dir: Path) -> tuple[list[dict], list[dict], list[str]]:
     return rows, tensors, names
 
 
+def _build_part(cfg: Config, part: dict, pid: int, split: str, role: str, rng, steps: Path):
+    """One part's CAD work and its draws from ``rng``: (primitive tensors, part row, query rows, programs,
+    program targets, topology cases), or None when the kernel refuses the part's script. Returns the rng state
+    with it (it runs in prepare's worker process: isolate.Isolated)."""
+    cache: dict = {}                                     # this part's workplane and groundings
+    try:
+        solid = cad.run_script(part["script"], cache=cache).solid
+    except cad.ScriptError:
+        return None, rng.bit_generator.state
+    part["part"] = pid
+    if split == "test":                                  # STEP round trip: ids as the CLI sees them
+        path = steps / f"part_{pid:04d}.step"
+        cad.write_step(solid, path)
+        solid = cad.load_step(path)
+    prims = cad.export_primitives(solid)
+    row = {"part": pid, "split": split, "role": role, "family": part["family"], "script": part["script"],
+           "description": part["description"], "n_faces": len(prims.face_attr), "n_edges": len(prims.edge_attr)}
+    rows: list[dict] = []
+    if split != "test":
+        rows += part_queries(prims, cad.SEEN_TEMPLATES, rng, None if split == "train" else 2)
+        rows += absent_queries(prims, rng, cfg.absent_per_part)
+        for q in rng.choice(freetext.TRAIN_FOREIGN, size=cfg.foreign_per_part, replace=False).tolist():
+            rows.append(_row(-1, "edges", "foreign", q, []))
+        rows += [_row(-1, "edges", "nonsense", nonsense_query(rng), []) for _ in range(cfg.nonsense_per_part)]
+    else:
+        rows += part_queries(prims, cad.SEEN_TEMPLATES, rng, cfg.test_seen_per_target)
+        rows += part_queries(prims, cad.HELDOUT_TEMPLATES, rng, None, kind="heldout")
+        rows += absent_queries(prims, rng, cfg.absent_per_part)
+        for q, spec in freetext.FREE_TEXT:                  # written independently of the templates
+            ids = cad.target_ids(prims, spec)
+            n = len(prims.edge_attr) if spec[0] == "edges" else len(prims.face_attr)
+            if len(ids) < n:
+                rows.append(_row(cad.SPECS.index(spec), spec[0], "freetext" if ids else "absent_freetext", q,
+                                 ids, size_matters=cad.size_matters(prims, spec)))
+        for q in rng.choice(freetext.TEST_FOREIGN, size=cfg.test_foreign_per_part, replace=False).tolist():
+            rows.append(_row(-1, "edges", "foreign", q, []))
+    rows = [dict(r, part=pid, split=split) for r in rows]
+    n_prog = cfg.test_programs_per_part if split == "test" else cfg.programs_per_part
+    progs, tgts = _programs(part, split, role, rng, n_prog, cfg.n_points, cache)
+    topo = _topology(part, rng, cfg.topology_per_part, cache) if split == "test" else []
+    return (prim_tensors(prims), row, rows, progs, tgts, topo), rng.bit_generator.state
+
+
 def run(cfg: Config, ctx: StageContext) -> None:
     rng = np.random.default_rng(cfg.split_seed)
     steps = ctx.out / "steps"
@@ -227,52 +271,30 @@ def run(cfg: Config, ctx: StageContext) -> None:
     parts, queries, programs, targets, topo, tensors = [], [], [], [], [], []
     n_rl = round(cfg.n_train_parts * cfg.rl_frac)
     n_total = cfg.n_train_parts + cfg.n_val_parts + cfg.n_test_parts
-    while len(parts) < n_total:
-        part = cad.random_part(rng)
-        pid = len(parts)
-        split = "train" if pid < cfg.n_train_parts else "val" if pid < cfg.n_train_parts + cfg.n_val_parts else "test"
-        role = {"train": "rl" if pid >= cfg.n_train_parts - n_rl else "sft", "val": "val", "test": "test"}[split]
-        cache: dict = {}                                     # this part's workplane and groundings
-        try:
-            solid = cad.run_script(part["script"], cache=cache).solid
-        except cad.ScriptError:
-            continue
-        part["part"] = pid
-        if split == "test":                                  # STEP round trip: ids as the CLI sees them
-            path = steps / f"part_{pid:04d}.step"
-            cad.write_step(solid, path)
-            solid = cad.load_step(path)
-        prims = cad.export_primitives(solid)
-        tensors.append(prim_tensors(prims))
-        parts.append({"part": pid, "split": split, "role": role, "family": part["family"], "script": part["script"],
-                      "description": part["description"], "n_faces": len(prims.face_attr),
-                      "n_edges": len(prims.edge_attr)})
-        rows: list[dict] = []
-        if split != "test":
-            rows += part_queries(prims, cad.SEEN_TEMPLATES, rng, None if split == "train" else 2)
-            rows += absent_queries(prims, rng, cfg.absent_per_part)
-            for q in rng.choice(freetext.TRAIN_FOREIGN, size=cfg.foreign_per_part, replace=False).tolist():
-                rows.append(_row(-1, "edges", "foreign", q, []))
-            rows += [_row(-1, "edges", "nonsense", nonsense_query(rng), []) for _ in range(cfg.nonsense_per_part)]
-        else:
-            rows += part_queries(prims, cad.SEEN_TEMPLATES, rng, cfg.test_seen_per_target)
-            rows += part_queries(prims, cad.HELDOUT_TEMPLATES, rng, None, kind="heldout")
-            rows += absent_queries(prims, rng, cfg.absent_per_part)
-            for q, spec in freetext.FREE_TEXT:                  # written independently of the templates
-                ids = cad.target_ids(prims, spec)
-                n = len(prims.edge_attr) if spec[0] == "edges" else len(prims.face_attr)
-                if len(ids) < n:
-                    rows.append(_row(cad.SPECS.index(spec), spec[0], "freetext" if ids else "absent_freetext", q,
-                                     ids, size_matters=cad.size_matters(prims, spec)))
-            for q in rng.choice(freetext.TEST_FOREIGN, size=cfg.test_foreign_per_part, replace=False).tolist():
-                rows.append(_row(-1, "edges", "foreign", q, []))
-        queries += [dict(r, part=pid, split=split) for r in rows]
-        n_prog = cfg.test_programs_per_part if split == "test" else cfg.programs_per_part
-        p, t = _programs(part, split, role, rng, n_prog, cfg.n_points, cache)
-        programs += p
-        targets += t
-        if split == "test":
-            topo += _topology(part, rng, cfg.topology_per_part, cache)
+    crashed = []                                             # parts whose CAD work crashed the kernel
+    with isolate.Isolated() as worker:                       # the CAD work in a worker process (isolate.py)
+        while len(parts) < n_total:
+            part = cad.random_part(rng)
+            pid = len(parts)
+            split = ("train" if pid < cfg.n_train_parts else "val" if pid < cfg.n_train_parts + cfg.n_val_parts
+                     else "test")
+            role = {"train": "rl" if pid >= cfg.n_train_parts - n_rl else "sft", "val": "val", "test": "test"}[split]
+            try:                 # a native crash of the CAD kernel skips the part, like a script it refuses
+                built, state = worker.call(_build_part, cfg, part, pid, split, role, rng, steps)
+            except isolate.ChildCrashed as err:
+                crashed.append({"script": part["script"], "error": str(err)})
+                continue                                     # rng stays after random_part, as for a refusal
+            rng.bit_generator.state = state                  # the worker's draws, carried on here
+            if built is None:
+                continue
+            tensor, row, rows, progs, tgts, tp = built
+            tensors.append({sys.intern(k): v for k, v in tensor.items()})   # keys shared again, as torch.save
+                                                                              # wrote them before the worker
+            parts.append(row)
+            queries += rows
+            programs += progs
+            targets += tgts
+            topo += tp
     # test nonsense: the hand list and generated strings, each on a random test part
     test_pids = [p["part"] for p in parts if p["split"] == "test"]
     nrng = np.random.default_rng([cfg.split_seed, 1])
@@ -308,5 +330,6 @@ def run(cfg: Config, ctx: StageContext) -> None:
         "n_topology_renumbered": int((tp["same_set"] & tp["renumbered"]).sum()) if tp is not None else 0,
         "families": {f: sum(p["family"] == f for p in parts) for f in cad.FAMILIES},
         "external": {"step_dir": cfg.step_dir, "parts": ext_names, "n_queries": len(ext_rows)},
-        "seen_templates": list(cad.SEEN_TEMPLATES), "heldout_templates": list(cad.HELDOUT_TEMPLATES)})
+        "seen_templates": list(cad.SEEN_TEMPLATES), "heldout_templates": list(cad.HELDOUT_TEMPLATES),
+        **({"parts_skipped_kernel_crash": crashed} if crashed else {})})   # only when a part crashed the kernel
     cputime.record(ctx)
