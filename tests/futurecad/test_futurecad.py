@@ -386,3 +386,8 @@ def test_bad_params_are_named(tmp_path):
         validate(prepare.Config, {"typo": 1}, "papers.futurecad.prepare")
     with pytest.raises(ConfigError, match="n_heads"):
         validate(train.Config, {"ground": {"d_model": 30, "n_heads": 4}}, "papers.futurecad.train")
+    from stages.futurecad import report
+    with pytest.raises(ConfigError, match="rl_study"):
+        validate(report.Config, {"rl_study": 3}, "papers.futurecad.report")
+    with pytest.raises(ConfigError, match="rl_study"):
+        validate(report.Config, {"rl_study": ""}, "papers.futurecad.report")
