@@ -133,13 +133,19 @@ def rl_study_section(folder: Path, here: str) -> tuple[str, pl.DataFrame]:
                      "se (items, seeds)": f"{st['se']:.4f} ({st['se_items']:.4f}, {st['se_seeds']:.4f})",
                      "95% t-bounds": f"[{st['lower']:+.4f}, {st['upper']:+.4f}]", "min effect": st["min_effect"],
                      "detectable (80%)": f"{st['detectable']:.4f}"})
-    n_test = "—"
+    n_test, picked = "—", ""
     if (folder / "metrics.json").is_file():
-        n_test = read_json(folder / "metrics.json").get("metrics", {}).get("program", {}).get("n_test", "—")
+        prog = read_json(folder / "metrics.json").get("metrics", {}).get("program", {})
+        n_test = prog.get("n_test", "—")
+        sel = prog.get("selected_checkpoints", {})
+        if sel:
+            picked = (" Checkpoints validation selected per seed (RL step / SFT-only step; RL step 0 is the shared SFT "
+                      "checkpoint, i.e. no RL step beat it on validation): "
+                      + ", ".join(f"seed {k}: {v['rl_step']} / {v['sft_more_step']}" for k, v in sel.items()) + ".")
     shown = folder.relative_to(REPO) if folder.is_relative_to(REPO) else folder
     prose = (f"The committed study [`{shown}`](../studies/{folder.name}/report.md) ran this pipeline's code with `{'`, `'.join(info['overrides'])}`: "
              f"the same RL and SFT-only budgets per seed, more program seeds and {n_test} held-out descriptions "
-             f"(this run: {here}). Its two RL findings, by the same rule and thresholds:")
+             f"(this run: {here}). Its two RL findings, by the same rule and thresholds.{picked}")
     return prose, pl.DataFrame(rows)
 
 
@@ -488,6 +494,10 @@ Red-team pass (adversarial review of this design by its author; no second review
   the held-out and free-text numbers, are decided by this budget, not by what the architecture can learn. The
   grounders now take most of the train stage's CPU (44–61 s per seed, with the machine's hour), and the default
   run sits at the 300 s target: the same computations have read 282–407 s on the shared 2-core machine (README).
+  The Runtime table below mixes two hours: prepare was re-measured after its CAD work moved into a worker process
+  (`stages/futurecad/isolate.py`, 2026-12-05) on a slower hour, when the old and new prepare code read 37.7 and
+  38.5 s back to back (the quiet-hour run of the old code: 20.7 s); train, evaluate and report are from the
+  quiet-hour run of 2026-12-05 (282 s in all), whose outputs the new prepare reproduces byte for byte.
 - **Second red-team pass (a reviewer who did not write the code; it reproduced seed 0's exact-set and mAP per family
   to 4 decimals with its own forward pass).** (1) `heldout_templates_generalize` read exact-set accuracy until the
   commit that added mAP (the paper's metric) moved it to mAP, after the issue had shown the exact-set gap; mAP ranks
@@ -509,18 +519,21 @@ Red-team pass (adversarial review of this design by its author; no second review
   selected RL checkpoint was the SFT checkpoint itself — the run's own curve does not support the RL step count.
   Two committed studies of the same code and per-seed budgets (outside the DVC graph, not re-run by `dvc repro`)
   ask it at larger sizes. [`futurecad_5seeds`](../studies/futurecad_5seeds/report.md) (5 program seeds × 120
-  descriptions) stays inconclusive (reward gap −0.0015, se 0.042; executability +0.010, se 0.048).
-  [`futurecad_rl_4000`](../studies/futurecad_rl_4000/report.md) (5 program seeds; 500 held-out parts with up to 8
-  descriptions each, one topology case per part to save CAD time) is the table "the RL findings at a size that can
-  decide them" above. Why more descriptions and not more seeds: the descriptions are shared by the seeds, and a
-  two-way decomposition of the 5-seed study's per-description paired gaps (seed + description + residual) gives a
-  seed sd of ≈ 0.015 (reward) and ≈ 0 (executability) against a description-by-seed residual of ≈ 0.41 / 0.48 and a
-  description sd of ≈ 0.09 / 0.10. The between-seed spread of the seed means (≈ 0.04) is therefore almost all
-  residual noise, which shrinks with more descriptions; under the shared rule 5 seeds × ~4,000 descriptions give a
-  total se of ≈ 0.010 (reward) and ≈ 0.008 (executability). An earlier version of this paragraph read that spread as
-  seed variance and asked for ~25 program seeds × ~2,900 descriptions; the decomposition says 5 seeds suffice.
-  The shared rule counts the residual twice (once in the between-seed term, once in the item term), so these se
-  are conservative.
+  descriptions, at an earlier commit) stays inconclusive (reward gap −0.0015, se 0.042; executability +0.010, se
+  0.048). [`futurecad_rl_4000`](../studies/futurecad_rl_4000/report.md) (5 program seeds; 500 held-out parts with up
+  to 8 descriptions each, one topology case per part to save CAD time; 53 min on 2 cores) decides both: the table
+  "the RL findings at a size that can decide them" above, read from that study's files. There SFT+RL is *below*
+  SFT-only on every seed: at this budget, continuing SFT for the same compute helps more than GSPO, and for some
+  seeds validation selected no RL step at all (their RL arm is the SFT checkpoint, listed under the table). That is
+  a verdict about this budget and this early stopping (the same rule for both arms), not about RL at the paper's
+  scale. Why more descriptions and not more seeds: the descriptions are shared by the seeds, and a two-way
+  decomposition of the per-description paired gaps (seed + description + residual;
+  [`futurecad_rl_variance.md`](../studies/futurecad_rl_variance.md), from both studies) puts most of the between-seed
+  spread of the 5-seed study (sd 0.04) in description-by-seed residual noise (sd ≈ 0.41 / 0.48; seed sd ≈ 0.015 /
+  0), which shrinks with more descriptions. An earlier version of this paragraph read that spread as seed variance
+  and asked for ~25 program seeds × ~2,900 descriptions; 5 seeds × 3,681 descriptions reached se 0.016 / 0.012 (the
+  larger study's seed sd is 0.030 / 0.015, above the 5-seed study's estimate). The shared rule counts the residual
+  twice (once in the between-seed term, once in the item term), so its se is conservative.
 - **Early stopping.** Both program arms keep their best checkpoint on 36 validation prompts (a candidate set of
   the same size for each arm, the SFT checkpoint included); selection on a small validation set is optimistic
   for validation, not for the held-out test descriptions the claims read.

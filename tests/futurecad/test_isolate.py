@@ -99,12 +99,14 @@ def test_report_rl_study_section(tmp_path):
     write_json(tmp_path / "study.json", {"slug": "futurecad", "overrides": ["prepare.n_test_parts=7"],
                                          "command": "python -m stages.common.study futurecad --out reports/studies/x "
                                                     "--set prepare.n_test_parts=7"})
-    write_json(tmp_path / "metrics.json", {"metrics": {"program": {"n_test": 1234}}})
+    write_json(tmp_path / "metrics.json", {"metrics": {"program": {"n_test": 1234, "selected_checkpoints": {
+        "0": {"rl_step": 0, "sft_more_step": 60}, "1": {"rl_step": 24, "sft_more_step": 30}}}}})
     prose, table = rl_study_section(tmp_path, "3 program seeds × 60 descriptions")
     rows = table.to_dicts()
     assert [r["verdict"] for r in rows] == ["holds", "fails"]
     assert rows[0]["SFT+RL"] == "0.6000" and rows[0]["SFT-only"] == "0.3000" and rows[1]["SFT-only"] == "0.7500"
     assert rows[0]["95% t-bounds"] == "[+0.0234, +0.0366]" and rows[0]["seeds"] == 2
+    assert "seed 0: 0 / 60, seed 1: 24 / 30." in prose
     assert "1234 held-out descriptions" in prose and "`prepare.n_test_parts=7`" in prose and f"[`{tmp_path}`]" in prose
     (tmp_path / "metrics.json").unlink()
     assert "— held-out descriptions" in rl_study_section(tmp_path, "")[0]
