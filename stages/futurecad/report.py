@@ -496,8 +496,9 @@ Red-team pass (adversarial review of this design by its author; no second review
   run sits at the 300 s target: the same computations have read 282–407 s on the shared 2-core machine (README).
   The Runtime table below mixes two hours: prepare was re-measured after its CAD work moved into a worker process
   (`stages/futurecad/isolate.py`, 2026-12-05) on a slower hour, when the old and new prepare code read 37.7 and
-  38.5 s back to back (the quiet-hour run of the old code: 20.7 s); train, evaluate and report are from the
-  quiet-hour run of 2026-12-05 (282 s in all), whose outputs the new prepare reproduces byte for byte.
+  38.5 s back to back (the quiet-hour run of the old code: 20.7 s); train and evaluate are from the
+  quiet-hour run of 2026-12-05 (282 s in all), whose outputs the new prepare reproduces byte for byte; the report
+  stage is from its last re-run (its text changed).
 - **Second red-team pass (a reviewer who did not write the code; it reproduced seed 0's exact-set and mAP per family
   to 4 decimals with its own forward pass).** (1) `heldout_templates_generalize` read exact-set accuracy until the
   commit that added mAP (the paper's metric) moved it to mAP, after the issue had shown the exact-set gap; mAP ranks
@@ -517,23 +518,34 @@ Red-team pass (adversarial review of this design by its author; no second review
   minimum effect, so the RL verdicts cannot leave "inconclusive" at this budget; in the reviewed run the RL
   validation reward fell at the first checkpoint (e.g. 0.61 → 0.26) and only partly recovered, and one seed's
   selected RL checkpoint was the SFT checkpoint itself — the run's own curve does not support the RL step count.
-  Two committed studies of the same code and per-seed budgets (outside the DVC graph, not re-run by `dvc repro`)
-  ask it at larger sizes. [`futurecad_5seeds`](../studies/futurecad_5seeds/report.md) (5 program seeds × 120
-  descriptions, at an earlier commit) stays inconclusive (reward gap −0.0015, se 0.042; executability +0.010, se
-  0.048). [`futurecad_rl_4000`](../studies/futurecad_rl_4000/report.md) (5 program seeds; 500 held-out parts with up
-  to 8 descriptions each, one topology case per part to save CAD time; 53 min on 2 cores) decides both: the table
-  "the RL findings at a size that can decide them" above, read from that study's files. There SFT+RL is *below*
-  SFT-only on every seed: at this budget, continuing SFT for the same compute helps more than GSPO, and for some
-  seeds validation selected no RL step at all (their RL arm is the SFT checkpoint, listed under the table). That is
-  a verdict about this budget and this early stopping (the same rule for both arms), not about RL at the paper's
-  scale. Why more descriptions and not more seeds: the descriptions are shared by the seeds, and a two-way
-  decomposition of the per-description paired gaps (seed + description + residual;
-  [`futurecad_rl_variance.md`](../studies/futurecad_rl_variance.md), from both studies) puts most of the between-seed
-  spread of the 5-seed study (sd 0.04) in description-by-seed residual noise (sd ≈ 0.41 / 0.48; seed sd ≈ 0.015 /
-  0), which shrinks with more descriptions. An earlier version of this paragraph read that spread as seed variance
-  and asked for ~25 program seeds × ~2,900 descriptions; 5 seeds × 3,681 descriptions reached se 0.016 / 0.012 (the
-  larger study's seed sd is 0.030 / 0.015, above the 5-seed study's estimate). The shared rule counts the residual
-  twice (once in the between-seed term, once in the item term), so its se is conservative.
+  Two committed studies with the same per-seed budgets (outside the DVC graph, not re-run by `dvc repro`) ask it at
+  larger sizes. [`futurecad_5seeds`](../studies/futurecad_5seeds/report.md) (5 program seeds × 120 descriptions, at
+  an earlier commit, before the grounder's float-order change: a different draw of models, in which validation kept
+  RL steps on 4 of 5 seeds and RL was above SFT-only on 3) stays inconclusive (reward gap −0.0015, se 0.042;
+  executability +0.010, se 0.048). [`futurecad_rl_4000`](../studies/futurecad_rl_4000/report.md) (this code; 5
+  program seeds, of which seeds 0–2 are this run's models, with the same selected checkpoints; 500 held-out parts
+  with up to 8 descriptions each, one topology case per part to save CAD time; 53 min on 2 cores) decides both: the
+  table "the RL findings at a size that can decide them" above, read from that study's files. There SFT+RL is
+  *below* SFT-only on every seed. On 2 of 5 seeds (0, 3) validation selected no RL step (their RL arm is the SFT
+  checkpoint); seed 1 kept step 4 (test reward 0.594 against the checkpoint's 0.596); only seeds 2 and 4 ran all 24
+  steps. On the three seeds that took RL steps the gap is larger (−0.082 reward, −0.072 executability; both still
+  fail by the rule). **The gap is SFT-only's gain, not RL's loss:** over the shared SFT checkpoint, SFT-only gains
+  +0.070 reward (+0.083 executability) on every seed, RL +0.004 (+0.018). The SFT checkpoint is not converged
+  (constant lr; validation reward 0.66 at step 165 and 0.58 at step 200, mean over seeds), so continuing SFT has
+  headroom. GSPO's validation reward fell from 0.58 to 0.26 by step 8 and was still rising at step 24 (0.51 → 0.58,
+  back to its start), as in the reviewed run; the clip never bound after step 1 and the RL learning rate was not
+  tuned. The verdicts are about this SFT start and this 24-step budget, not about RL at the paper's scale. The two
+  findings are nearly one measurement: per-description reward and executability gaps correlate at 0.994. (Red team
+  of 2026-12-05, a reviewer who did not write this: it recomputed both verdicts from the per-description values with
+  its own implementation of the rule, to every printed digit; clustering of descriptions by part, a design effect
+  of ~2.8 at blocks of 8, leaves both failing.) Why more descriptions and not more seeds: the descriptions are
+  shared by the seeds, and a two-way decomposition of the per-description paired gaps (seed + description +
+  residual; [`futurecad_rl_variance.md`](../studies/futurecad_rl_variance.md), from both studies) puts most of the
+  between-seed spread of the 5-seed study (sd 0.04) in description-by-seed residual noise (sd ≈ 0.41 / 0.48; seed sd
+  ≈ 0.015 / 0), which shrinks with more descriptions. An earlier version of this paragraph read that spread as seed
+  variance and asked for ~25 program seeds × ~2,900 descriptions; 5 seeds × 3,681 descriptions reached se 0.016 /
+  0.012 (the larger study's seed sd is 0.030 / 0.015, above the 5-seed study's estimate). The shared rule counts the
+  residual twice (once in the between-seed term, once in the item term), so its se is conservative.
 - **Early stopping.** Both program arms keep their best checkpoint on 36 validation prompts (a candidate set of
   the same size for each arm, the SFT checkpoint included); selection on a small validation set is optimistic
   for validation, not for the held-out test descriptions the claims read.
