@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import io
 import json
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -222,7 +221,7 @@ def external_rows(step_dir: Path) -> tuple[list[dict], list[dict], list[str]]:
 
 
 def _build_part(cfg: Config, part: dict, pid: int, split: str, role: str, rng, steps: Path):
-    """One part's CAD work and its draws from ``rng``: (primitive tensors, part row, query rows, programs,
+    """One part's CAD work and its draws from ``rng``: (exported primitives, part row, query rows, programs,
     program targets, topology cases), or None when the kernel refuses the part's script. Returns the rng state
     with it (it runs in prepare's worker process: isolate.Isolated)."""
     cache: dict = {}                                     # this part's workplane and groundings
@@ -261,7 +260,7 @@ def _build_part(cfg: Config, part: dict, pid: int, split: str, role: str, rng, s
     n_prog = cfg.test_programs_per_part if split == "test" else cfg.programs_per_part
     progs, tgts = _programs(part, split, role, rng, n_prog, cfg.n_points, cache)
     topo = _topology(part, rng, cfg.topology_per_part, cache) if split == "test" else []
-    return (prim_tensors(prims), row, rows, progs, tgts, topo), rng.bit_generator.state
+    return (prims, row, rows, progs, tgts, topo), rng.bit_generator.state
 
 
 def run(cfg: Config, ctx: StageContext) -> None:
@@ -287,9 +286,8 @@ def run(cfg: Config, ctx: StageContext) -> None:
             rng.bit_generator.state = state                  # the worker's draws, carried on here
             if built is None:
                 continue
-            tensor, row, rows, progs, tgts, tp = built
-            tensors.append({sys.intern(k): v for k, v in tensor.items()})   # keys shared again, as torch.save
-                                                                              # wrote them before the worker
+            prims, row, rows, progs, tgts, tp = built
+            tensors.append(prim_tensors(prims))
             parts.append(row)
             queries += rows
             programs += progs

@@ -1,0 +1,39 @@
+"""The report's table of a committed study's two RL findings (report.rl_study): values read from the study's
+files, bad folders named."""
+from __future__ import annotations
+
+import pytest
+
+
+def test_report_rl_study_section(tmp_path):
+    """The report's table of a committed study's RL findings: values from the study's files, bad folders named."""
+    from stages.common.paths import write_json
+    from stages.common.runner import MissingInputError
+    from stages.futurecad.report import rl_study_section
+
+    def claim(name, rl, sft, verdict):
+        st = {"n": 2.0, "mean": 0.03, "se": 0.004, "se_items": 0.003, "se_seeds": 0.002, "lower": 0.0234,
+              "upper": 0.0366, "min_effect": 0.02, "detectable": 0.031}
+        return {"name": name, "verdict": verdict, "stats": st, "values": {"a": rl, "b": sft}}
+    write_json(tmp_path / "claims.json", {"claims": [claim("rl_beats_sft_equal_compute", [0.5, 0.7], [0.25, 0.35], "holds"),
+                                                     claim("rl_raises_executability", [0.9, 0.8], [0.6, 0.9], "fails")]})
+    write_json(tmp_path / "study.json", {"slug": "futurecad", "overrides": ["prepare.n_test_parts=7"],
+                                         "command": "python -m stages.common.study futurecad --out reports/studies/x "
+                                                    "--set prepare.n_test_parts=7"})
+    write_json(tmp_path / "metrics.json", {"metrics": {"program": {"n_test": 1234, "selected_checkpoints": {
+        "0": {"rl_step": 0, "sft_more_step": 60}, "1": {"rl_step": 24, "sft_more_step": 30}}}}})
+    prose, table = rl_study_section(tmp_path, "3 program seeds × 60 descriptions")
+    rows = table.to_dicts()
+    assert [r["verdict"] for r in rows] == ["holds", "fails"]
+    assert rows[0]["SFT+RL"] == "0.6000" and rows[0]["SFT-only"] == "0.3000" and rows[1]["SFT-only"] == "0.7500"
+    assert rows[0]["95% t-bounds"] == "[+0.0234, +0.0366]" and rows[0]["seeds"] == 2
+    assert "seed 0: 0 / 60, seed 1: 24 / 30." in prose
+    assert "1234 held-out descriptions" in prose and "`prepare.n_test_parts=7`" in prose and f"[`{tmp_path}`]" in prose
+    (tmp_path / "metrics.json").unlink()
+    assert "— held-out descriptions" in rl_study_section(tmp_path, "")[0]
+    write_json(tmp_path / "study.json", {"slug": "plantain", "overrides": [], "command": "x --out y"})
+    with pytest.raises(MissingInputError, match="not a futurecad study"):
+        rl_study_section(tmp_path, "")
+    (tmp_path / "claims.json").unlink()
+    with pytest.raises(MissingInputError, match="has no claims.json"):
+        rl_study_section(tmp_path, "")
