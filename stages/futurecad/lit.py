@@ -37,12 +37,27 @@ class GroundModule(L.LightningModule):
         return torch.optim.AdamW(self.net.parameters(), lr=self.lr, weight_decay=self.weight_decay, foreach=True)
 
 
-class SFTModule(L.LightningModule):
-    """Supervised fine-tuning: cross-entropy on the script tokens given the description prefix."""
+def wsd_multiplier(step: int, stable: int, decay: int) -> float:
+    """Warmup-stable-decay learning-rate multiplier (no warmup) of optimizer step ``step`` (0-based): 1 for the
+    first ``stable`` steps, then a linear decay over ``decay`` steps towards 0 (``decay == 0``: constant).
 
-    def __init__(self, model, prompt_len: int, lr: float):
+    # ALGO: WSD  η_k = η for k < S;  η_k = η · (S + D − k) / (D + 1) for S ≤ k < S + D
+    """
+    if step < stable or decay == 0:
+        return 1.0
+    return max(0.0, (stable + decay - step) / (decay + 1))
+
+
+class SFTModule(L.LightningModule):
+    """Supervised fine-tuning: cross-entropy on the script tokens given the description prefix. The lr follows
+    ``wsd_multiplier(k, stable, decay)`` (``stable=None``: constant); ``opt_state`` resumes an AdamW state
+    (moments and step counts) saved from another run, so a branch continues that run's optimizer."""
+
+    def __init__(self, model, prompt_len: int, lr: float, stable: int | None = None, decay: int = 0,
+                 opt_state: dict | None = None):
         super().__init__()
         self.model, self.prompt_len, self.lr = model, prompt_len, lr
+        self.stable, self.decay, self.opt_state = stable, decay, opt_state
         self.history: list[dict] = []
 
     def training_step(self, batch, idx):
@@ -50,9 +65,23 @@ class SFTModule(L.LightningModule):
         logits = self.model(x[:, :-1])[:, self.prompt_len - 1:]                # predicts x[:, Lp:]
         tgt = x[:, self.prompt_len:]
         loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), tgt.reshape(-1), ignore_index=TPAD)
-        self.history.append({"step": int(self.global_step), "loss": float(loss.detach())})
+        self.history.append({"step": int(self.global_step), "loss": float(loss.detach()),
+                             "lr": self._lr_now()})
         self.log("sft/loss", loss, on_step=True)
         return loss
 
+    def _lr_now(self) -> float:
+        """The lr of this step (the schedule's; ``lr`` when called outside a trainer)."""
+        t = self._trainer
+        return float(t.optimizers[0].param_groups[0]["lr"]) if t is not None and t.optimizers else float(self.lr)
+
     def configure_optimizers(self):
-        return torch.optim.AdamW(self.model.parameters(), lr=self.lr)
+        opt = torch.optim.AdamW(self.model.parameters(), lr=self.lr)
+        if self.opt_state is not None:
+            opt.load_state_dict(self.opt_state)
+            for group in opt.param_groups:            # the saved lr/initial_lr belong to the other run's schedule
+                group["lr"] = group["initial_lr"] = self.lr
+        if self.stable is None:
+            return opt
+        sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda k: wsd_multiplier(k, self.stable, self.decay))
+        return {"optimizer": opt, "lr_scheduler": {"scheduler": sched, "interval": "step"}}

@@ -140,7 +140,8 @@ def rl_study_section(folder: Path, here: str) -> tuple[str, pl.DataFrame]:
         sel = prog.get("selected_checkpoints", {})
         if sel:
             picked = (" Checkpoints validation selected per seed (RL step / SFT-only step; RL step 0 is the shared SFT "
-                      "checkpoint, i.e. no RL step beat it on validation): "
+                      "checkpoint, i.e. no RL step beat it on validation; SFT-only steps count from that checkpoint, "
+                      "its branch point before the decay is negative): "
                       + ", ".join(f"seed {k}: {v['rl_step']} / {v['sft_more_step']}" for k, v in sel.items()) + ".")
     shown = folder.relative_to(REPO) if folder.is_relative_to(REPO) else folder
     prose = (f"The committed study [`{shown}`](../studies/{folder.name}/report.md) ran this pipeline's code with `{'`, `'.join(info['overrides'])}`: "
@@ -297,8 +298,12 @@ canonical-word rule, type-only, empty selection.
 
 **Program model** (Lightning): the shared tiny transformer as a prefix LM (description → script tokens,
 d={pc['d_model']}, {pc['n_layers']} layers), seeds {models['program_seeds']}. One SFT checkpoint per seed
-({pc['sft_steps']} steps on {models['n_programs']['sft']} SFT programs), then two arms from it at **equal compute**:
-SFT-only continues SFT for {models['equal_compute_sft_steps']} steps; SFT+RL runs GSPO (`stages/common/grpo.py`,
+({pc['sft_steps']} steps on {models['n_programs']['sft']} SFT programs, AdamW lr {pc['sft_lr']} with a
+warmup-stable-decay schedule: constant, then linear decay over the last {pc.get('sft_decay_steps', 0)} steps), then
+two arms at **equal compute**: SFT-only branches from the stable state (model and AdamW state before the decay) and
+runs {models['equal_compute_sft_steps']} more stable steps, then the same decay ({pc['sft_steps']} +
+{models['equal_compute_sft_steps']} SFT steps in all, the checkpoint's schedule shape); SFT+RL runs GSPO from the
+decayed checkpoint (`stages/common/grpo.py`,
 `ratio_level: sequence`: length-normalised sequence ratio, clip ε = {pc['grpo']['clip_eps']},
 {pc['grpo']['ppo_epochs']} updates per batch) for {pc['rl_steps']} steps × {pc['prompts_per_step']} prompts × group
 {pc['grpo']['group_size']} (lr {pc['rl_lr']}, policy temperature τ = {pc['rollout_temperature']} for rollouts and

@@ -97,6 +97,10 @@ class ProgramConfig(StageConfig):
     sft_steps: PositiveInt = Field(250, le=100_000, description="SFT steps of the shared checkpoint")
     sft_batch: PositiveInt = Field(32, le=4096)
     sft_lr: float = Field(3e-3, gt=0, le=1.0)
+    sft_decay_steps: int = Field(0, ge=0, le=100_000, description=(
+        "the last steps of SFT with a linearly decaying lr (warmup-stable-decay; 0: constant lr). The shared "
+        "checkpoint is sft_steps − sft_decay_steps stable steps + this decay; the SFT-only arm branches from the "
+        "stable state (model and AdamW state) and runs its extra steps stable, then the same decay"))
     rl_steps: int = Field(40, ge=0, le=10_000, description="GSPO steps from the SFT checkpoint (0: no RL arms)")
     prompts_per_step: PositiveInt = Field(8, le=1024)
     rl_lr: float = Field(3e-4, gt=0, le=1.0)
@@ -111,6 +115,8 @@ class ProgramConfig(StageConfig):
     def _heads(self):
         if self.d_model % self.n_heads or (self.d_model // self.n_heads) % 2:
             raise ValueError(f"program.n_heads: {self.n_heads} must divide d_model {self.d_model} into even head dims")
+        if self.sft_decay_steps >= self.sft_steps:
+            raise ValueError(f"program.sft_decay_steps: {self.sft_decay_steps} must be below sft_steps {self.sft_steps}")
         if self.rl_steps and self.curve_points > self.rl_steps:
             raise ValueError(f"program.curve_points: {self.curve_points} exceeds rl_steps {self.rl_steps}")
         return self
@@ -177,6 +183,26 @@ class EvalEvery(L.Callback):
         step = int(trainer.global_step)
         if step % self.every == 0 and (not self.rows or self.rows[-1]["step"] != step):
             self._record(module, step)
+
+
+class Snapshot(L.Callback):
+    """Copies the model's and the optimizer's state after optimizer step ``at`` (``at == 0``: before the first);
+    the SFT-only arm branches from it."""
+
+    def __init__(self, at: int):
+        self.at, self.model, self.optimizer = at, None, None
+
+    def _take(self, trainer, module):
+        self.model = copy.deepcopy(module.model.state_dict())
+        self.optimizer = copy.deepcopy(trainer.optimizers[0].state_dict())
+
+    def on_train_start(self, trainer, module):
+        if self.at == 0:
+            self._take(trainer, module)
+
+    def on_train_batch_end(self, trainer, module, outputs, batch, idx):
+        if int(trainer.global_step) == self.at and self.at > 0:
+            self._take(trainer, module)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -413,6 +439,73 @@ def wait_for_env_grounder(path: Path, pooled: bool, poll_s: float = 0.2, timeout
         time.sleep(poll_s)
 
 
+def sft_checkpoint(seed: int, p: dict, pc: ProgramConfig, tcfg: TrainerConfig, val_fn=None):
+    """The shared SFT checkpoint of one seed: ``sft_steps`` steps on the SFT programs with the WSD lr (stable,
+    then ``sft_decay_steps`` of decay). Returns the model (eval mode), the module (its history), the stable-state
+    Snapshot the SFT-only arm branches from, and the validation curve rows (``val_fn`` given)."""
+    torch.manual_seed(seed)
+    lm = TinyTransformer(TinyTransformerConfig(**p["model"]))
+    stable, decay = pc.sft_steps - pc.sft_decay_steps, pc.sft_decay_steps
+    sft = SFTModule(lm, pc.prompt_len, pc.sft_lr, stable=stable, decay=decay)
+    branch = Snapshot(stable)                 # the stable state the SFT-only arm continues from
+    cbs = [EvalEvery(lambda m: val_fn(m.model), max(1, pc.sft_steps // pc.curve_points))] if val_fn else []
+    make_trainer(tcfg, None, callbacks=cbs + [branch], max_steps=pc.sft_steps).fit(   # W&B: the parent logs rows
+        sft, RowLoader(p["rows"], pc.sft_batch, pc.sft_steps, seed))
+    return lm.to(torch.device(p["device"])).eval(), sft, branch, (cbs[0].rows if cbs else [])
+
+
+def sft_only_arm(lm, branch: Snapshot, seed: int, p: dict, pc: ProgramConfig, tcfg: TrainerConfig, val_fn):
+    """SFT continued at the compute of the RL arm (its own loader stream) from the stable state (model + AdamW
+    state at step sft_steps − decay): ``extra`` more stable steps, then the same decay, so it ends
+    sft_steps + extra steps from the start with the schedule shape of the shared checkpoint. The state with the
+    best validation reward along the way is kept (the RL arm's early stopping). Returns (module, EvalEvery)."""
+    extra, decay = p["equal_compute_sft_steps"], pc.sft_decay_steps
+    more = copy.deepcopy(lm).train()
+    more.load_state_dict(branch.model)
+    steps = extra + decay
+    sft2 = SFTModule(more, pc.prompt_len, pc.sft_lr, stable=extra, decay=decay, opt_state=branch.optimizer)
+    cb = EvalEvery(lambda m: val_fn(m.model), max(1, steps // pc.curve_points), keep=lambda m: m.model)
+    make_trainer(tcfg, None, callbacks=[cb], max_steps=steps).fit(
+        sft2, RowLoader(p["rows"], pc.sft_batch, steps, seed + 7919))
+    return sft2, cb
+
+
+def rl_arm(lm, seed: int, p: dict, pc: ProgramConfig, tcfg: TrainerConfig, val_fn, scorer: ProgramScorer,
+           rec: KernelRecord, rl_lr: float | None = None) -> tuple[GRPOModule, dict]:
+    """GSPO from the SFT checkpoint ``lm`` (a copy) on the RL prompts (never seen in SFT), reward through the CAD
+    sandbox + Chamfer kernel; validation every rl_steps // curve_points steps, the best state kept. Returns the
+    module (its history) and ``{"val", "step", "state"}`` of the kept state. ``rl_lr`` overrides ``pc.rl_lr``
+    (the development sweep)."""
+    def reward_fn(prompts, roll):
+        texts = [decode_script(r[pc.prompt_len:], p["pvocab_list"]) for r in roll["tokens"].tolist()]
+        return scorer.score(texts, roll["rid"].tolist())["reward"].to(roll["tokens"].device)
+
+    def logprob_fn(logits, tgt):
+        rec.count("token_logprob")
+        return token_logprob(logits.contiguous(), tgt, backend=rec.backend)
+
+    policy = ScriptPolicy(copy.deepcopy(lm), pc.prompt_len, pc.script_len, logprob_fn, pc.rollout_temperature)
+    best = {"val": -math.inf, "step": 0, "state": None}
+
+    def rl_eval(m, step):
+        r = val_fn(m.policy.model)
+        if r["val_reward"] > best["val"]:
+            best.update(val=r["val_reward"], step=step, state=copy.deepcopy(m.policy.model.state_dict()))
+        return r
+
+    grpo = GRPOModule(policy, reward_fn, pc.grpo, lr=pc.rl_lr if rl_lr is None else rl_lr, seed=seed,
+                      eval_fn=rl_eval, eval_every=max(1, pc.rl_steps // pc.curve_points))
+    make_trainer(tcfg, None, max_steps=pc.rl_steps).fit(
+        grpo, PromptLoader(p["rl_prompts"], pc.prompts_per_step, pc.rl_steps, seed=seed))
+    return grpo, best
+
+
+def program_val_fn(p: dict, pc: ProgramConfig, scorer: ProgramScorer):
+    """Greedy validation reward / executability of a model on the validation prompts."""
+    val_prompts, val_rids = p["val_prompts"].to(torch.device(p["device"])), p["val_rids"]
+    return lambda model: greedy_eval(model, val_prompts, val_rids, scorer, p["pvocab_list"], pc.script_len)
+
+
 def _program(seed: int, p: dict, pc: ProgramConfig, sandbox: CadSandbox | None) -> dict:
     import time
 
@@ -427,66 +520,29 @@ def _program(seed: int, p: dict, pc: ProgramConfig, sandbox: CadSandbox | None) 
     device = torch.device(p["device"])
     out_dir = Path(p["out"])
     rec = KernelRecord(device)
-    pvocab_list, rows, extra = p["pvocab_list"], p["rows"], p["equal_compute_sft_steps"]
+    extra, decay = p["equal_compute_sft_steps"], pc.sft_decay_steps
     scorer = ProgramScorer(sandbox, p["points"], p["diags"], rec, device) if sandbox is not None else None
-    val_prompts, val_rids = p["val_prompts"].to(device), p["val_rids"]
+    val_fn = program_val_fn(p, pc, scorer) if scorer is not None else None
     sft_hist, rl_hist, curves, selected = [], [], [], None
 
-    def val_fn(model):
-        return greedy_eval(model, val_prompts, val_rids, scorer, pvocab_list, pc.script_len)
-
-    torch.manual_seed(seed)
-    lm = TinyTransformer(TinyTransformerConfig(**p["model"]))
-    sft = SFTModule(lm, pc.prompt_len, pc.sft_lr)
-    cbs = [EvalEvery(lambda m: val_fn(m.model), max(1, pc.sft_steps // pc.curve_points))] if scorer else []
-    make_trainer(tcfg, None, callbacks=cbs, max_steps=pc.sft_steps).fit(      # W&B: the parent logs the rows
-        sft, RowLoader(rows, pc.sft_batch, pc.sft_steps, seed))
-    lm = lm.to(device).eval()
+    lm, sft, branch, sft_curve = sft_checkpoint(seed, p, pc, tcfg, val_fn)
     torch.save(lm.state_dict(), out_dir / f"sft_s{seed}.pt")
     sft_hist += [dict(h, seed=seed, phase="sft") for h in sft.history]
-    if cbs:
-        curves += [{"seed": seed, "arm": "sft", "compute": r["step"] - pc.sft_steps, "val_reward": r["val_reward"],
-                    "val_exec": r["val_exec"]} for r in cbs[0].rows]
+    curves += [{"seed": seed, "arm": "sft", "compute": r["step"] - pc.sft_steps, "val_reward": r["val_reward"],
+                "val_exec": r["val_exec"]} for r in sft_curve]
     t0 = tick("sft", t0)
     if pc.rl_steps:
-        # --- SFT-only arm: SFT continued at the compute of the RL arm (its own loader stream); the checkpoint
-        #     with the best validation reward along the way is kept (the same early stopping as the RL arm)
-        more = copy.deepcopy(lm).train()
-        sft2 = SFTModule(more, pc.prompt_len, pc.sft_lr)
-        every = max(1, extra // pc.curve_points)
-        cb = EvalEvery(lambda m: val_fn(m.model), every, keep=lambda m: m.model)
-        make_trainer(tcfg, None, callbacks=[cb], max_steps=extra).fit(
-            sft2, RowLoader(rows, pc.sft_batch, extra, seed + 7919))
+        # --- SFT-only arm at equal compute; its compute axis counts from the shared checkpoint (branch: −decay)
+        sft2, cb = sft_only_arm(lm, branch, seed, p, pc, tcfg, val_fn)
         torch.save(cb.best_state, out_dir / f"sft_more_s{seed}.pt")
         sft_hist += [dict(h, seed=seed, phase="sft_more") for h in sft2.history]
-        curves += [{"seed": seed, "arm": "sft_more", "compute": r["step"], "val_reward": r["val_reward"],
+        curves += [{"seed": seed, "arm": "sft_more", "compute": r["step"] - decay, "val_reward": r["val_reward"],
                     "val_exec": r["val_exec"]} for r in cb.rows]
         t0 = tick("sft_more", t0)
-
-        # --- SFT+RL arm: GSPO on RL prompts (never seen in SFT), reward through sandbox + Chamfer kernel
-        def reward_fn(prompts, roll):
-            texts = [decode_script(r[pc.prompt_len:], pvocab_list) for r in roll["tokens"].tolist()]
-            return scorer.score(texts, roll["rid"].tolist())["reward"].to(roll["tokens"].device)
-
-        def logprob_fn(logits, tgt):
-            rec.count("token_logprob")
-            return token_logprob(logits.contiguous(), tgt, backend=rec.backend)
-
-        policy = ScriptPolicy(copy.deepcopy(lm), pc.prompt_len, pc.script_len, logprob_fn, pc.rollout_temperature)
-        rl_every = max(1, pc.rl_steps // pc.curve_points)
-        best = {"val": -math.inf, "step": 0, "state": None}
-
-        def rl_eval(m, step):
-            r = val_fn(m.policy.model)
-            if r["val_reward"] > best["val"]:
-                best.update(val=r["val_reward"], step=step, state=copy.deepcopy(m.policy.model.state_dict()))
-            return r
-
-        grpo = GRPOModule(policy, reward_fn, pc.grpo, lr=pc.rl_lr, seed=seed, eval_fn=rl_eval, eval_every=rl_every)
-        make_trainer(tcfg, None, max_steps=pc.rl_steps).fit(
-            grpo, PromptLoader(p["rl_prompts"], pc.prompts_per_step, pc.rl_steps, seed=seed))
+        # --- SFT+RL arm: GSPO on RL prompts (never seen in SFT)
+        grpo, best = rl_arm(lm, seed, p, pc, tcfg, val_fn, scorer, rec)
         torch.save(best["state"], out_dir / f"rl_s{seed}.pt")
-        selected = {"sft_more_step": cb.best_step, "rl_step": best["step"]}
+        selected = {"sft_more_step": cb.best_step - decay, "rl_step": best["step"]}
         t0 = tick("rl", t0)
         per_step = extra / pc.rl_steps
         for h in grpo.history:
