@@ -40,7 +40,8 @@ def seed_job(args: tuple) -> dict:
     torch.set_num_threads(1)
     cfg = load_stage_config("futurecad", "train", T.Config, "default")
     pc = cfg.program.model_copy(update={"rl_steps": a["rl_steps"], "curve_points": a["curve_points"],
-                                        "sft_decay_steps": a["decay"]})
+                                        "sft_decay_steps": a["decay"],
+                                        "sft_lr": a["sft_lr"] if a["sft_lr"] is not None else cfg.program.sft_lr})
     cfg = cfg.model_copy(update={"program": pc})
     prep = Path(a["prep"])
     tmp = Path(a["out"]) / f"_scratch_s{seed}"
@@ -129,7 +130,7 @@ Script: [`futurecad_rl_dev.py`](../futurecad_rl_dev.py) (its docstring has the r
 validation point every {a['rl_steps'] // a['curve_points']} steps, greedy decoding of the validation prompts (no test
 data read). Environment grounder: a trained default grounder (seed 0). Wall time {info['wall_s']:.0f} s on 2 cores.
 
-## SFT checkpoint: constant lr vs warmup-stable-decay (last {a['decay']} steps decaying linearly)
+## SFT checkpoint (lr {a.get('sft_lr') or 'of params'}): constant lr vs warmup-stable-decay (last {a['decay']} steps decaying linearly)
 
 Validation reward / executability along SFT, mean over the dev seeds (the two runs are the same until the decay
 starts). At the checkpoint — {per_seed}.
@@ -143,7 +144,8 @@ starts). At the checkpoint — {per_seed}.
 Mean validation reward after step 0 per lr: {", ".join(f"{float(k):g}: {v:.3f}" for k, v in pick['auc'].items())}.
 Chosen **rl_lr = {pick['rl_lr']:g}**; its mean curve peaks at {pick['curve_max']:.3f} and first comes within
 {pick['tol']} of that at step **{pick['rl_steps']}** → `rl_steps: {pick['rl_steps']}`. The decay length
-(`sft_decay_steps: {a['decay']}`, 20% of SFT) was set a priori, not swept.
+(`sft_decay_steps: {a['decay']}`) and the SFT lr come from the SFT-only sweep
+([`futurecad_sft_dev`](../futurecad_sft_dev/report.md)).
 """
     (out / "report.md").write_text(text)
 
@@ -158,9 +160,12 @@ def main():
     ap.add_argument("--rl-steps", type=int, default=48)
     ap.add_argument("--curve-points", type=int, default=12)
     ap.add_argument("--decay", type=int, default=40)
+    ap.add_argument("--sft-lr", type=float, default=None, help="SFT lr (default: params)")
     ap.add_argument("--tol", type=float, default=0.01)
     ap.add_argument("--workers", type=int, default=2)
     ap.add_argument("--report-only", action="store_true", help="rewrite report.md from curves.csv and choice.json")
+    ap.add_argument("--append", action="store_true", help="add these lrs to the existing curves.csv (the grid "
+                    "extended where the choice sat on its edge) and choose over all of them")
     a = vars(ap.parse_args())
     out = Path(a["out"])
     if a.pop("report_only"):
@@ -173,7 +178,14 @@ def main():
     rows = [r for res in results for r in res["rows"]]
     import polars as pl
 
-    pl.DataFrame(rows).write_csv(out / "curves.csv")
+    d = pl.DataFrame(rows)
+    if a["append"] and (out / "curves.csv").is_file():
+        old = pl.read_csv(out / "curves.csv")
+        d = pl.concat([old, d.join(old.select("seed", "run", "lr", "step"), on=["seed", "run", "lr", "step"],
+                                   how="anti")], how="vertical_relaxed")
+        a["lrs"] = sorted(set(json.loads((out / "choice.json").read_text())["args"]["lrs"]) | set(a["lrs"]))
+    d.write_csv(out / "curves.csv")
+    rows = d.to_dicts()
     pick = choose(rows, a["tol"])
     (out / "choice.json").write_text(json.dumps({"args": a, "choice": pick, "wall_s": round(time.time() - t0, 1)},
                                                 indent=1) + "\n")
