@@ -104,3 +104,22 @@ def test_decay_must_leave_a_stable_part():
     with pytest.raises(ValueError, match="sft_decay_steps: 200 must be below sft_steps 200"):
         ProgramConfig(sft_steps=200, sft_decay_steps=200)
     assert ProgramConfig(sft_steps=200, sft_decay_steps=40).sft_decay_steps == 40
+
+
+def test_resumed_state_takes_this_modules_lr_not_the_saved_one():
+    """A state saved mid-decay of a run at lr 0.02 (its param group holds lr 0.02·m and initial_lr 0.02), resumed at
+    lr 0.007: every step uses 0.007 × this module's own schedule."""
+    snap = Snapshot(3)
+    _fit(SFTModule(_lm(), 3, 0.02, stable=1, decay=4), RowLoader(_rows(), 4, 4, seed=2), 4, [snap])
+    saved = snap.optimizer["param_groups"][0]
+    assert saved["initial_lr"] == pytest.approx(0.02) and saved["lr"] != pytest.approx(0.02)
+    const = _fit(SFTModule(_lm(), 3, 0.007, opt_state=copy.deepcopy(snap.optimizer)), RowLoader(_rows(), 4, 3, seed=4), 3)
+    assert [h["lr"] for h in const.history] == pytest.approx([0.007] * 3)
+    sched = _fit(SFTModule(_lm(), 3, 0.007, stable=1, decay=2, opt_state=copy.deepcopy(snap.optimizer)),
+                 RowLoader(_rows(), 4, 3, seed=4), 3)
+    assert [h["lr"] for h in sched.history] == pytest.approx([0.007, 0.007 * 2 / 3, 0.007 / 3])
+
+
+def test_stable_without_decay_is_constant():
+    m = _fit(SFTModule(_lm(), 3, 0.0041, stable=2), RowLoader(_rows(), 4, 5, seed=1), 5)
+    assert [h["lr"] for h in m.history] == pytest.approx([0.0041] * 5)
