@@ -218,7 +218,8 @@ def _run(cfg, ctx, prep, tr, meta, models, device, sandbox) -> None:
                    slice="surface points of 3 held-out target solids (61 vs 37 points)")
     results["program"] = {"arms": prog, "n_test": len(test_idx), "seeds": models["program_seeds"],
                           "equal_compute_sft_steps": models["equal_compute_sft_steps"],
-                          "selected_checkpoints": models["selected_checkpoints"]}
+                          "selected_checkpoints": models["selected_checkpoints"],
+                          "config": models["program"]}              # the design a study's report compares with
     results["sandbox"] = {"executed": sandbox.executed, "crashes": sandbox.crashes}
     rec.save(ctx.out)
     pl.DataFrame(samples, schema={"arm": pl.Utf8, "part": pl.Int64, "ok": pl.Boolean, "error": pl.Utf8,

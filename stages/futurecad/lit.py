@@ -50,14 +50,12 @@ def wsd_multiplier(step: int, stable: int, decay: int) -> float:
 
 class SFTModule(L.LightningModule):
     """Supervised fine-tuning: cross-entropy on the script tokens given the description prefix. The lr follows
-    ``wsd_multiplier(k, stable, decay)`` (``stable=None``: constant); ``opt_state`` resumes an AdamW state
-    (moments and step counts) saved from another run, so a branch continues that run's optimizer."""
+    ``wsd_multiplier(k, stable, decay)`` (``stable=None``: constant)."""
 
-    def __init__(self, model, prompt_len: int, lr: float, stable: int | None = None, decay: int = 0,
-                 opt_state: dict | None = None):
+    def __init__(self, model, prompt_len: int, lr: float, stable: int | None = None, decay: int = 0):
         super().__init__()
         self.model, self.prompt_len, self.lr = model, prompt_len, lr
-        self.stable, self.decay, self.opt_state = stable, decay, opt_state
+        self.stable, self.decay = stable, decay
         self.history: list[dict] = []
 
     def training_step(self, batch, idx):
@@ -77,10 +75,6 @@ class SFTModule(L.LightningModule):
 
     def configure_optimizers(self):
         opt = torch.optim.AdamW(self.model.parameters(), lr=self.lr)
-        if self.opt_state is not None:
-            opt.load_state_dict(self.opt_state)
-            for group in opt.param_groups:            # the saved lr/initial_lr belong to the other run's schedule
-                group["lr"] = group["initial_lr"] = self.lr
         if self.stable is None:
             return opt
         sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda k: wsd_multiplier(k, self.stable, self.decay))

@@ -1,16 +1,18 @@
 """train: per seed, (1) BRepGround-mini on the training parts' queries — present targets and queries whose
 answer is "no such feature" (empty target) — with a validation curve (mAP, exact-set accuracy, abstention on
-the validation parts) and an abstention calibration table; (2) the program model: one SFT checkpoint
-(prefix-LM, description → CadQuery-like script whose fillet/chamfer step carries a query), then two arms
-from it at equal compute: **SFT-only** (SFT continued on the same SFT programs) and **SFT+RL** (GSPO through
-the shared trainer ``stages.common.grpo`` on RL prompts that SFT never saw), with
+the validation parts) and an abstention calibration table; (2) the program model (prefix-LM, description →
+CadQuery-like script whose fillet/chamfer step carries a query) in two arms at equal compute, each with its own
+learning rates: **SFT+RL** (an SFT checkpoint, warmup-stable-decay lr, then GSPO through the shared trainer
+``stages.common.grpo`` on RL prompts that SFT never saw) and **SFT-only** (its own SFT run from the same
+initialisation for the checkpoint's steps + the RL steps' compute), with
 
     # ALGO: reward r = executes(script) × (1 − min(1, CD(script solid, target solid) / diag(target)))
     # ALGO: GSPO sequence ratio s_i = (π_θ(y_i|x)/π_old(y_i|x))^(1/|y_i|), clipped, ≥ 2 updates per batch
 
 The RL policy is the model at temperature τ (``rollout_temperature``: rollouts and the ratio's log-probs alike);
-both arms keep the checkpoint with the best greedy validation reward among ``curve_points`` points of their run
-(the shared SFT checkpoint included). Equal compute counts transformer token passes (a backward pass = 2 forwards): an RL step costs
+both arms keep the state with the best greedy validation reward among their state at the RL arm's start compute
+and ``curve_points`` points after it, the last step included. Equal compute counts transformer token passes (a
+backward pass = 2 forwards): an RL step costs
 P·G·(Lp+Ls)·(1 rollout + 1 old-logp pass + 3·ppo_epochs), an SFT step B·(Lp+Ls)·3, so the SFT-only arm gets
 ⌈rl_steps·P·G·(2 + 3·ppo_epochs) / (3·B)⌉ more SFT steps (``equal_compute_sft_steps``). Both arms record a
 validation curve (greedy decoding of the validation prompts) at matched compute.
@@ -98,9 +100,11 @@ class ProgramConfig(StageConfig):
     sft_batch: PositiveInt = Field(32, le=4096)
     sft_lr: float = Field(3e-3, gt=0, le=1.0)
     sft_decay_steps: int = Field(0, ge=0, le=100_000, description=(
-        "the last steps of SFT with a linearly decaying lr (warmup-stable-decay; 0: constant lr). The shared "
-        "checkpoint is sft_steps − sft_decay_steps stable steps + this decay; the SFT-only arm branches from the "
-        "stable state (model and AdamW state) and runs its extra steps stable, then the same decay"))
+        "the last steps of the SFT checkpoint's run with a linearly decaying lr (warmup-stable-decay; 0: constant)"))
+    sft_only_lr: float = Field(3e-3, gt=0, le=1.0, description="lr of the SFT-only arm's own run")
+    sft_only_decay_steps: int = Field(0, ge=0, le=100_000, description=(
+        "the SFT-only arm's run (sft_steps + equal_compute_sft_steps steps from initialisation) decays its lr "
+        "linearly over its last this-many steps"))
     rl_steps: int = Field(40, ge=0, le=10_000, description="GSPO steps from the SFT checkpoint (0: no RL arms)")
     prompts_per_step: PositiveInt = Field(8, le=1024)
     rl_lr: float = Field(3e-4, gt=0, le=1.0)
@@ -117,6 +121,9 @@ class ProgramConfig(StageConfig):
             raise ValueError(f"program.n_heads: {self.n_heads} must divide d_model {self.d_model} into even head dims")
         if self.sft_decay_steps >= self.sft_steps:
             raise ValueError(f"program.sft_decay_steps: {self.sft_decay_steps} must be below sft_steps {self.sft_steps}")
+        if self.sft_only_decay_steps >= self.sft_steps:
+            raise ValueError(f"program.sft_only_decay_steps: {self.sft_only_decay_steps} must be below sft_steps "
+                             f"{self.sft_steps}")
         if self.rl_steps and self.curve_points > self.rl_steps:
             raise ValueError(f"program.curve_points: {self.curve_points} exceeds rl_steps {self.rl_steps}")
         return self
@@ -161,15 +168,18 @@ def greedy_eval(lm, prompts: torch.Tensor, rids: list[int], scorer: ProgramScore
 
 
 class EvalEvery(L.Callback):
-    """Calls fn(module) at step 0 and every ``every`` optimizer steps; rows in ``self.rows``. With ``keep``
-    (a function of the module returning the nn.Module to keep), the state with the best ``best_key`` so far
-    is kept (early stopping on the validation prompts; ties keep the earlier)."""
+    """Calls fn(module) at step ``start`` (0: before the first step) and every ``every`` optimizer steps after it,
+    and at the last step if that was not one of them; rows in ``self.rows``. With ``keep`` (a function of the
+    module returning the nn.Module to keep), the state with the best ``best_key`` among these points is kept (early
+    stopping on the validation prompts; ties keep the earlier)."""
 
-    def __init__(self, fn, every: int, keep=None, best_key: str = "val_reward"):
-        self.fn, self.every, self.rows = fn, every, []
+    def __init__(self, fn, every: int, keep=None, best_key: str = "val_reward", start: int = 0):
+        self.fn, self.every, self.start, self.rows = fn, every, start, []
         self.keep, self.best_key, self.best, self.best_step, self.best_state = keep, best_key, -math.inf, 0, None
 
     def _record(self, module, step):
+        if self.rows and self.rows[-1]["step"] == step:
+            return
         row = {"step": step, **self.fn(module)}
         self.rows.append(row)
         if self.keep is not None and row[self.best_key] > self.best:
@@ -177,32 +187,17 @@ class EvalEvery(L.Callback):
             self.best_state = copy.deepcopy(self.keep(module).state_dict())
 
     def on_train_start(self, trainer, module):
-        self._record(module, 0)
+        if self.start == 0:
+            self._record(module, 0)
 
     def on_train_batch_end(self, trainer, module, outputs, batch, idx):
         step = int(trainer.global_step)
-        if step % self.every == 0 and (not self.rows or self.rows[-1]["step"] != step):
+        if step >= self.start and (step - self.start) % self.every == 0:
             self._record(module, step)
 
-
-class Snapshot(L.Callback):
-    """Copies the model's and the optimizer's state after optimizer step ``at`` (``at == 0``: before the first);
-    the SFT-only arm branches from it."""
-
-    def __init__(self, at: int):
-        self.at, self.model, self.optimizer = at, None, None
-
-    def _take(self, trainer, module):
-        self.model = copy.deepcopy(module.model.state_dict())
-        self.optimizer = copy.deepcopy(trainer.optimizers[0].state_dict())
-
-    def on_train_start(self, trainer, module):
-        if self.at == 0:
-            self._take(trainer, module)
-
-    def on_train_batch_end(self, trainer, module, outputs, batch, idx):
-        if int(trainer.global_step) == self.at and self.at > 0:
-            self._take(trainer, module)
+    def on_train_end(self, trainer, module):
+        if int(trainer.global_step) >= self.start:
+            self._record(module, int(trainer.global_step))
 
 
 # ----------------------------------------------------------------------------------------------
@@ -440,33 +435,33 @@ def wait_for_env_grounder(path: Path, pooled: bool, poll_s: float = 0.2, timeout
 
 
 def sft_checkpoint(seed: int, p: dict, pc: ProgramConfig, tcfg: TrainerConfig, val_fn=None):
-    """The shared SFT checkpoint of one seed: ``sft_steps`` steps on the SFT programs with the WSD lr (stable,
-    then ``sft_decay_steps`` of decay). Returns the model (eval mode), the module (its history), the stable-state
-    Snapshot the SFT-only arm branches from, and the validation curve rows (``val_fn`` given)."""
+    """The SFT checkpoint the RL arm starts from: ``sft_steps`` steps on the SFT programs at ``sft_lr`` with the WSD
+    schedule (stable, then ``sft_decay_steps`` of decay). Returns the model (eval mode), the module (its history)
+    and the validation curve rows (``val_fn`` given)."""
     torch.manual_seed(seed)
     lm = TinyTransformer(TinyTransformerConfig(**p["model"]))
-    stable, decay = pc.sft_steps - pc.sft_decay_steps, pc.sft_decay_steps
-    sft = SFTModule(lm, pc.prompt_len, pc.sft_lr, stable=stable, decay=decay)
-    branch = Snapshot(stable)                 # the stable state the SFT-only arm continues from
+    sft = SFTModule(lm, pc.prompt_len, pc.sft_lr, stable=pc.sft_steps - pc.sft_decay_steps, decay=pc.sft_decay_steps)
     cbs = [EvalEvery(lambda m: val_fn(m.model), max(1, pc.sft_steps // pc.curve_points))] if val_fn else []
-    make_trainer(tcfg, None, callbacks=cbs + [branch], max_steps=pc.sft_steps).fit(   # W&B: the parent logs rows
+    make_trainer(tcfg, None, callbacks=cbs, max_steps=pc.sft_steps).fit(       # W&B: the parent logs the rows
         sft, RowLoader(p["rows"], pc.sft_batch, pc.sft_steps, seed))
-    return lm.to(torch.device(p["device"])).eval(), sft, branch, (cbs[0].rows if cbs else [])
+    return lm.to(torch.device(p["device"])).eval(), sft, (cbs[0].rows if cbs else [])
 
 
-def sft_only_arm(lm, branch: Snapshot, seed: int, p: dict, pc: ProgramConfig, tcfg: TrainerConfig, val_fn):
-    """SFT continued at the compute of the RL arm (its own loader stream) from the stable state (model + AdamW
-    state at step sft_steps − decay): ``extra`` more stable steps, then the same decay, so it ends
-    sft_steps + extra steps from the start with the schedule shape of the shared checkpoint. The state with the
-    best validation reward along the way is kept (the RL arm's early stopping). Returns (module, EvalEvery)."""
-    extra, decay = p["equal_compute_sft_steps"], pc.sft_decay_steps
-    more = copy.deepcopy(lm).train()
-    more.load_state_dict(branch.model)
-    steps = extra + decay
-    sft2 = SFTModule(more, pc.prompt_len, pc.sft_lr, stable=extra, decay=decay, opt_state=branch.optimizer)
-    cb = EvalEvery(lambda m: val_fn(m.model), max(1, steps // pc.curve_points), keep=lambda m: m.model)
-    make_trainer(tcfg, None, callbacks=[cb], max_steps=steps).fit(
-        sft2, RowLoader(p["rows"], pc.sft_batch, steps, seed + 7919))
+def sft_only_arm(seed: int, p: dict, pc: ProgramConfig, tcfg: TrainerConfig, val_fn):
+    """The SFT-only arm: its own SFT run from the same initialisation and data stream, sft_steps +
+    equal_compute_sft_steps steps (the RL arm's total compute) at ``sft_only_lr`` with its own WSD decay over the last
+    ``sft_only_decay_steps``. Candidates for early stopping, like the RL arm's: its state at sft_steps (the RL arm's
+    start compute) and every equal_compute_sft_steps // curve_points steps after it, the last step included.
+    Returns (module, EvalEvery)."""
+    extra = p["equal_compute_sft_steps"]
+    steps = pc.sft_steps + extra
+    torch.manual_seed(seed)
+    lm = TinyTransformer(TinyTransformerConfig(**p["model"]))
+    sft2 = SFTModule(lm, pc.prompt_len, pc.sft_only_lr, stable=steps - pc.sft_only_decay_steps,
+                     decay=pc.sft_only_decay_steps)
+    cb = EvalEvery(lambda m: val_fn(m.model), max(1, extra // pc.curve_points), keep=lambda m: m.model,
+                   start=pc.sft_steps)
+    make_trainer(tcfg, None, callbacks=[cb], max_steps=steps).fit(sft2, RowLoader(p["rows"], pc.sft_batch, steps, seed))
     return sft2, cb
 
 
@@ -520,29 +515,29 @@ def _program(seed: int, p: dict, pc: ProgramConfig, sandbox: CadSandbox | None) 
     device = torch.device(p["device"])
     out_dir = Path(p["out"])
     rec = KernelRecord(device)
-    extra, decay = p["equal_compute_sft_steps"], pc.sft_decay_steps
+    extra = p["equal_compute_sft_steps"]
     scorer = ProgramScorer(sandbox, p["points"], p["diags"], rec, device) if sandbox is not None else None
     val_fn = program_val_fn(p, pc, scorer) if scorer is not None else None
     sft_hist, rl_hist, curves, selected = [], [], [], None
 
-    lm, sft, branch, sft_curve = sft_checkpoint(seed, p, pc, tcfg, val_fn)
+    lm, sft, sft_curve = sft_checkpoint(seed, p, pc, tcfg, val_fn)
     torch.save(lm.state_dict(), out_dir / f"sft_s{seed}.pt")
     sft_hist += [dict(h, seed=seed, phase="sft") for h in sft.history]
     curves += [{"seed": seed, "arm": "sft", "compute": r["step"] - pc.sft_steps, "val_reward": r["val_reward"],
                 "val_exec": r["val_exec"]} for r in sft_curve]
     t0 = tick("sft", t0)
     if pc.rl_steps:
-        # --- SFT-only arm at equal compute; its compute axis counts from the shared checkpoint (branch: −decay)
-        sft2, cb = sft_only_arm(lm, branch, seed, p, pc, tcfg, val_fn)
+        # --- SFT-only arm at equal compute (its own run); compute axis: SFT steps beyond sft_steps
+        sft2, cb = sft_only_arm(seed, p, pc, tcfg, val_fn)
         torch.save(cb.best_state, out_dir / f"sft_more_s{seed}.pt")
         sft_hist += [dict(h, seed=seed, phase="sft_more") for h in sft2.history]
-        curves += [{"seed": seed, "arm": "sft_more", "compute": r["step"] - decay, "val_reward": r["val_reward"],
+        curves += [{"seed": seed, "arm": "sft_more", "compute": r["step"] - pc.sft_steps, "val_reward": r["val_reward"],
                     "val_exec": r["val_exec"]} for r in cb.rows]
         t0 = tick("sft_more", t0)
         # --- SFT+RL arm: GSPO on RL prompts (never seen in SFT)
         grpo, best = rl_arm(lm, seed, p, pc, tcfg, val_fn, scorer, rec)
         torch.save(best["state"], out_dir / f"rl_s{seed}.pt")
-        selected = {"sft_more_step": cb.best_step - decay, "rl_step": best["step"]}
+        selected = {"sft_more_step": cb.best_step - pc.sft_steps, "rl_step": best["step"]}
         t0 = tick("rl", t0)
         per_step = extra / pc.rl_steps
         for h in grpo.history:

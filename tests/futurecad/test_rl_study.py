@@ -20,20 +20,35 @@ def test_report_rl_study_section(tmp_path):
     write_json(tmp_path / "study.json", {"slug": "futurecad", "overrides": ["prepare.n_test_parts=7"],
                                          "command": "python -m stages.common.study futurecad --out reports/studies/x "
                                                     "--set prepare.n_test_parts=7"})
-    write_json(tmp_path / "metrics.json", {"metrics": {"program": {"n_test": 1234, "selected_checkpoints": {
+    here = {"sft_lr": 0.003, "rl_lr": 3e-5, "n_seeds": 3, "grpo": {"group_size": 8}}
+    study_cfg = dict(here, n_seeds=5)                       # a study changes the seed count, nothing else
+    write_json(tmp_path / "metrics.json", {"metrics": {"program": {"n_test": 1234, "config": study_cfg,
+                                                                   "selected_checkpoints": {
         "0": {"rl_step": 0, "sft_more_step": 60}, "1": {"rl_step": 24, "sft_more_step": 30}}}}})
-    prose, table = rl_study_section(tmp_path, "3 program seeds × 60 descriptions")
+    prose, table = rl_study_section(tmp_path, "3 program seeds × 60 descriptions", here)
     rows = table.to_dicts()
     assert [r["verdict"] for r in rows] == ["holds", "fails"]
     assert rows[0]["SFT+RL"] == "0.6000" and rows[0]["SFT-only"] == "0.3000" and rows[1]["SFT-only"] == "0.7500"
     assert rows[0]["95% t-bounds"] == "[+0.0234, +0.0366]" and rows[0]["seeds"] == 2
     assert "seed 0: 0 / 60, seed 1: 24 / 30." in prose
     assert "1234 held-out descriptions" in prose and "`prepare.n_test_parts=7`" in prose and f"[`{tmp_path}`]" in prose
+    # another design (an lr, a nested GRPO value) or no recorded params: an error naming what differs
+    for other, match in ((dict(here, rl_lr=1e-4), r"other program-model params than this run \(rl_lr\)"),
+                         (dict(here, grpo={"group_size": 4}), r"\(grpo\)"),
+                         ({k: v for k, v in here.items() if k != "sft_lr"}, r"\(sft_lr\)")):
+        with pytest.raises(MissingInputError, match=match):
+            rl_study_section(tmp_path, "", other)
+    write_json(tmp_path / "metrics.json", {"metrics": {"program": {"n_test": 1234}}})
+    with pytest.raises(MissingInputError, match="does not record its program-model params"):
+        rl_study_section(tmp_path, "", here)
     (tmp_path / "metrics.json").unlink()
-    assert "— held-out descriptions" in rl_study_section(tmp_path, "")[0]
+    with pytest.raises(MissingInputError, match="has no metrics.json"):
+        rl_study_section(tmp_path, "", here)
+    write_json(tmp_path / "metrics.json", {"metrics": {"program": {"config": here}}})
+    assert "— held-out descriptions" in rl_study_section(tmp_path, "", here)[0]
     write_json(tmp_path / "study.json", {"slug": "plantain", "overrides": [], "command": "x --out y"})
     with pytest.raises(MissingInputError, match="not a futurecad study"):
-        rl_study_section(tmp_path, "")
+        rl_study_section(tmp_path, "", here)
     (tmp_path / "claims.json").unlink()
     with pytest.raises(MissingInputError, match="has no claims.json"):
-        rl_study_section(tmp_path, "")
+        rl_study_section(tmp_path, "", here)
