@@ -604,7 +604,11 @@ Red-team pass (adversarial review of this design by its author; no second review
   fillet is invisible to the Chamfer reward, so reward and executability measure well-formed scripts of roughly
   the right base shape; RL's gain is fewer arity and syntax errors, not better description-following. (d) The
   development sweep's environment grounder was `/tmp/ground_s0.pt`, a copy of this run's `ground_s0.pt` (the same
-  md5), which its choice.json does not show. The
+  md5), which its choice.json does not show. A study of this design on a broader test set,
+  [`futurecad_rl_design4_1100`](../studies/futurecad_rl_design4_1100/report.md) (5 program seeds, 150 held-out parts,
+  1,099 descriptions; seeds 0–2 are this run's models), has both findings inconclusive: reward +0.033 (se 0.042, of
+  which items 0.013), RL above SFT-only on 4 of 5 seeds, and on seeds 3 and 4 validation kept no RL step; so this
+  run's +0.198 on 30 test parts does not carry over. The
   two findings are close to one measurement: an
   executed script's reward is 1 − nCD with nCD around 0.1–0.2, so reward tracks executability (per-description gaps
   correlated at 0.99 in every design); the table "Geometry of the scripts that execute" reads the geometry alone,
