@@ -255,6 +255,30 @@ def run_script(text: str, grounder: Grounder | None = None, record: bool = False
 # procedural parts
 # ----------------------------------------------------------------------------------------------
 FAMILIES = ("plate", "block", "cylinder", "boss", "slotted")
+# the features a family's part can carry: the first is always kinds[0], a second (if any) any of kinds (a second
+# boss becomes a hole)
+FEATURE_KINDS = {"plate": ("hole", "slot"), "block": ("hole", "step", "slot"), "cylinder": ("hole", "boss"),
+                 "boss": ("boss",), "slotted": ("slot", "hole")}
+
+
+def _second_feature(first: str, kind: str) -> str:
+    return "hole" if kind == "boss" and first == "boss" else kind
+
+
+# every (family, feature mix) random_part can draw: the strata of the validation split (prepare)
+STRATA: tuple[tuple[str, tuple[str, ...]], ...] = tuple(
+    (fam, mix) for fam in FAMILIES for mix in dict.fromkeys(
+        [(FEATURE_KINDS[fam][0],)] + [(FEATURE_KINDS[fam][0], _second_feature(FEATURE_KINDS[fam][0], k))
+                                      for k in FEATURE_KINDS[fam]]))
+
+
+def stratum(part: dict) -> tuple[str, tuple[str, ...]]:
+    """(family, feature mix) of a random_part draw."""
+    return part["family"], tuple(part["features"])
+
+
+def stratum_name(s: tuple[str, tuple[str, ...]]) -> str:
+    return f"{s[0]}:{'+'.join(s[1])}"
 
 
 def _fmt(v: float) -> str:
@@ -287,8 +311,7 @@ def random_part(rng: np.random.Generator) -> dict:
         size = (L, W, H)
     L, W, H = size
     n_feat = int(rng.integers(1, 3))
-    kinds = {"plate": ["hole", "slot"], "block": ["hole", "step", "slot"], "cylinder": ["hole", "boss"],
-             "boss": ["boss"], "slotted": ["slot", "hole"]}[fam]
+    kinds = FEATURE_KINDS[fam]
     used_boss = False
     for k in range(n_feat):
         kind = kinds[0] if k == 0 else kinds[int(rng.integers(len(kinds)))]

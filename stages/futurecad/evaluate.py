@@ -34,7 +34,7 @@ from stages.common.device import DeviceName, pick_device
 from stages.common.paths import read_json, write_json
 from stages.common.runner import StageContext
 from stages.common.tiny_transformer import TinyTransformer, TinyTransformerConfig
-from stages.futurecad import cad, cputime, ground
+from stages.futurecad import cad, cputime, fidelity, ground
 from stages.futurecad.model import (decode_script, encode_prompt, keyword_rule, known_words, pad_parts, predict,
                                     ranking_metrics, sample_scripts, set_metrics, synonym_rule, type_only)
 from stages.futurecad.sandbox import CadSandbox, exit_fast_when_interrupted
@@ -200,6 +200,7 @@ def _run(cfg, ctx, prep, tr, meta, models, device, sandbox) -> None:
 
     # ---- 4. program generation: SFT checkpoint, SFT-only at equal compute, SFT+RL
     prog = {a: {k: [] for k in ("exec", "ncd", "iou", "reward")} for a in arms}
+    fid = {a: {k: [] for k in fidelity.KEYS} for a in arms}          # per seed, per held-out description
     samples = []
     if pc["rl_steps"]:
         scorer = ProgramScorer(sandbox, tg["points"], [p["diag"] for p in progs], rec, device, target_breps)
@@ -210,13 +211,16 @@ def _run(cfg, ctx, prep, tr, meta, models, device, sandbox) -> None:
                 s = scorer.score(texts, test_idx, iou=True)
                 for k in prog[arm]:
                     prog[arm][k].append([round(float(v), 6) for v in s[k]])
+                per_item = [fidelity.script_fidelity(t, progs[i]["script"]) for t, i in zip(texts, test_idx)]
+                for k in fid[arm]:
+                    fid[arm][k].append([round(f[k], 6) for f in per_item])
                 if seed == pseeds[0]:
                     samples += [{"arm": arm, "part": progs[i]["part"], "ok": not err, "error": err, "script": t,
                                  "target": progs[i]["script"]} for i, t, err in zip(test_idx, texts, s["errors"])]
         x = tg["points"][test_idx[:3]].to(device)
         rec.parity("chamfer", chamfer_distance, x[:, :61], x.roll(1, 0)[:, :37],
                    slice="surface points of 3 held-out target solids (61 vs 37 points)")
-    results["program"] = {"arms": prog, "n_test": len(test_idx), "seeds": models["program_seeds"],
+    results["program"] = {"arms": prog, "fidelity": fid, "n_test": len(test_idx), "seeds": models["program_seeds"],
                           "equal_compute_sft_steps": models["equal_compute_sft_steps"],
                           "selected_checkpoints": models["selected_checkpoints"],
                           "config": models["program"]}              # the design a study's report compares with

@@ -4,8 +4,9 @@ ground-truth operand sets from geometric predicates; NL queries; description→s
 fillet/chamfer step carries a query; topology-change cases; the external STEP parts.
 
 Splits of the parts: ``train`` (grounder training; their programs split into SFT programs and RL prompts —
-RL never sees an SFT prompt), ``val`` (grounding learning curve and abstention calibration, RL learning-curve
-prompts), ``test`` (every reported number; through a STEP round trip so that primitive ids are CadQuery's
+RL never sees an SFT prompt), ``val`` (grounding learning curve and abstention calibration, the program arms'
+validation prompts; stratified over the generator's (family, feature mix) strata, ``cad.STRATA``, so that the
+early stopping and the development sweeps see every kind of part the test set can hold), ``test`` (every reported number; through a STEP round trip so that primitive ids are CadQuery's
 enumeration order of the loaded file, as the CLI sees them).
 
 Queries (column ``templates``): ``seen`` / ``heldout`` templates with per-word paraphrases, ``freetext``
@@ -40,7 +41,10 @@ FRAME_WORDS = ("the", "every", "located", "at", "on", "that", "are", "them", "pl
 
 class Config(StageConfig):
     n_train_parts: int = Field(100, ge=4, le=20_000, description="training parts (grounding; SFT/RL programs)")
-    n_val_parts: int = Field(12, ge=1, le=5_000, description="validation parts (learning curves, calibration)")
+    n_val_parts: int = Field(15, ge=1, le=5_000, description=(
+        "validation parts (learning curves, calibration, the program arms' early stopping), stratified: drawn in "
+        "turn for each (family, feature mix) stratum of the generator (cad.STRATA, 15), so that at least 15 "
+        "parts cover every stratum the test parts can come from"))
     n_test_parts: int = Field(30, ge=2, le=5_000, description="held-out parts (through a STEP round trip)")
     rl_frac: float = Field(0.4, gt=0, lt=1, description="share of training parts whose programs are RL prompts "
                                                            "(the rest are SFT programs; disjoint parts)")
@@ -235,7 +239,8 @@ def _build_part(cfg: Config, part: dict, pid: int, split: str, role: str, rng, s
         cad.write_step(solid, path)
         solid = cad.load_step(path)
     prims = cad.export_primitives(solid)
-    row = {"part": pid, "split": split, "role": role, "family": part["family"], "script": part["script"],
+    row = {"part": pid, "split": split, "role": role, "family": part["family"],
+           "features": "+".join(part["features"]), "script": part["script"],
            "description": part["description"], "n_faces": len(prims.face_attr), "n_edges": len(prims.edge_attr)}
     rows: list[dict] = []
     if split != "test":
@@ -263,8 +268,21 @@ def _build_part(cfg: Config, part: dict, pid: int, split: str, role: str, rng, s
     return (prims, row, rows, progs, tgts, topo), rng.bit_generator.state
 
 
+def val_quota(n_val: int) -> dict:
+    """Parts per (family, feature mix) stratum of the validation split: cad.STRATA in turn, n_val in all."""
+    quota = {s: 0 for s in cad.STRATA}
+    for i in range(n_val):
+        quota[cad.STRATA[i % len(cad.STRATA)]] += 1
+    return quota
+
+
+MAX_VAL_DRAWS_PER_PART = 500     # a stratum whose parts the kernel always refuses must stop prepare, not hang it
+
+
 def run(cfg: Config, ctx: StageContext) -> None:
     rng = np.random.default_rng(cfg.split_seed)
+    quota = val_quota(cfg.n_val_parts)
+    val_draws = 0
     steps = ctx.out / "steps"
     steps.mkdir()
     parts, queries, programs, targets, topo, tensors = [], [], [], [], [], []
@@ -278,6 +296,14 @@ def run(cfg: Config, ctx: StageContext) -> None:
             split = ("train" if pid < cfg.n_train_parts else "val" if pid < cfg.n_train_parts + cfg.n_val_parts
                      else "test")
             role = {"train": "rl" if pid >= cfg.n_train_parts - n_rl else "sft", "val": "val", "test": "test"}[split]
+            if split == "val":   # stratified: a draw from a stratum already filled is drawn again
+                val_draws += 1
+                if val_draws > MAX_VAL_DRAWS_PER_PART * cfg.n_val_parts:
+                    missing = [cad.stratum_name(s) for s, n in quota.items() if n]
+                    raise RuntimeError(f"n_val_parts: no buildable part of stratum {missing} after {val_draws - 1} "
+                                       "draws (the CAD kernel refused them all)")
+                if not quota[cad.stratum(part)]:
+                    continue
             try:                 # a native crash of the CAD kernel skips the part, like a script it refuses
                 built, state = worker.call(_build_part, cfg, part, pid, split, role, rng, steps)
             except isolate.ChildCrashed as err:
@@ -287,6 +313,8 @@ def run(cfg: Config, ctx: StageContext) -> None:
             if built is None:
                 continue
             prims, row, rows, progs, tgts, tp = built
+            if split == "val":
+                quota[cad.stratum(part)] -= 1
             tensors.append(prim_tensors(prims))
             parts.append(row)
             queries += rows
@@ -327,6 +355,9 @@ def run(cfg: Config, ctx: StageContext) -> None:
         "n_topology_same_set": int(tp["same_set"].sum()) if tp is not None else 0,
         "n_topology_renumbered": int((tp["same_set"] & tp["renumbered"]).sum()) if tp is not None else 0,
         "families": {f: sum(p["family"] == f for p in parts) for f in cad.FAMILIES},
+        "strata": {sp: {cad.stratum_name(st): sum(p["split"] == sp and (p["family"], p["features"]) ==
+                                                  (st[0], "+".join(st[1])) for p in parts) for st in cad.STRATA}
+                   for sp in ("train", "val", "test")},
         "external": {"step_dir": cfg.step_dir, "parts": ext_names, "n_queries": len(ext_rows)},
         "seen_templates": list(cad.SEEN_TEMPLATES), "heldout_templates": list(cad.HELDOUT_TEMPLATES),
         **({"parts_skipped_kernel_crash": crashed} if crashed else {})})   # only when a part crashed the kernel

@@ -90,6 +90,14 @@ class GroundConfig(StageConfig):
         return self
 
 
+def equal_compute_sft_steps(pc) -> int:
+    """SFT steps with the compute of ``rl_steps`` GSPO steps (token passes; backward = 2 forwards)."""
+    g = pc["grpo"] if isinstance(pc, dict) else pc.grpo.model_dump()
+    get = (lambda k: pc[k]) if isinstance(pc, dict) else (lambda k: getattr(pc, k))
+    per_rl = get("prompts_per_step") * g["group_size"] * (2 + 3 * g["ppo_epochs"])
+    return math.ceil(get("rl_steps") * per_rl / (3 * get("sft_batch")))
+
+
 class ProgramConfig(StageConfig):
     d_model: int = Field(64, ge=8, le=1024)
     n_layers: int = Field(2, ge=1, le=24)
@@ -102,7 +110,7 @@ class ProgramConfig(StageConfig):
     sft_decay_steps: int = Field(0, ge=0, le=100_000, description=(
         "the last steps of the SFT checkpoint's run with a linearly decaying lr (warmup-stable-decay; 0: constant)"))
     sft_only_lr: float = Field(3e-3, gt=0, le=1.0, description="lr of the SFT-only arm's own run")
-    sft_only_decay_steps: int = Field(0, ge=0, le=100_000, description=(
+    sft_only_decay_steps: int = Field(0, ge=0, le=200_000, description=(
         "the SFT-only arm's run (sft_steps + equal_compute_sft_steps steps from initialisation) decays its lr "
         "linearly over its last this-many steps"))
     rl_steps: int = Field(40, ge=0, le=10_000, description="GSPO steps from the SFT checkpoint (0: no RL arms)")
@@ -121,9 +129,10 @@ class ProgramConfig(StageConfig):
             raise ValueError(f"program.n_heads: {self.n_heads} must divide d_model {self.d_model} into even head dims")
         if self.sft_decay_steps >= self.sft_steps:
             raise ValueError(f"program.sft_decay_steps: {self.sft_decay_steps} must be below sft_steps {self.sft_steps}")
-        if self.sft_only_decay_steps >= self.sft_steps:
-            raise ValueError(f"program.sft_only_decay_steps: {self.sft_only_decay_steps} must be below sft_steps "
-                             f"{self.sft_steps}")
+        only_steps = self.sft_steps + equal_compute_sft_steps(self)
+        if self.sft_only_decay_steps >= only_steps:
+            raise ValueError(f"program.sft_only_decay_steps: {self.sft_only_decay_steps} must be below the SFT-only "
+                             f"arm's {only_steps} steps (sft_steps + the RL steps' compute)")
         if self.rl_steps and self.curve_points > self.rl_steps:
             raise ValueError(f"program.curve_points: {self.curve_points} exceeds rl_steps {self.rl_steps}")
         return self
@@ -142,14 +151,6 @@ class Config(StageConfig):
     ground: GroundConfig = GroundConfig()
     program: ProgramConfig = ProgramConfig()
     trainer: TrainerConfig = TrainerConfig(enable_progress_bar=False)
-
-
-def equal_compute_sft_steps(pc) -> int:
-    """SFT steps with the compute of ``rl_steps`` GSPO steps (token passes; backward = 2 forwards)."""
-    g = pc["grpo"] if isinstance(pc, dict) else pc.grpo.model_dump()
-    get = (lambda k: pc[k]) if isinstance(pc, dict) else (lambda k: getattr(pc, k))
-    per_rl = get("prompts_per_step") * g["group_size"] * (2 + 3 * g["ppo_epochs"])
-    return math.ceil(get("rl_steps") * per_rl / (3 * get("sft_batch")))
 
 
 # ----------------------------------------------------------------------------------------------
@@ -198,6 +199,31 @@ class EvalEvery(L.Callback):
     def on_train_end(self, trainer, module):
         if int(trainer.global_step) >= self.start:
             self._record(module, int(trainer.global_step))
+
+
+class SnapshotEvery(EvalEvery):
+    """EvalEvery's points, scored after training: at each point the state of ``model_of(module)`` is copied, and
+    ``score(fn, model)`` later loads each copy into ``model`` and scores it with ``fn(model)`` (rows, best, best_step,
+    best_state as EvalEvery's, ties keep the earlier). The training itself then needs nothing that scoring needs
+    (a program run trains both SFT models before the environment grounder exists; the CAD sandbox scores them)."""
+
+    def __init__(self, model_of, every: int, best_key: str = "val_reward", start: int = 0):
+        super().__init__(None, every, keep=model_of, best_key=best_key, start=start)
+        self.snapshots: list[tuple[int, dict]] = []
+
+    def _record(self, module, step):
+        if self.snapshots and self.snapshots[-1][0] == step:
+            return
+        self.snapshots.append((step, copy.deepcopy(self.keep(module).state_dict())))
+
+    def score(self, fn, model) -> "SnapshotEvery":
+        for step, state in self.snapshots:
+            model.load_state_dict(state)
+            row = {"step": step, **fn(model)}
+            self.rows.append(row)
+            if row[self.best_key] > self.best:
+                self.best, self.best_step, self.best_state = row[self.best_key], step, state
+        return self
 
 
 # ----------------------------------------------------------------------------------------------
@@ -392,11 +418,6 @@ def program_run(seed: int) -> dict:
         sandbox, own = CadSandbox(p["n_points"], p["sandbox_workers"], timeout_s=p["script_timeout_s"]), True
     children0 = os.times()
     try:
-        spec = tuple(p["env_grounder"])
-        if sandbox is not None and sandbox.grounder != spec:
-            if spec[0] == "model":
-                wait_for_env_grounder(Path(spec[1]), own)
-            sandbox.set_grounder(spec)
         out = _program(seed, p, pc, sandbox)
     finally:
         if own:
@@ -411,12 +432,23 @@ def program_run(seed: int) -> dict:
 
 
 def job_order(seeds: list[int], pseeds: list[int], workers: int, rl: bool) -> list[tuple[str, int]]:
-    """The pool's jobs in hand-out order (first in, first out): with RL, the first ``workers`` grounders (the
-    environment grounder, seeds[0], first: every program run waits for it, so it must start before any program
-    run is handed out), then the program runs, then the other grounders."""
+    """The pool's jobs in hand-out order (first in, first out): with RL, the environment grounder (seeds[0]) first
+    (every program run waits for it once its SFT models are trained, so it must start before any program run is
+    handed out), then the program runs (the longest jobs), then the other grounders, which fill the pool's
+    processes as the program runs end. ``workers`` does not change the order."""
     ground = [("ground", s) for s in seeds]
-    first = ground[:workers] if rl else []
+    first = ground[:1] if rl else []
     return first + [("program", s) for s in pseeds] + ground[len(first):]
+
+
+def ensure_env_grounder(p: dict, sandbox: CadSandbox) -> None:
+    """The sandbox grounds with the environment grounder (waiting for its checkpoint when a pool process trains it:
+    a pooled run has its own sandbox, the stage's sandbox serves runs in this process, where it came first)."""
+    spec = tuple(p["env_grounder"])
+    if sandbox.grounder != spec:
+        if spec[0] == "model":
+            wait_for_env_grounder(Path(spec[1]), sandbox is not _SANDBOX)
+        sandbox.set_grounder(spec)
 
 
 def wait_for_env_grounder(path: Path, pooled: bool, poll_s: float = 0.2, timeout_s: float = 4 * 3600) -> None:
@@ -434,33 +466,37 @@ def wait_for_env_grounder(path: Path, pooled: bool, poll_s: float = 0.2, timeout
         time.sleep(poll_s)
 
 
-def sft_checkpoint(seed: int, p: dict, pc: ProgramConfig, tcfg: TrainerConfig, val_fn=None):
+SFT_CURVE_POINTS = 2       # the SFT checkpoint's diagnostic validation curve: its start, middle and end
+
+
+def sft_checkpoint(seed: int, p: dict, pc: ProgramConfig, tcfg: TrainerConfig):
     """The SFT checkpoint the RL arm starts from: ``sft_steps`` steps on the SFT programs at ``sft_lr`` with the WSD
     schedule (stable, then ``sft_decay_steps`` of decay). Returns the model (eval mode), the module (its history)
-    and the validation curve rows (``val_fn`` given)."""
+    and the snapshots of its diagnostic validation curve (``SnapshotEvery``: steps 0, sft_steps // 2, sft_steps;
+    score them with ``.score``)."""
     torch.manual_seed(seed)
     lm = TinyTransformer(TinyTransformerConfig(**p["model"]))
     sft = SFTModule(lm, pc.prompt_len, pc.sft_lr, stable=pc.sft_steps - pc.sft_decay_steps, decay=pc.sft_decay_steps)
-    cbs = [EvalEvery(lambda m: val_fn(m.model), max(1, pc.sft_steps // pc.curve_points))] if val_fn else []
-    make_trainer(tcfg, None, callbacks=cbs, max_steps=pc.sft_steps).fit(       # W&B: the parent logs the rows
+    cb = SnapshotEvery(lambda m: m.model, max(1, pc.sft_steps // SFT_CURVE_POINTS))
+    make_trainer(tcfg, None, callbacks=[cb], max_steps=pc.sft_steps).fit(       # W&B: the parent logs the rows
         sft, RowLoader(p["rows"], pc.sft_batch, pc.sft_steps, seed))
-    return lm.to(torch.device(p["device"])).eval(), sft, (cbs[0].rows if cbs else [])
+    return lm.to(torch.device(p["device"])).eval(), sft, cb
 
 
-def sft_only_arm(seed: int, p: dict, pc: ProgramConfig, tcfg: TrainerConfig, val_fn):
+def sft_only_arm(seed: int, p: dict, pc: ProgramConfig, tcfg: TrainerConfig):
     """The SFT-only arm: its own SFT run from the same initialisation and data stream, sft_steps +
     equal_compute_sft_steps steps (the RL arm's total compute) at ``sft_only_lr`` with its own WSD decay over the last
     ``sft_only_decay_steps``. Candidates for early stopping, like the RL arm's: its state at sft_steps (the RL arm's
     start compute) and every equal_compute_sft_steps // curve_points steps after it, the last step included.
-    Returns (module, EvalEvery)."""
+    Returns (module, SnapshotEvery): score the candidates with ``.score(val_fn, model)``; the kept state is the
+    best's."""
     extra = p["equal_compute_sft_steps"]
     steps = pc.sft_steps + extra
     torch.manual_seed(seed)
     lm = TinyTransformer(TinyTransformerConfig(**p["model"]))
     sft2 = SFTModule(lm, pc.prompt_len, pc.sft_only_lr, stable=steps - pc.sft_only_decay_steps,
                      decay=pc.sft_only_decay_steps)
-    cb = EvalEvery(lambda m: val_fn(m.model), max(1, extra // pc.curve_points), keep=lambda m: m.model,
-                   start=pc.sft_steps)
+    cb = SnapshotEvery(lambda m: m.model, max(1, extra // pc.curve_points), start=pc.sft_steps)
     make_trainer(tcfg, None, callbacks=[cb], max_steps=steps).fit(sft2, RowLoader(p["rows"], pc.sft_batch, steps, seed))
     return sft2, cb
 
@@ -516,21 +552,32 @@ def _program(seed: int, p: dict, pc: ProgramConfig, sandbox: CadSandbox | None) 
     out_dir = Path(p["out"])
     rec = KernelRecord(device)
     extra = p["equal_compute_sft_steps"]
-    scorer = ProgramScorer(sandbox, p["points"], p["diags"], rec, device) if sandbox is not None else None
-    val_fn = program_val_fn(p, pc, scorer) if scorer is not None else None
     sft_hist, rl_hist, curves, selected = [], [], [], None
 
-    lm, sft, sft_curve = sft_checkpoint(seed, p, pc, tcfg, val_fn)
+    # both SFT models train first (no sandbox, no grounder needed); their validation points are scored after
+    lm, sft, sft_snaps = sft_checkpoint(seed, p, pc, tcfg)
     torch.save(lm.state_dict(), out_dir / f"sft_s{seed}.pt")
     sft_hist += [dict(h, seed=seed, phase="sft") for h in sft.history]
-    curves += [{"seed": seed, "arm": "sft", "compute": r["step"] - pc.sft_steps, "val_reward": r["val_reward"],
-                "val_exec": r["val_exec"]} for r in sft_curve]
     t0 = tick("sft", t0)
     if pc.rl_steps:
         # --- SFT-only arm at equal compute (its own run); compute axis: SFT steps beyond sft_steps
-        sft2, cb = sft_only_arm(seed, p, pc, tcfg, val_fn)
-        torch.save(cb.best_state, out_dir / f"sft_more_s{seed}.pt")
+        sft2, cb = sft_only_arm(seed, p, pc, tcfg)
         sft_hist += [dict(h, seed=seed, phase="sft_more") for h in sft2.history]
+        t0 = tick("sft_more", t0)
+    if sandbox is None:
+        return {"kind": "program", "seed": seed, "sft_history": sft_hist, "rl_history": rl_hist, "curves": curves,
+                "selected": selected, "kernels": {k: v["calls"] for k, v in rec.to_dict().items()}, "cpu": cpu}
+    ensure_env_grounder(p, sandbox)
+    scorer = ProgramScorer(sandbox, p["points"], p["diags"], rec, device)
+    val_fn = program_val_fn(p, pc, scorer)
+    probe = TinyTransformer(TinyTransformerConfig(**p["model"])).to(device)
+    sft_snaps.score(val_fn, probe)
+    curves += [{"seed": seed, "arm": "sft", "compute": r["step"] - pc.sft_steps, "val_reward": r["val_reward"],
+                "val_exec": r["val_exec"]} for r in sft_snaps.rows]
+    t0 = tick("sft", t0)
+    if pc.rl_steps:
+        cb.score(val_fn, probe)
+        torch.save(cb.best_state, out_dir / f"sft_more_s{seed}.pt")
         curves += [{"seed": seed, "arm": "sft_more", "compute": r["step"] - pc.sft_steps, "val_reward": r["val_reward"],
                     "val_exec": r["val_exec"]} for r in cb.rows]
         t0 = tick("sft_more", t0)

@@ -306,6 +306,14 @@ def test_smoke_pipeline_and_cli(smoke_run, tmp_path, capsys):
     assert metrics["kernels"]["chamfer"]["calls"] > 0 and metrics["kernels"]["token_logprob"]["calls"] > 0
     ev = metrics["metrics"]
     assert set(ev["program"]["arms"]) == {"sft", "sft_more", "rl"}
+    full = json.loads((out["evaluate"] / "eval.json").read_text())["program"]
+    fid = full["fidelity"]                          # per arm, per measure: seeds × held-out descriptions in [0, 1]
+    n_test = ev["program"]["n_test"]
+    assert set(fid) == {"sft", "sft_more", "rl"} and all(
+        len(v) == len(ev["program"]["seeds"]) and all(len(r) == n_test and all(0 <= x <= 1 for x in r) for r in v)
+        for a in fid.values() for v in a.values())
+    meta = json.loads((out["prepare"] / "meta.json").read_text())   # smoke: 2 validation parts, the first 2 strata
+    assert meta["strata"]["val"] == {cad.stratum_name(st): int(k < 2) for k, st in enumerate(cad.STRATA)}
     assert ev["program"]["equal_compute_sft_steps"] == 6           # ⌈2 steps · 2 prompts · group 2 · 8 / (3 · 4)⌉
     assert all(c["matches_batch"] for c in ev["cli"]["cases"])
     for f in ("seen", "heldout", "freetext", "external"):
@@ -374,6 +382,19 @@ def test_smoke_pipeline_and_cli(smoke_run, tmp_path, capsys):
                            "--out", str(tmp_path / "never.json"), "--checkpoint", str(ckpt)],
                           capture_output=True, text=True, timeout=900)  # hang guard only (a loaded 2-core box)
     assert proc.returncode == 2 and len(proc.stderr.strip().splitlines()) == 1 and "STEP" in proc.stderr
+
+
+def test_strata_are_every_mix_the_generator_draws():
+    """cad.STRATA (enumerated from the feature table) against 4,000 draws of random_part: the same set; and the
+    validation quota walks the strata in turn."""
+    from stages.futurecad.prepare import val_quota
+
+    rng = np.random.default_rng(11)
+    assert {cad.stratum(cad.random_part(rng)) for _ in range(4000)} == set(cad.STRATA)
+    assert len(cad.STRATA) == 15 == len(set(cad.STRATA))
+    assert val_quota(15) == dict.fromkeys(cad.STRATA, 1)
+    q = val_quota(32)
+    assert sum(q.values()) == 32 and {q[s] for s in cad.STRATA[:2]} == {3} and set(q[s] for s in cad.STRATA[2:]) == {2}
 
 
 def test_bad_params_are_named(tmp_path):

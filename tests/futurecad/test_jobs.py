@@ -81,13 +81,15 @@ def test_program_runs_wait_for_the_environment_grounder(tmp_path):
 @pytest.mark.parametrize("rl", [True, False])
 def test_job_order_starts_the_environment_grounder_before_any_program_run(workers, rl):
     """The pool hands jobs out in order: with RL the environment grounder (seeds[0]) must precede every program
-    run, or a pool whose processes all hold waiting program runs never trains it. Every run appears once."""
+    run, or a pool whose processes all hold waiting program runs never trains it; the program runs (the longest
+    jobs) come next, the other grounders last. Every run appears once."""
     seeds, pseeds = [4, 1, 7, 2, 9], [4, 1, 7]
     jobs = train.job_order(seeds, pseeds, workers, rl)
     assert sorted(jobs) == sorted([("ground", s) for s in seeds] + [("program", s) for s in pseeds])
     first_program = min(k for k, j in enumerate(jobs) if j[0] == "program")
     if rl:                                  # without RL a program run needs no grounder: programs go first
-        assert jobs[0] == ("ground", 4) and jobs.index(("ground", 4)) < first_program
-        assert jobs[: min(workers, len(seeds))] == [("ground", s) for s in seeds[:workers]]   # beside it
+        assert jobs[0] == ("ground", 4) and first_program == 1
     else:
         assert first_program == 0
+    assert jobs[first_program: first_program + 3] == [("program", s) for s in pseeds]
+    assert [j for j in jobs if j[0] == "ground"] == [("ground", s) for s in seeds]

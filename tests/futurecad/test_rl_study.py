@@ -52,3 +52,22 @@ def test_report_rl_study_section(tmp_path):
     (tmp_path / "claims.json").unlink()
     with pytest.raises(MissingInputError, match="has no claims.json"):
         rl_study_section(tmp_path, "", here)
+
+
+def test_fidelity_table_rows_and_paired_gaps():
+    """Per-arm means over seeds of per-description means; the gap rows' mean is the mean per-seed paired gap, inside
+    its own bounds; below 3 seeds no bounds are claimed."""
+    from stages.futurecad.report import FIDELITY_SHOWN, fidelity_table, paired_gap
+
+    rl = [[1, 0, 1, 1], [1, 1, 0, 1], [0, 1, 1, 1]]           # per-seed means 0.75, 0.75, 0.75
+    only = [[0, 0, 1, 0], [1, 0, 0, 0], [0, 0, 1, 1]]         # 0.25, 0.25, 0.5 -> gaps 0.5, 0.5, 0.25
+    got = paired_gap(rl, only)
+    mean, lo, hi = float(got.split()[0]), *map(float, got.split("[")[1].rstrip("]").split(","))
+    assert mean == pytest.approx(5 / 12, abs=5e-4) and lo < mean < hi
+    assert paired_gap(rl[:2], only[:2]) == "—"
+    fid = {arm: {k: v for k in FIDELITY_SHOWN} for arm, v in (("sft", only), ("sft_more", only), ("rl", rl))}
+    t = fidelity_table(fid)
+    assert t["model"].to_list() == ["SFT checkpoint", "SFT-only (equal compute)", "SFT + RL (GSPO)",
+                                    "SFT + RL − SFT-only (equal compute) (paired)",
+                                    "SFT + RL − SFT checkpoint (paired)"]
+    assert t.row(2, named=True)["edit"] == "0.750 ± 0.000" and t.row(3, named=True)["op"] == got

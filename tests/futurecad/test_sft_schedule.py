@@ -10,6 +10,7 @@ from stages.common.tiny_transformer import TinyTransformer, TinyTransformerConfi
 from stages.common.trainer import TrainerConfig, make_trainer
 from stages.futurecad.lit import SFTModule, wsd_multiplier
 from stages.futurecad.model import BOS, EOS, RowLoader
+from stages.futurecad import train
 from stages.futurecad.train import EvalEvery, ProgramConfig
 
 TCFG = TrainerConfig(enable_progress_bar=False)
@@ -68,8 +69,11 @@ def test_decay_must_leave_a_stable_part():
     with pytest.raises(ValueError, match="sft_decay_steps: 200 must be below sft_steps 200"):
         ProgramConfig(sft_steps=200, sft_decay_steps=200)
     assert ProgramConfig(sft_steps=200, sft_decay_steps=40).sft_decay_steps == 40
-    with pytest.raises(ValueError, match="sft_only_decay_steps: 250 must be below sft_steps 200"):
-        ProgramConfig(sft_steps=200, sft_only_decay_steps=250)
+    # the SFT-only arm runs sft_steps + the RL steps' compute: 200 + ceil(36·4·8·(2 + 3·2) / (3·32)) = 200 + 96
+    arm = dict(sft_steps=200, rl_steps=36, prompts_per_step=4, sft_batch=32)
+    with pytest.raises(ValueError, match="sft_only_decay_steps: 296 must be below the SFT-only arm's 296 steps"):
+        ProgramConfig(**arm, sft_only_decay_steps=296)
+    assert ProgramConfig(**arm, sft_only_decay_steps=250).sft_only_decay_steps == 250
 
 
 def test_stable_without_decay_is_constant():
@@ -91,3 +95,22 @@ def test_eval_every_candidates_start_interval_and_last_step():
     cb0 = EvalEvery(lambda m: {"val_reward": 0.0}, 5)
     _fit(SFTModule(_lm(), 3, 0.01), RowLoader(_rows(), 4, 10, seed=1), 10, [cb0])
     assert [r["step"] for r in cb0.rows] == [0, 5, 10]                 # the last step not evaluated twice
+
+
+def test_snapshots_scored_after_training_equal_scoring_during_it():
+    """SnapshotEvery copies the model at EvalEvery's points and scores the copies later: the same rows, the same
+    best step, and the kept state is the model's state at that step (a score that reads the weights)."""
+    def score(model):
+        return {"val_reward": round(float(model.embed.weight.sum()), 5), "w": model.embed.weight[0, 0].item()}
+
+    live = EvalEvery(lambda m: score(m.model), 4, keep=lambda m: m.model, start=3)
+    snaps = train.SnapshotEvery(lambda m: m.model, 4, start=3)
+    _fit(SFTModule(_lm(), 3, 0.01), RowLoader(_rows(), 4, 13, seed=1), 13, [live])
+    _fit(SFTModule(_lm(), 3, 0.01), RowLoader(_rows(), 4, 13, seed=1), 13, [snaps])
+    assert [s for s, _ in snaps.snapshots] == [3, 7, 11, 13] and not snaps.rows     # nothing scored yet
+    snaps.score(score, _lm())
+    assert snaps.rows == live.rows and snaps.best_step == live.best_step and snaps.best == live.best
+    assert all(torch.equal(snaps.best_state[k], live.best_state[k]) for k in live.best_state)
+    probe = _lm()
+    probe.load_state_dict(snaps.best_state)
+    assert score(probe)["val_reward"] == snaps.best
