@@ -16,7 +16,9 @@ def test_report_rl_study_section(tmp_path):
               "upper": 0.0366, "min_effect": 0.02, "detectable": 0.031}
         return {"name": name, "verdict": verdict, "stats": st, "values": {"a": rl, "b": sft}}
     write_json(tmp_path / "claims.json", {"claims": [claim("rl_beats_sft_equal_compute", [0.5, 0.7], [0.25, 0.35], "holds"),
-                                                     claim("rl_raises_executability", [0.9, 0.8], [0.6, 0.9], "fails")]})
+                                                     claim("rl_raises_executability", [0.9, 0.8], [0.6, 0.9], "fails"),
+                                                     claim("rl_improves_sft_checkpoint", [0.5, 0.7], [0.5, 0.5],
+                                                           "inconclusive")]})
     write_json(tmp_path / "study.json", {"slug": "futurecad", "overrides": ["prepare.n_test_parts=7"],
                                          "command": "python -m stages.common.study futurecad --out reports/studies/x "
                                                     "--set prepare.n_test_parts=7"})
@@ -27,8 +29,10 @@ def test_report_rl_study_section(tmp_path):
         "0": {"rl_step": 0, "sft_more_step": 60}, "1": {"rl_step": 24, "sft_more_step": 30}}}}})
     prose, table = rl_study_section(tmp_path, "3 program seeds × 60 descriptions", here)
     rows = table.to_dicts()
-    assert [r["verdict"] for r in rows] == ["holds", "fails"]
-    assert rows[0]["SFT+RL"] == "0.6000" and rows[0]["SFT-only"] == "0.3000" and rows[1]["SFT-only"] == "0.7500"
+    assert [r["verdict"] for r in rows] == ["holds", "fails", "inconclusive"]
+    assert rows[0]["SFT+RL"] == "0.6000" and rows[0]["baseline value"] == "0.3000" and rows[1]["baseline value"] == "0.7500"
+    assert [r["baseline"] for r in rows] == ["SFT-only", "SFT-only", "its SFT checkpoint"]
+    assert rows[2]["baseline value"] == "0.5000"
     assert rows[0]["95% t-bounds"] == "[+0.0234, +0.0366]" and rows[0]["seeds"] == 2
     assert "seed 0: 0 / 60, seed 1: 24 / 30." in prose
     assert "1234 held-out descriptions" in prose and "`prepare.n_test_parts=7`" in prose and f"[`{tmp_path}`]" in prose
