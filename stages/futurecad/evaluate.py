@@ -217,10 +217,20 @@ def _run(cfg, ctx, prep, tr, meta, models, device, sandbox) -> None:
                 if seed == pseeds[0]:
                     samples += [{"arm": arm, "part": progs[i]["part"], "ok": not err, "error": err, "script": t,
                                  "target": progs[i]["script"]} for i, t, err in zip(test_idx, texts, s["errors"])]
+        # ---- the description-blind baseline: one script for every description, chosen on validation
+        const, const_val, n_cands = constant_script(progs, scorer)
+        s = scorer.score([const] * len(test_idx), test_idx, iou=True)
+        prog["constant"] = {k: [[round(float(v), 6) for v in s[k]]] * len(pseeds) for k in prog["rl"]}
+        per_item = [fidelity.script_fidelity(const, progs[i]["script"]) for i in test_idx]
+        fid["constant"] = {k: [[round(f[k], 6) for f in per_item]] * len(pseeds) for k in fidelity.KEYS}
+        distinct = {a: [round(len({" ".join(t.split()) for t in generated[sd, a]}) / len(test_idx), 6) for sd in pseeds]
+                    for a in arms}
         x = tg["points"][test_idx[:3]].to(device)
         rec.parity("chamfer", chamfer_distance, x[:, :61], x.roll(1, 0)[:, :37],
                    slice="surface points of 3 held-out target solids (61 vs 37 points)")
     results["program"] = {"arms": prog, "fidelity": fid, "n_test": len(test_idx), "seeds": models["program_seeds"],
+                          **({"constant": {"script": const, "val_reward": round(const_val, 6), "candidates": n_cands},
+                              "distinct": distinct} if pc["rl_steps"] else {}),
                           "equal_compute_sft_steps": models["equal_compute_sft_steps"],
                           "selected_checkpoints": models["selected_checkpoints"],
                           "config": models["program"]}              # the design a study's report compares with
@@ -229,6 +239,17 @@ def _run(cfg, ctx, prep, tr, meta, models, device, sandbox) -> None:
     pl.DataFrame(samples, schema={"arm": pl.Utf8, "part": pl.Int64, "ok": pl.Boolean, "error": pl.Utf8,
                                   "script": pl.Utf8, "target": pl.Utf8}).write_csv(ctx.out / "program_samples.csv")
     write_json(ctx.out / "eval.json", results)
+
+
+def constant_script(progs: list[dict], scorer: ProgramScorer) -> tuple[str, float, int]:
+    """The description-blind baseline: of the SFT programs' scripts, the one whose mean reward over the validation
+    descriptions' targets is highest (chosen on validation, the first on ties); returns (script, its validation
+    reward, number of candidates). Every program arm should beat it on the held-out descriptions."""
+    cands = list(dict.fromkeys(" ".join(p["script"].split()) for p in progs if p["role"] == "sft"))
+    val = [i for i, p in enumerate(progs) if p["role"] == "val"]
+    r = scorer.score([c for c in cands for _ in val], val * len(cands))["reward"].view(len(cands), len(val)).mean(1)
+    k = int(torch.argmax(r))
+    return cands[k], float(r[k]), len(cands)
 
 
 def _summaries(per_seed: list[list[dict]], rows: list[dict], fam: dict[str, list[int]]) -> dict:

@@ -11,7 +11,8 @@ initialisation for the checkpoint's steps + the RL steps' compute), with
 
 The RL policy is the model at temperature τ (``rollout_temperature``: rollouts and the ratio's log-probs alike);
 both arms keep the state with the best greedy validation reward among their state at the RL arm's start compute
-and ``curve_points`` points after it, the last step included. Equal compute counts transformer token passes (a
+and ``curve_points`` points after it, the last step included (the SFT-only arm also the RL arm's SFT checkpoint, with
+``sft_only_candidates: with_checkpoint``: the strongest SFT model at no more than the RL arm's compute). Equal compute counts transformer token passes (a
 backward pass = 2 forwards): an RL step costs
 P·G·(Lp+Ls)·(1 rollout + 1 old-logp pass + 3·ppo_epochs), an SFT step B·(Lp+Ls)·3, so the SFT-only arm gets
 ⌈rl_steps·P·G·(2 + 3·ppo_epochs) / (3·B)⌉ more SFT steps (``equal_compute_sft_steps``). Both arms record a
@@ -34,6 +35,7 @@ from __future__ import annotations
 import copy
 import json
 import math
+from typing import Literal
 from pathlib import Path
 
 import lightning as L
@@ -122,6 +124,10 @@ class ProgramConfig(StageConfig):
     grpo: GRPOConfig = GRPOConfig(group_size=8, clip_eps=0.2, kl_coef=0.0, loss_norm="samples", ppo_epochs=2,
                                   grad_clip=1.0, ratio_level="sequence")
     curve_points: int = Field(8, ge=1, le=1000, description="validation points along each arm's compute")
+    sft_only_candidates: Literal["own_run", "with_checkpoint"] = Field("with_checkpoint", description=(
+        "the SFT-only arm keeps the best validation state among its own run's candidates (own_run) or among those "
+        "and the RL arm's SFT checkpoint (with_checkpoint: the strongest SFT model at no more than the RL arm's "
+        "compute; it then spends more compute than SFT+RL, which only makes the comparison harder for RL)"))
 
     @model_validator(mode="after")
     def _heads(self):
@@ -577,14 +583,18 @@ def _program(seed: int, p: dict, pc: ProgramConfig, sandbox: CadSandbox | None) 
     t0 = tick("sft", t0)
     if pc.rl_steps:
         cb.score(val_fn, probe)
-        torch.save(cb.best_state, out_dir / f"sft_more_s{seed}.pt")
+        kept_state, kept_step = cb.best_state, cb.best_step - pc.sft_steps
+        ck = next(r for r in sft_snaps.rows if r["step"] == pc.sft_steps)         # the RL arm's checkpoint
+        if pc.sft_only_candidates == "with_checkpoint" and ck["val_reward"] > cb.best:
+            kept_state, kept_step = copy.deepcopy(lm.state_dict()), "checkpoint"
+        torch.save(kept_state, out_dir / f"sft_more_s{seed}.pt")
         curves += [{"seed": seed, "arm": "sft_more", "compute": r["step"] - pc.sft_steps, "val_reward": r["val_reward"],
                     "val_exec": r["val_exec"]} for r in cb.rows]
         t0 = tick("sft_more", t0)
         # --- SFT+RL arm: GSPO on RL prompts (never seen in SFT)
         grpo, best = rl_arm(lm, seed, p, pc, tcfg, val_fn, scorer, rec)
         torch.save(best["state"], out_dir / f"rl_s{seed}.pt")
-        selected = {"sft_more_step": cb.best_step - pc.sft_steps, "rl_step": best["step"]}
+        selected = {"sft_more_step": kept_step, "rl_step": best["step"]}
         t0 = tick("rl", t0)
         per_step = extra / pc.rl_steps
         for h in grpo.history:

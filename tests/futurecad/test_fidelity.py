@@ -27,25 +27,35 @@ def test_the_target_itself_scores_one_everywhere():
 
 
 @pytest.mark.parametrize("generated, want", [
-    # the other operation on the same edges, same size: 6 base calls + fillet step's 2 calls differ -> F1 6/8
-    (BASE + edit(SPEC, "chamfer", 1), dict(op=0, size=1, operands=1, edit=0, base=1, exact=0, calls_f1=0.75)),
+    # the other operation on the same edges, same size: of 5 content calls (box, center, hole, edges, op) 3 match
+    (BASE + edit(SPEC, "chamfer", 1), dict(op=0, size=1, operands=1, edit=0, skeleton=1, base=1, exact=0,
+                                           calls_f1=0.6)),
     # another size
-    (BASE + edit(SPEC, "fillet", 0.5), dict(op=1, size=0, operands=1, edit=0, base=1, exact=0, calls_f1=7 / 8)),
+    (BASE + edit(SPEC, "fillet", 0.5), dict(op=1, size=0, operands=1, edit=0, skeleton=1, base=1, exact=0,
+                                            calls_f1=4 / 5)),
     # other edges
-    (BASE + edit(OTHER, "fillet", 1), dict(op=1, size=1, operands=0, edit=0, base=1, exact=0, calls_f1=7 / 8)),
+    (BASE + edit(OTHER, "fillet", 1), dict(op=1, size=1, operands=0, edit=0, skeleton=1, base=1, exact=0,
+                                           calls_f1=4 / 5)),
     # the right edit on a part of other dimensions: only box(...) differs
     (BASE.replace("box(30, 20, 10)", "box(40, 16, 5)") + edit(SPEC, "fillet", 1),
-     dict(op=1, size=1, operands=1, edit=1, base=0, exact=0, calls_f1=7 / 8)),
+     dict(op=1, size=1, operands=1, edit=1, skeleton=1, base=0, exact=0, calls_f1=4 / 5)),
+    # a slot instead of the hole: the skeleton (family and feature kinds) differs; box and center(5, 0) still match
+    (BASE.replace(".hole(6)", ".slot2D(8, 4).cutBlind(-3)") + edit(SPEC, "fillet", 1),
+     dict(op=1, size=1, operands=1, edit=1, skeleton=0, base=0, exact=0, calls_f1=2 * 4 / (6 + 5))),
     # edges by index: no query names the spec
-    (BASE + ".edges(Index(2, 5)).fillet(1)", dict(op=1, size=1, operands=0, edit=0, base=1, exact=0, calls_f1=7 / 8)),
-    # no edit at all: 6 of 6 generated calls are the target's, 6 of its 8 -> F1 = 2·1·0.75 / 1.75
-    (BASE, dict(op=0, size=0, operands=0, edit=0, base=1, exact=0, calls_f1=2 * 0.75 / 1.75)),
-    # the edit twice: not the single step the description asks for; 8 of 10 generated calls match, 8 of 8 target
-    (TARGET + edit(SPEC, "fillet", 1), dict(op=1, size=1, operands=1, edit=0, base=1, exact=0,
-                                            calls_f1=2 * 0.8 / 1.8)),
+    (BASE + ".edges(Index(2, 5)).fillet(1)", dict(op=1, size=1, operands=0, edit=0, skeleton=1, base=1, exact=0,
+                                                  calls_f1=4 / 5)),
+    # no edit at all: its 3 content calls are all the target's, 3 of the target's 5 -> F1 = 2·3 / (3 + 5)
+    (BASE, dict(op=0, size=0, operands=0, edit=0, skeleton=1, base=1, exact=0, calls_f1=6 / 8)),
+    # the edit twice: not the single step the description asks for; 5 of 7 generated content calls match, 5 of 5
+    (TARGET + edit(SPEC, "fillet", 1), dict(op=1, size=1, operands=1, edit=0, skeleton=1, base=1, exact=0,
+                                            calls_f1=2 * 5 / 12)),
     # a query whose operation word is the other one still names the same edges
     (BASE + edit(SPEC, "fillet", 1, query_op="chamfer"),
-     dict(op=1, size=1, operands=1, edit=1, base=1, exact=0, calls_f1=7 / 8)),
+     dict(op=1, size=1, operands=1, edit=1, skeleton=1, base=1, exact=0, calls_f1=4 / 5)),
+    # boilerplate alone earns nothing
+    ('cq.Workplane("XY").faces(">Z").workplane()', dict(op=0, size=0, operands=0, edit=0, skeleton=0, base=0,
+                                                         exact=0, calls_f1=0)),
 ])
 def test_measures_by_hand(generated, want):
     got = script_fidelity(generated, TARGET)
@@ -65,9 +75,9 @@ def test_a_target_without_an_edit_step_is_refused():
 
 
 def test_calls_f1_against_a_brute_force_count():
-    """Multiset F1 against counting matches by removing each matched call once."""
+    """Multiset F1 against counting matches by removing each matched call once (boilerplate never drawn here)."""
     rng = np.random.default_rng(7)
-    pool = [cad.Call("box", (float(a), 2.0, 3.0)) for a in range(4)] + [cad.Call("hole", (6.0,)), cad.Call("workplane", ())]
+    pool = [cad.Call("box", (float(a), 2.0, 3.0)) for a in range(4)] + [cad.Call("hole", (6.0,)), cad.Call("extrude", (2.0,))]
     for _ in range(200):
         a = [pool[i] for i in rng.integers(len(pool), size=int(rng.integers(1, 7)))]
         b = [pool[i] for i in rng.integers(len(pool), size=int(rng.integers(1, 7)))]

@@ -10,6 +10,7 @@ import subprocess
 import sys
 
 import numpy as np
+import polars as pl
 import pytest
 import torch
 
@@ -305,11 +306,21 @@ def test_smoke_pipeline_and_cli(smoke_run, tmp_path, capsys):
     assert {c["kind"] for c in metrics["claims"]} == {"finding", "check"}
     assert metrics["kernels"]["chamfer"]["calls"] > 0 and metrics["kernels"]["token_logprob"]["calls"] > 0
     ev = metrics["metrics"]
-    assert set(ev["program"]["arms"]) == {"sft", "sft_more", "rl"}
+    assert set(ev["program"]["arms"]) == {"sft", "sft_more", "rl", "constant"}
     full = json.loads((out["evaluate"] / "eval.json").read_text())["program"]
     fid = full["fidelity"]                          # per arm, per measure: seeds × held-out descriptions in [0, 1]
     n_test = ev["program"]["n_test"]
-    assert set(fid) == {"sft", "sft_more", "rl"} and all(
+    # the description-blind baseline: one SFT program's script, the same for every seed and description
+    sft_scripts = {" ".join(r["script"].split()) for r in pl.read_parquet(out["prepare"] / "programs.parquet")
+                   .filter(pl.col("role") == "sft").to_dicts()}
+    assert full["constant"]["script"] in sft_scripts and full["constant"]["candidates"] == len(sft_scripts)
+    assert all(r == full["arms"]["constant"]["reward"][0] for r in full["arms"]["constant"]["reward"])
+    assert {"rl_beats_constant_script", "sft_only_beats_constant_script"} <= set(names)
+    assert all(0 < d <= 1 for v in full["distinct"].values() for d in v)
+    extra = full["equal_compute_sft_steps"]   # SFT-only keeps its own run's state (0..extra) or the RL checkpoint
+    assert all(v["sft_more_step"] == "checkpoint" or 0 <= v["sft_more_step"] <= extra
+               for v in full["selected_checkpoints"].values())
+    assert set(fid) == {"sft", "sft_more", "rl", "constant"} and all(
         len(v) == len(ev["program"]["seeds"]) and all(len(r) == n_test and all(0 <= x <= 1 for x in r) for r in v)
         for a in fid.values() for v in a.values())
     meta = json.loads((out["prepare"] / "meta.json").read_text())   # smoke: 2 validation parts, the first 2 strata
