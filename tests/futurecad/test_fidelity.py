@@ -53,6 +53,11 @@ def test_the_target_itself_scores_one_everywhere():
     # a query whose operation word is the other one still names the same edges
     (BASE + edit(SPEC, "fillet", 1, query_op="chamfer"),
      dict(op=1, size=1, operands=1, edit=1, skeleton=1, base=1, exact=0, calls_f1=4 / 5)),
+    # a selection with no operation after it (the last call), and one followed by another call: no op, no size
+    (BASE + f'.edges(Query("{cad.query_text(SPEC, "fillet")}"))',
+     dict(op=0, size=0, operands=1, edit=0, skeleton=1, base=1, exact=0, calls_f1=2 * 4 / 9)),
+    (BASE + f'.edges(Query("{cad.query_text(SPEC, "fillet")}")).hole(1)',
+     dict(op=0, size=0, operands=1, edit=0, skeleton=1, base=1, exact=0, calls_f1=2 * 4 / 10)),
     # boilerplate alone earns nothing
     ('cq.Workplane("XY").faces(">Z").workplane()', dict(op=0, size=0, operands=0, edit=0, skeleton=0, base=0,
                                                          exact=0, calls_f1=0)),
@@ -72,6 +77,8 @@ def test_a_script_that_does_not_parse_scores_zero(bad):
 def test_a_target_without_an_edit_step_is_refused():
     with pytest.raises(ValueError, match="no edges"):
         script_fidelity(TARGET, BASE)
+    with pytest.raises(ValueError, match="no edges"):                  # a selection but no fillet/chamfer
+        script_fidelity(TARGET, BASE + f'.edges(Query("{cad.query_text(SPEC, "fillet")}"))')
 
 
 def test_calls_f1_against_a_brute_force_count():
