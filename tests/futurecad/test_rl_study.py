@@ -71,7 +71,7 @@ def test_fidelity_table_rows_and_paired_gaps():
     assert paired_gap(rl[:2], only[:2]) == "—"
     fid = {arm: {k: v for k in FIDELITY_SHOWN} for arm, v in (("sft", only), ("sft_more", only), ("rl", rl))}
     t = fidelity_table(fid)
-    assert t["model"].to_list() == ["SFT checkpoint", "SFT-only (equal compute)", "SFT + RL (GSPO)",
-                                    "SFT + RL − SFT-only (equal compute) (paired)",
+    assert t["model"].to_list() == ["SFT checkpoint", "SFT-only (≥ equal compute)", "SFT + RL (GSPO)",
+                                    "SFT + RL − SFT-only (≥ equal compute) (paired)",
                                     "SFT + RL − SFT checkpoint (paired)"]
     assert t.row(2, named=True)["edit"] == "0.750 ± 0.000" and t.row(3, named=True)["op"] == got
