@@ -138,6 +138,9 @@ class Config(ReportConfig):
 RL_CLAIMS = ("rl_beats_sft_equal_compute", "rl_raises_executability", "rl_improves_sft_checkpoint")
 RL_BASELINE = {"rl_beats_sft_equal_compute": "SFT-only", "rl_raises_executability": "SFT-only",
                "rl_improves_sft_checkpoint": "its SFT checkpoint"}
+# the description-blind baseline's checks: shown beside the RL findings when the study has them
+CONSTANT_CHECKS = {"rl_beats_constant_script": "SFT+RL", "sft_only_beats_constant_script": "SFT-only",
+                   "sft_checkpoint_beats_constant_script": "SFT checkpoint"}
 
 
 def rl_study_section(folder: Path, here: str, program: dict) -> tuple[str, pl.DataFrame]:
@@ -163,11 +166,16 @@ def rl_study_section(folder: Path, here: str, program: dict) -> tuple[str, pl.Da
                                 f"({', '.join(differ)}): re-run the study with this design, or leave report.rl_study "
                                 "empty")
     rows = []
-    for n in RL_CLAIMS:
+    compared = [(n, "SFT+RL", RL_BASELINE[n]) for n in RL_CLAIMS] + [
+        (n, model, "one script for all") for n, model in CONSTANT_CHECKS.items() if n in claims]
+    for n, model, baseline in compared:
         c, st = claims[n], claims[n]["stats"]
-        rl, sft = (np.mean(v) for v in c["values"].values())
-        rows.append({"finding": n, "verdict": c["verdict"], "seeds": int(st["n"]), "SFT+RL": f"{rl:.4f}",
-                     "baseline": RL_BASELINE[n], "baseline value": f"{sft:.4f}", "gap": f"{st['mean']:+.4f}",
+        spec = next(x for x in CLAIMS if x.name == n)                     # which value is a, which b
+        if not {spec.a, spec.b} <= set(c["values"]):
+            raise MissingInputError(f"report.rl_study: {folder}: claim {n} has no values {spec.a} / {spec.b}")
+        rl, sft = np.mean(c["values"][spec.a]), np.mean(c["values"][spec.b])
+        rows.append({"claim": n, "verdict": c["verdict"], "seeds": int(st["n"]), "model": model, "value": f"{rl:.4f}",
+                     "baseline": baseline, "baseline value": f"{sft:.4f}", "gap": f"{st['mean']:+.4f}",
                      "se (items, seeds)": f"{st['se']:.4f} ({st['se_items']:.4f}, {st['se_seeds']:.4f})",
                      "95% t-bounds": f"[{st['lower']:+.4f}, {st['upper']:+.4f}]", "min effect": st["min_effect"],
                      "detectable (80%)": f"{st['detectable']:.4f}"})
@@ -181,7 +189,8 @@ def rl_study_section(folder: Path, here: str, program: dict) -> tuple[str, pl.Da
     shown = folder.relative_to(REPO) if folder.is_relative_to(REPO) else folder
     prose = (f"The committed study [`{shown}`](../studies/{folder.name}/report.md) ran this pipeline's code with `{'`, `'.join(info['overrides'])}`: "
              f"the same RL and SFT-only budgets per seed, more program seeds and {n_test} held-out descriptions "
-             f"(this run: {here}). Its RL findings, by the same rule and thresholds.{picked}")
+             f"(this run: {here}). Its RL findings (and, where it has them, the checks against the description-blind "
+             f"script), by the same rule and thresholds.{picked}")
     return prose, pl.DataFrame(rows)
 
 
@@ -635,8 +644,8 @@ Red-team pass (adversarial review of this design by its author; no second review
   validation (0.819 against 0.747); on seeds 0–2 its own run is behind the RL arm's checkpoint on test, and on
   validation on seeds 0 and 2, where it now keeps the checkpoint (threat (8), (vi): SFT-only may spend up to 496
   SFT steps, its own 296 and the checkpoint's 200, against RL's 296 step-equivalents). The program
-  half runs 3 seeds at default (time budget); `report.rl_study` names a committed study of this design with more
-  seeds and descriptions when there is one (the report refuses a study whose program params differ from this run's).
+  half runs 3 seeds at default (time budget); `report.rl_study` names the committed study of this design with more
+  seeds and descriptions (the report refuses a study whose program params differ from this run's).
 - **Grounder budget (review of issue 50).** The previous committed run trained BRepGround-mini for 300 steps, where
   its validation curve was still rising steeply (exact-set 0.30 → 0.61 over the last 100 steps) and superlatives
   were not learned (size-word exact 0.03 on test). A one-seed development probe to 1,500 steps on the validation
@@ -742,7 +751,15 @@ Red-team pass (adversarial review of this design by its author; no second review
   (the per-seed reward gaps are 0.019 / 0.227 / 0.056 and 0.019 / 0.119 / 0.056); and keeping it, SFT-only spent
   496 SFT steps (its own run and the checkpoint's) against RL's 296 step-equivalents, a comparison harder for RL,
   no longer equal. On seed 1 validation preferred SFT-only's own run (0.670 against the checkpoint's 0.613), which
-  is below the checkpoint on test (0.590 against 0.699). RL writes fewer distinct scripts than its checkpoint (0.46 against 0.68 of the descriptions) and its
+  is below the checkpoint on test (0.590 against 0.699). The committed study of (vi),
+  [`futurecad_rl_design6`](../studies/futurecad_rl_design6/report.md) (10 program seeds, 150 held-out parts, 1,103
+  descriptions; the table "Results: the RL findings at a size that can decide them" below), decides all three RL
+  findings as **holding** (over SFT-only +0.081, lower t-bound 0.029, 8 of 10 seeds, SFT-only keeping the checkpoint
+  on 6 of them; executability +0.107; over its own checkpoint +0.109, lower bound 0.069, 9 of 10) and all three
+  constant-script checks as **failing** (RL −0.054, SFT-only −0.135, checkpoint −0.163; the constant 0.839, RL
+  0.785): on a broader test set GSPO does raise the SFT model's reward and executability, beyond the SFT-only
+  baseline, and every program model stays below one description-blind script; RL writes fewer distinct scripts
+  (0.13 of the descriptions against its checkpoint's 0.25). RL writes fewer distinct scripts than its checkpoint (0.46 against 0.68 of the descriptions) and its
   scripts' part structure matches the description less often (skeleton 0.44 against 0.79, paired gap −0.344,
   upper t-bound −0.028). The sweep's environment grounder file (`/tmp/ground_s0.pt`) differs from this run's
   `ground_s0.pt` in md5 only through its recorded `eval_every`; the weights are equal (checked tensor by tensor).

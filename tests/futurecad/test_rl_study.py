@@ -11,14 +11,20 @@ def test_report_rl_study_section(tmp_path):
     from stages.common.runner import MissingInputError
     from stages.futurecad.report import rl_study_section
 
+    from stages.futurecad.report import CLAIMS
+
     def claim(name, rl, sft, verdict):
         st = {"n": 2.0, "mean": 0.03, "se": 0.004, "se_items": 0.003, "se_seeds": 0.002, "lower": 0.0234,
               "upper": 0.0366, "min_effect": 0.02, "detectable": 0.031}
-        return {"name": name, "verdict": verdict, "stats": st, "values": {"a": rl, "b": sft}}
+        spec = next(c for c in CLAIMS if c.name == name)
+        return {"name": name, "verdict": verdict, "stats": st,
+                "values": dict(sorted({spec.a: rl, spec.b: sft}.items()))}     # as claims.json stores them: sorted
     write_json(tmp_path / "claims.json", {"claims": [claim("rl_beats_sft_equal_compute", [0.5, 0.7], [0.25, 0.35], "holds"),
                                                      claim("rl_raises_executability", [0.9, 0.8], [0.6, 0.9], "fails"),
                                                      claim("rl_improves_sft_checkpoint", [0.5, 0.7], [0.5, 0.5],
-                                                           "inconclusive")]})
+                                                           "inconclusive"),
+                                                     claim("sft_only_beats_constant_script", [0.25, 0.35], [0.8, 0.8],
+                                                           "fails")]})
     write_json(tmp_path / "study.json", {"slug": "futurecad", "overrides": ["prepare.n_test_parts=7"],
                                          "command": "python -m stages.common.study futurecad --out reports/studies/x "
                                                     "--set prepare.n_test_parts=7"})
@@ -29,10 +35,10 @@ def test_report_rl_study_section(tmp_path):
         "0": {"rl_step": 0, "sft_more_step": 60}, "1": {"rl_step": 24, "sft_more_step": 30}}}}})
     prose, table = rl_study_section(tmp_path, "3 program seeds × 60 descriptions", here)
     rows = table.to_dicts()
-    assert [r["verdict"] for r in rows] == ["holds", "fails", "inconclusive"]
-    assert rows[0]["SFT+RL"] == "0.6000" and rows[0]["baseline value"] == "0.3000" and rows[1]["baseline value"] == "0.7500"
-    assert [r["baseline"] for r in rows] == ["SFT-only", "SFT-only", "its SFT checkpoint"]
-    assert rows[2]["baseline value"] == "0.5000"
+    assert [r["verdict"] for r in rows] == ["holds", "fails", "inconclusive", "fails"]   # a check it has, after them
+    assert rows[0]["value"] == "0.6000" and rows[0]["baseline value"] == "0.3000" and rows[1]["baseline value"] == "0.7500"
+    assert [r["baseline"] for r in rows] == ["SFT-only", "SFT-only", "its SFT checkpoint", "one script for all"]
+    assert rows[2]["baseline value"] == "0.5000" and rows[3]["model"] == "SFT-only" and rows[3]["value"] == "0.3000"
     assert rows[0]["95% t-bounds"] == "[+0.0234, +0.0366]" and rows[0]["seeds"] == 2
     assert "seed 0: 0 / 60, seed 1: 24 / 30." in prose
     assert "1234 held-out descriptions" in prose and "`prepare.n_test_parts=7`" in prose and f"[`{tmp_path}`]" in prose
