@@ -251,6 +251,16 @@ def _diff_noise(a: _Operand, b: _Operand, paired: bool) -> tuple[list[float] | N
     return [x + y for x, y in zip(va, vb)], float(min(ms) - 1)
 
 
+def paired_item_gap(a: list[list[float]], b: list[list[float]]) -> dict[str, float]:
+    """t_bounds of the per-seed gap a − b of paired per-item lists (seeds × items), exactly as ``Better`` computes
+    it (seeds and items in the variance, Welch–Satterthwaite df): for tables that show a gap without a verdict."""
+    oa, ob = _seed_operand({"a": a}, "a", "paired_item_gap"), _seed_operand({"b": b}, "b", "paired_item_gap")
+    if len(oa.values) != len(ob.values):
+        raise ClaimError(f"paired_item_gap: {len(oa.values)} seeds against {len(ob.values)}")
+    var, df = _diff_noise(oa, ob, paired=True)
+    return t_bounds([x - y for x, y in zip(oa.values, ob.values)], var, df)
+
+
 def _named(values: dict[str, Any], ref: float | str, resolved: _Operand) -> dict[str, Any]:
     """values plus the reference operand when it is a metric (a constant is already in `check`)."""
     return {**values, ref: resolved.values} if isinstance(ref, str) else values

@@ -15,7 +15,7 @@ import numpy as np
 import polars as pl
 from pydantic import Field
 
-from stages.common.claims import Better, Bound, Claim, Within, t_bounds
+from stages.common.claims import Better, Bound, Claim, Within, paired_item_gap
 from stages.common.config import ReportConfig
 from stages.common.paths import read_json
 from stages.common.reporting import Report
@@ -217,14 +217,11 @@ def executed_geometry(arms: dict) -> pl.DataFrame | None:
 
 
 def paired_gap(a: list[list[float]], b: list[list[float]]) -> str:
-    """Mean over seeds of the per-item gap a − b, with the one-sided 95% t-bounds of the shared rule (seeds and
-    items in the variance, stages.common.claims.t_bounds): "+0.050 [0.010, 0.090]"; "—" below 3 seeds."""
-    diffs = [np.asarray(x, float) - np.asarray(y, float) for x, y in zip(a, b)]
-    if len(diffs) < 3 or not all(len(d) for d in diffs):
+    """Mean over seeds of the per-item gap a − b, with the one-sided 95% t-bounds of the shared rule
+    (stages.common.claims.paired_item_gap): "+0.050 [0.010, 0.090]"; "—" below 3 seeds."""
+    if len(a) < 3 or not all(len(x) for x in a):
         return "—"
-    n_items = len(diffs[0])
-    within = [float(d.var(ddof=1)) / n_items if n_items > 1 else 0.0 for d in diffs]
-    st = t_bounds([float(d.mean()) for d in diffs], within, items_df=n_items - 1 if n_items > 1 else None)
+    st = paired_item_gap(a, b)
     return f"{st['mean']:+.3f} [{st['lower']:+.3f}, {st['upper']:+.3f}]"
 
 

@@ -187,11 +187,14 @@ class EvalEvery(L.Callback):
     def _record(self, module, step):
         if self.rows and self.rows[-1]["step"] == step:
             return
-        row = {"step": step, **self.fn(module)}
+        self._add(step, self.fn(module), lambda: copy.deepcopy(self.keep(module).state_dict()))
+
+    def _add(self, step, metrics: dict, state_of) -> None:
+        """A row at ``step``; the best so far (strictly better: ties keep the earlier) keeps ``state_of()``."""
+        row = {"step": step, **metrics}
         self.rows.append(row)
         if self.keep is not None and row[self.best_key] > self.best:
-            self.best, self.best_step = row[self.best_key], step
-            self.best_state = copy.deepcopy(self.keep(module).state_dict())
+            self.best, self.best_step, self.best_state = row[self.best_key], step, state_of()
 
     def on_train_start(self, trainer, module):
         if self.start == 0:
@@ -225,10 +228,7 @@ class SnapshotEvery(EvalEvery):
     def score(self, fn, model) -> "SnapshotEvery":
         for step, state in self.snapshots:
             model.load_state_dict(state)
-            row = {"step": step, **fn(model)}
-            self.rows.append(row)
-            if row[self.best_key] > self.best:
-                self.best, self.best_step, self.best_state = row[self.best_key], step, state
+            self._add(step, fn(model), lambda state=state: state)
         return self
 
 
@@ -570,38 +570,36 @@ def _program(seed: int, p: dict, pc: ProgramConfig, sandbox: CadSandbox | None) 
         sft2, cb = sft_only_arm(seed, p, pc, tcfg)
         sft_hist += [dict(h, seed=seed, phase="sft_more") for h in sft2.history]
         t0 = tick("sft_more", t0)
-    if sandbox is None:
-        return {"kind": "program", "seed": seed, "sft_history": sft_hist, "rl_history": rl_hist, "curves": curves,
-                "selected": selected, "kernels": {k: v["calls"] for k, v in rec.to_dict().items()}, "cpu": cpu}
-    ensure_env_grounder(p, sandbox)
-    scorer = ProgramScorer(sandbox, p["points"], p["diags"], rec, device)
-    val_fn = program_val_fn(p, pc, scorer)
-    probe = TinyTransformer(TinyTransformerConfig(**p["model"])).to(device)
-    sft_snaps.score(val_fn, probe)
-    curves += [{"seed": seed, "arm": "sft", "compute": r["step"] - pc.sft_steps, "val_reward": r["val_reward"],
-                "val_exec": r["val_exec"]} for r in sft_snaps.rows]
-    t0 = tick("sft", t0)
-    if pc.rl_steps:
-        cb.score(val_fn, probe)
-        kept_state, kept_step = cb.best_state, cb.best_step - pc.sft_steps
-        ck = next(r for r in sft_snaps.rows if r["step"] == pc.sft_steps)         # the RL arm's checkpoint
-        if pc.sft_only_candidates == "with_checkpoint" and ck["val_reward"] > cb.best:
-            kept_state, kept_step = copy.deepcopy(lm.state_dict()), "checkpoint"
-        torch.save(kept_state, out_dir / f"sft_more_s{seed}.pt")
-        curves += [{"seed": seed, "arm": "sft_more", "compute": r["step"] - pc.sft_steps, "val_reward": r["val_reward"],
-                    "val_exec": r["val_exec"]} for r in cb.rows]
-        t0 = tick("sft_more", t0)
-        # --- SFT+RL arm: GSPO on RL prompts (never seen in SFT)
-        grpo, best = rl_arm(lm, seed, p, pc, tcfg, val_fn, scorer, rec)
-        torch.save(best["state"], out_dir / f"rl_s{seed}.pt")
-        selected = {"sft_more_step": kept_step, "rl_step": best["step"]}
-        t0 = tick("rl", t0)
-        per_step = extra / pc.rl_steps
-        for h in grpo.history:
-            rl_hist.append(dict(h, seed=seed))
-            if "val_reward" in h:
-                curves.append({"seed": seed, "arm": "rl", "compute": round(h["step"] * per_step, 3),
-                               "val_reward": h["val_reward"], "val_exec": h["val_exec"]})
+    if sandbox is not None:             # scoring and RL need the CAD sandbox (rl_steps > 0)
+        ensure_env_grounder(p, sandbox)
+        scorer = ProgramScorer(sandbox, p["points"], p["diags"], rec, device)
+        val_fn = program_val_fn(p, pc, scorer)
+        probe = TinyTransformer(TinyTransformerConfig(**p["model"])).to(device)
+        sft_snaps.score(val_fn, probe)
+        curves += [{"seed": seed, "arm": "sft", "compute": r["step"] - pc.sft_steps, "val_reward": r["val_reward"],
+                    "val_exec": r["val_exec"]} for r in sft_snaps.rows]
+        t0 = tick("sft", t0)
+        if pc.rl_steps:
+            cb.score(val_fn, probe)
+            kept_state, kept_step = cb.best_state, cb.best_step - pc.sft_steps
+            ck = next(r for r in sft_snaps.rows if r["step"] == pc.sft_steps)         # the RL arm's checkpoint
+            if pc.sft_only_candidates == "with_checkpoint" and ck["val_reward"] > cb.best:
+                kept_state, kept_step = copy.deepcopy(lm.state_dict()), "checkpoint"
+            torch.save(kept_state, out_dir / f"sft_more_s{seed}.pt")
+            curves += [{"seed": seed, "arm": "sft_more", "compute": r["step"] - pc.sft_steps, "val_reward": r["val_reward"],
+                        "val_exec": r["val_exec"]} for r in cb.rows]
+            t0 = tick("sft_more", t0)
+            # --- SFT+RL arm: GSPO on RL prompts (never seen in SFT)
+            grpo, best = rl_arm(lm, seed, p, pc, tcfg, val_fn, scorer, rec)
+            torch.save(best["state"], out_dir / f"rl_s{seed}.pt")
+            selected = {"sft_more_step": kept_step, "rl_step": best["step"]}
+            t0 = tick("rl", t0)
+            per_step = extra / pc.rl_steps
+            for h in grpo.history:
+                rl_hist.append(dict(h, seed=seed))
+                if "val_reward" in h:
+                    curves.append({"seed": seed, "arm": "rl", "compute": round(h["step"] * per_step, 3),
+                                   "val_reward": h["val_reward"], "val_exec": h["val_exec"]})
     return {"kind": "program", "seed": seed, "sft_history": sft_hist, "rl_history": rl_hist, "curves": curves,
             "selected": selected, "kernels": {k: v["calls"] for k, v in rec.to_dict().items()}, "cpu": cpu}
 

@@ -330,3 +330,19 @@ def test_json_null_reads_as_a_non_finite_measurement():
                            Claim("c", "s", "v > 0", kind="check")],
                           {"a": [1.0, None, 2.0], "b": [0.0, 0.0, 0.0], "v": None}, {"x": {"min_effect": 0}})
     assert [o["verdict"] for o in out] == ["inconclusive", "inconclusive"]
+
+
+def test_paired_item_gap_is_the_gap_better_computes():
+    """The table helper gives the stats of a Better claim on the same per-item lists (mean, se, df, bounds), and
+    refuses unpaired seed counts."""
+    from stages.common.claims import Better, ClaimError, bind, paired_item_gap
+
+    a = [[0.9, 0.2, 0.7, 0.4], [0.5, 0.8, 0.3, 0.6], [0.7, 0.7, 0.1, 0.9]]
+    b = [[0.4, 0.3, 0.2, 0.5], [0.6, 0.1, 0.2, 0.3], [0.2, 0.5, 0.4, 0.1]]
+    claim = bind([Better("g", "a beats b", kind="check", a="a", b="b")], {"g": {"min_effect": 0.0}})[0]
+    want = claim.evaluate({"a": a, "b": b})["stats"]
+    got = paired_item_gap(a, b)
+    for k in ("mean", "se", "se_items", "se_seeds", "df", "lower", "upper"):
+        assert got[k] == pytest.approx(want[k], rel=1e-12), k
+    with pytest.raises(ClaimError, match="3 seeds against 2"):
+        paired_item_gap(a, b[:2])
