@@ -46,10 +46,14 @@ class Isolated:
         if self._pool is None:
             self._pool = ProcessPoolExecutor(max_workers=1, mp_context=mp.get_context("spawn"),
                                              initializer=_single_threaded)
+        procs: list = []
         try:
-            return self._pool.submit(fn, *args).result()
+            future = self._pool.submit(fn, *args)
+            # the worker processes, taken now: once the pool breaks, its manager thread may clear its own table
+            # before this thread reads it (seen under load: the crash then reported "exit code None")
+            procs = list((getattr(self._pool, "_processes", None) or {}).values())
+            return future.result()
         except BrokenProcessPool:
-            procs = list(getattr(self._pool, "_processes", {}).values())
             for p in procs:
                 p.join(timeout=5)                         # the dead worker's exit status
             code = next((p.exitcode for p in procs if p.exitcode is not None), None)
@@ -59,7 +63,7 @@ class Isolated:
 
     def close(self) -> None:
         if self._pool is not None:
-            procs = list(getattr(self._pool, "_processes", {}).values())
+            procs = list((getattr(self._pool, "_processes", None) or {}).values())
             self._pool.shutdown(wait=False, cancel_futures=True)
             for p in procs:
                 if p.is_alive():

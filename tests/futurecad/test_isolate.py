@@ -28,6 +28,32 @@ def test_worker_returns_raises_and_survives_a_native_crash():
         assert iso.call(math.factorial, 5) == 120    # the fresh worker serves the next call
 
 
+def test_crash_reports_the_signal_when_the_pool_clears_its_table_first(monkeypatch):
+    """The pool's manager thread may clear its process table before the caller reads it (seen under load in CI:
+    "exit code None"); the worker processes are taken at submit, so the signal is still reported."""
+    from concurrent.futures import ProcessPoolExecutor
+    from concurrent.futures.process import BrokenProcessPool
+
+    class ClearingPool(ProcessPoolExecutor):
+        def submit(self, *args, **kw):
+            future = super().submit(*args, **kw)
+            result = future.result
+
+            def cleared_first(timeout=None):
+                try:
+                    return result(timeout)
+                except BrokenProcessPool:
+                    self._processes = None                # the manager thread's clean-up won the race
+                    raise
+            future.result = cleared_first
+            return future
+
+    monkeypatch.setattr(isolate, "ProcessPoolExecutor", ClearingPool)
+    with isolate.Isolated() as iso:
+        with pytest.raises(isolate.ChildCrashed, match="signal 6"):
+            iso.call(os.abort)
+
+
 class _CrashOn:
     """Stands in for isolate.Isolated in this process: the k-th call raises ChildCrashed, the others run."""
     k = 3
