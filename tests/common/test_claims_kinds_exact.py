@@ -14,7 +14,8 @@ import numpy as np
 import pytest
 from scipy import stats
 
-from stages.common.claims import Bound, Near, Within, evaluate_claims
+from stages.common.claims import (Better, Bound, Claim, ClaimError, Estimate, Near, Param, Within, bind,
+                                  evaluate_claims, findings_summary, gap_verdict, paired_item_gap, seed_stats)
 
 ALPHA, POWER = 0.05, 0.80
 
@@ -197,7 +198,6 @@ def test_bound_binomial_and_unshared():
 
 
 def test_bound_needs_exactly_one_side():
-    from stages.common.claims import ClaimError
     with pytest.raises(ClaimError, match="exactly one of below= / above="):
         Bound("b", "s", kind="check", value="v").evaluate({"v": [1.0, 2.0, 3.0]})
 
@@ -228,7 +228,6 @@ def test_near_keeps_refuted_by_and_wallclock():
 
 # --- Estimate -----------------------------------------------------------------------------------
 def estimate(**kw):
-    from stages.common.claims import Estimate
     return Estimate("e", "stmt", kind="finding", value="fit.slope", se="fit.se", df="fit.df", **kw)
 
 
@@ -288,7 +287,6 @@ def test_estimate_df_one_and_zero_se_are_decided():
 
 
 def test_estimate_errors_name_the_metric():
-    from stages.common.claims import ClaimError
     with pytest.raises(ClaimError, match="exactly one of below= / above="):
         estimate().evaluate({"fit.slope": 0.1, "fit.se": 0.1, "fit.df": 3})
     with pytest.raises(ClaimError, match="metric 'fit.se' was not measured"):
@@ -301,7 +299,6 @@ def test_estimate_errors_name_the_metric():
 
 # --- the rule's own edges: ties, one seed, the non-inferiority count, the default item sharing ----------------
 def test_seed_stats_ties_and_small_n():
-    from stages.common.claims import seed_stats
     st = seed_stats([1.5, 0.0, -0.5])
     assert st["wins"] == pytest.approx(1 / 3) and st["losses"] == pytest.approx(1 / 3)   # a zero is neither
     assert st["se"] == pytest.approx(np.std([1.5, 0.0, -0.5], ddof=1) / math.sqrt(3))
@@ -312,7 +309,6 @@ def test_seed_stats_ties_and_small_n():
 
 
 def test_gap_verdict_short_stats_and_non_finite_inputs():
-    from stages.common.claims import gap_verdict
     assert gap_verdict([0.5, 0.6], 0.1) == ("inconclusive", {"n": 2, "min_effect": 0.1})
     assert gap_verdict([0.5, 0.6, 0.7], math.nan)[0] == "inconclusive"
     v, st = gap_verdict([0.5, 0.6, 0.7], 0.1, within_var=[0.001, math.inf, 0.001], items_df=9)
@@ -320,7 +316,6 @@ def test_gap_verdict_short_stats_and_non_finite_inputs():
 
 
 def test_gap_verdict_items_shared_by_default():
-    from stages.common.claims import gap_verdict
     d, w = [0.3, 0.5, 0.4], [0.004, 0.006, 0.005]
     _, st = gap_verdict(d, 0.0, within_var=w, items_df=19)
     assert_stats(st, reference(d, w, items_df=19, shared=True))
@@ -329,7 +324,6 @@ def test_gap_verdict_items_shared_by_default():
 
 
 def test_gap_verdict_wins_and_losses_by_margin():
-    from stages.common.claims import gap_verdict
     # min_effect 0: wins d > 0 and losses d < 0 (a tie is neither)
     _, st = gap_verdict([1.0, 0.0, 2.0], 0.0)
     assert st["wins"] == pytest.approx(2 / 3) and st["losses"] == 0.0
@@ -342,7 +336,6 @@ def test_gap_verdict_wins_and_losses_by_margin():
 
 
 def test_gap_verdict_lower_bound_equal_to_min_effect_and_half_the_seeds():
-    from stages.common.claims import gap_verdict
     assert gap_verdict([0.25, 0.25, 0.25], 0.25)[0] == "inconclusive"    # se 0: lower == upper == min_effect
     d = [10.0] * 5 + [0.0] * 5                                          # lower bound > 0, but 5 of 10 wins
     v, st = gap_verdict(d, 0.0)
@@ -352,9 +345,6 @@ def test_gap_verdict_lower_bound_equal_to_min_effect_and_half_the_seeds():
 
 
 # --- operands, messages and binding: each error names the claim and the key ----------------------------------
-from stages.common.claims import Better, Claim, ClaimError, Estimate, Param, bind, findings_summary, paired_item_gap  # noqa: E402
-
-
 def better(**kw):
     return Better("x", "s", kind="finding", a="a", **kw)
 
@@ -597,7 +587,6 @@ def test_a_pattern_with_every_wildcard_kind():
 
 
 def test_item_variance_without_an_item_df_keeps_n_minus_1():
-    from stages.common.claims import gap_verdict
     d, w = [0.3, 0.5, 0.4], [0.004, 0.006, 0.005]
     _, st = gap_verdict(d, 0.0, within_var=w)
     ref = reference(d, w, items_df=1.0)
